@@ -1,0 +1,226 @@
+"""The one description of a MoE problem: `MoEConfig`.
+
+A config is everything needed to rebuild a failing case bit for bit: sizes, quantisation
+scheme, the optimized path's switches and the seed. It is frozen, validated with messages
+that name the field and its allowed range, and round-trips through JSON exactly, because
+reproducers are stored as JSON.
+
+Dimension letters (used everywhere in diffmoe): T tokens, E experts, K top-k, H hidden
+size, I intermediate size (the gate-up projection has 2*I columns), TK = T*K routed rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+QUANT_SCHEMES = ("bf16", "fp8-tensor", "fp8-token", "fp8-block")
+ACTIVATIONS = ("silu",)
+ROUTER_WEIGHT_PLACEMENTS = ("down", "input")
+PLANNERS = ("fixed", "legacy")
+OUTPUT_PLACEMENTS = ("workspace", "separate")
+ROUTING_SKEWS = ("uniform", "one-expert", "empty-experts")
+
+# fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.
+QUANT_BLOCK = 128
+
+# Upper bounds, checked before anything is allocated: a hostile or mistyped config must not
+# exhaust memory. MAX_ROUTED_ROWS * MAX_HIDDEN * 2 bytes (bf16) is 4 GiB, about what one
+# accelerator-sized check needs; a CPU check stays far below it in practice.
+MAX_TOKENS = 65536
+MAX_EXPERTS = 512
+MAX_HIDDEN = 16384
+MAX_INTER = 16384
+MAX_ROUTED_ROWS = 131072
+MAX_SEED = 2**63 - 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """One MoE problem and the optimized path's switches.
+
+    Fields:
+        num_tokens: T, tokens in the batch (1..MAX_TOKENS).
+        num_experts: E, global experts (1..MAX_EXPERTS).
+        topk: K, experts per token (1..E), distinct per token.
+        hidden: H, model width (multiple of 128 for fp8-block).
+        inter: I, expert intermediate width (multiple of 128 for fp8-block).
+        quant: one of QUANT_SCHEMES.
+        fused: SiLU-and-mul fused with the FP8 quantisation of the down input (fp8 only).
+        activation: one of ACTIVATIONS.
+        router_weight: "down" multiplies the down GEMM output by the router weight,
+            "input" scales the hidden states before the gate-up GEMM (needs K == 1, as in vLLM).
+        planner: "fixed" or "legacy" (the known-bad workspace plan, kept to prove it is caught).
+        output: "workspace" carves the final output from ws1 (upstream's non-batched path),
+            "separate" writes a caller-supplied tensor.
+        expert_map: optional tuple of length E mapping global expert -> local index or -1
+            (expert parallelism); the local indices must be exactly 0..L-1.
+        skew: routing distribution, one of ROUTING_SKEWS.
+        seed: problem seed; the same config gives bitwise the same problem.
+    """
+
+    num_tokens: int = 8
+    num_experts: int = 4
+    topk: int = 2
+    hidden: int = 256
+    inter: int = 256
+    quant: str = "fp8-token"
+    fused: bool = False
+    activation: str = "silu"
+    router_weight: str = "down"
+    planner: str = "fixed"
+    output: str = "separate"
+    expert_map: tuple[int, ...] | None = None
+    skew: str = "uniform"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.expert_map, list):  # accept a list from callers; store the hashable tuple
+            object.__setattr__(self, "expert_map", tuple(self.expert_map))
+        self.validate()
+
+    # ---- derived sizes -------------------------------------------------------------
+    @property
+    def routed_rows(self) -> int:
+        """TK: rows after routing (each token once per chosen expert)."""
+        return self.num_tokens * self.topk
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.quant != "bf16"
+
+    @property
+    def num_local_experts(self) -> int:
+        """L: experts whose weights this rank holds (E without an expert map)."""
+        if self.expert_map is None:
+            return self.num_experts
+        return sum(1 for v in self.expert_map if v >= 0)
+
+    def replace(self, **changes: Any) -> MoEConfig:
+        """A copy with some fields changed, validated."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- validation ----------------------------------------------------------------
+    def validate(self) -> MoEConfig:
+        """Raise TypeError/ValueError naming the field and its allowed range; return self."""
+        int_fields = {
+            "num_tokens": (1, MAX_TOKENS),
+            "num_experts": (1, MAX_EXPERTS),
+            "topk": (1, MAX_EXPERTS),
+            "hidden": (1, MAX_HIDDEN),
+            "inter": (1, MAX_INTER),
+            "seed": (0, MAX_SEED),
+        }
+        for name, (lo, hi) in int_fields.items():
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {type(value).__name__} {value!r}")
+            if not lo <= value <= hi:
+                raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+        if self.topk > self.num_experts:
+            raise ValueError(f"topk must be in [1, num_experts={self.num_experts}], got {self.topk}")
+        if self.routed_rows > MAX_ROUTED_ROWS:
+            raise ValueError(
+                f"num_tokens * topk must be at most {MAX_ROUTED_ROWS}, got {self.num_tokens} * {self.topk}"
+            )
+        choices = {
+            "quant": QUANT_SCHEMES,
+            "activation": ACTIVATIONS,
+            "router_weight": ROUTER_WEIGHT_PLACEMENTS,
+            "planner": PLANNERS,
+            "output": OUTPUT_PLACEMENTS,
+            "skew": ROUTING_SKEWS,
+        }
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a string, one of {list(allowed)}, got {value!r}")
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+        if not isinstance(self.fused, bool):
+            raise TypeError(f"fused must be a bool, got {self.fused!r}")
+        if self.fused and not self.is_fp8:
+            raise ValueError("fused must be false for quant='bf16': fusion joins the activation with an FP8 quantisation")
+        if self.quant == "fp8-block":
+            for name in ("hidden", "inter"):
+                if getattr(self, name) % QUANT_BLOCK:
+                    raise ValueError(
+                        f"{name} must be a multiple of {QUANT_BLOCK} for quant='fp8-block', got {getattr(self, name)}"
+                    )
+        if self.router_weight == "input" and self.topk != 1:
+            raise ValueError(f"topk must be 1 when router_weight='input' (the weight scales the token itself), got {self.topk}")
+        self._validate_expert_map()
+        return self
+
+    def _validate_expert_map(self) -> None:
+        m = self.expert_map
+        if m is None:
+            return
+        if not isinstance(m, tuple) or not all(_is_int(v) for v in m):
+            raise TypeError(f"expert_map must be a tuple of ints or None, got {m!r}")
+        if len(m) != self.num_experts:
+            raise ValueError(f"expert_map must have length num_experts={self.num_experts}, got {len(m)}")
+        local = sorted(v for v in m if v != -1)
+        if any(v < -1 for v in m) or local != list(range(len(local))):
+            raise ValueError(
+                f"expert_map entries must be -1 or local indices 0..L-1 each used once, got {list(m)}"
+            )
+        if not local:
+            raise ValueError("expert_map must keep at least one local expert (all entries are -1)")
+
+    # ---- JSON ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["expert_map"] = None if self.expert_map is None else list(self.expert_map)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> MoEConfig:
+        if not isinstance(data, dict):
+            raise TypeError(f"config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {unknown}; allowed: {sorted(known)}")
+        data = dict(data)
+        em = data.get("expert_map")
+        if em is not None:
+            if not isinstance(em, list):
+                raise TypeError(f"expert_map must be a list of ints or null, got {em!r}")
+            data["expert_map"] = tuple(em)
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> MoEConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        return cls.from_dict(data)
+
+    def short(self) -> str:
+        """A one-line human summary, e.g. for progress output."""
+        parts = [
+            f"T={self.num_tokens} E={self.num_experts} K={self.topk} H={self.hidden} I={self.inter}",
+            self.quant,
+            "fused" if self.fused else "unfused",
+            f"planner={self.planner}",
+            f"output={self.output}",
+        ]
+        if self.router_weight != "down":
+            parts.append(f"router_weight={self.router_weight}")
+        if self.expert_map is not None:
+            parts.append(f"expert_map={list(self.expert_map)}")
+        if self.skew != "uniform":
+            parts.append(f"skew={self.skew}")
+        parts.append(f"seed={self.seed}")
+        return " ".join(parts)

@@ -1,0 +1,167 @@
+"""The plug-in contract: what an MoE implementation provides to be tested by diffmoe.
+
+An implementation is built by a factory from a `MoEConfig` whose `num_tokens` is the
+largest batch it will be asked to run. It then:
+
+* declares its workspace plan (`workspace_plan(num_tokens)`): the buffer list it coloured,
+  where each buffer lives (workspace 0 = ws1 or 1 = ws2, byte offset, bytes) and the stages
+  with what each reads and writes; `workspace_shapes(max_tokens)` gives the bytes of ws1, ws2;
+* runs (`run`) one problem of any T up to the maximum inside two caller-provided uint8
+  workspaces, writing the final output into `output` when the caller passes one (or into a
+  workspace view, when its plan carves the output from ws1), under a program `Schedule`,
+  reporting every kernel launch to an optional `LaunchRecorder`;
+* optionally runs one stage on given inputs (`run_stage`) so the harness can judge a stage on
+  the reference's inputs ("teacher forcing").
+
+Nothing here imports Triton: implementations may be written in anything that takes torch
+tensors.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol, runtime_checkable
+
+import torch
+
+from .config import MoEConfig
+from .vocabulary import StageSpec
+
+SCHEDULE_KINDS = ("identity", "reversed", "random")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The order in which a launch's program instances run.
+
+    identity: ascending, as the Triton interpreter and a quiet GPU do.
+    reversed: descending, the opposite extreme.
+    random:   a permutation drawn from `seed`, like a busy GPU's out-of-order scheduling.
+    """
+
+    kind: str = "identity"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCHEDULE_KINDS:
+            raise ValueError(f"schedule must be one of {list(SCHEDULE_KINDS)} (random as random:SEED), got {self.kind!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"schedule seed must be an int >= 0, got {self.seed!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> Schedule:
+        """'identity', 'reversed' or 'random:SEED'."""
+        if not isinstance(text, str):
+            raise TypeError(f"schedule must be a string, got {text!r}")
+        kind, _, seed = text.partition(":")
+        if kind == "random":
+            if not seed.isdigit():
+                raise ValueError(f"schedule random needs a seed, as random:SEED with SEED >= 0, got {text!r}")
+            return cls("random", int(seed))
+        if seed:
+            raise ValueError(f"schedule {kind!r} takes no seed, got {text!r}")
+        return cls(kind)
+
+    def __str__(self) -> str:
+        return f"random:{self.seed}" if self.kind == "random" else self.kind
+
+    @property
+    def is_identity(self) -> bool:
+        return self.kind == "identity"
+
+    def order(self, num_programs: int, launch_index: int = 0) -> list[int]:
+        """Program ids in run order for one launch. Random orders differ per launch index."""
+        ids = list(range(num_programs))
+        if self.kind == "reversed":
+            ids.reverse()
+        elif self.kind == "random":
+            random.Random(self.seed * 1_000_003 + launch_index).shuffle(ids)
+        return ids
+
+
+@dataclass
+class LaunchInfo:
+    """One kernel launch as an implementation reports it."""
+
+    stage: str  # vocabulary stage name
+    kernel: str  # kernel function name
+    grid: tuple[int, ...]
+    reads: Mapping[str, torch.Tensor]  # vocabulary name -> the view the launch reads
+    writes: Mapping[str, torch.Tensor]  # vocabulary name -> the view the launch writes
+
+
+class LaunchRecorder(Protocol):
+    """Sees every launch; `after_launch` runs once the launch has finished."""
+
+    def before_launch(self, launch: LaunchInfo) -> None: ...
+
+    def after_launch(self, launch: LaunchInfo) -> None: ...
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a buffer lives: workspace 0 (ws1) or 1 (ws2), byte offset and length."""
+
+    buffer: str
+    workspace: int
+    offset: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True)
+class WorkspacePlan:
+    """An implementation's declared memory plan for one token count."""
+
+    planner: str  # a label, e.g. "fixed" or "legacy"
+    buffer_list: tuple[str, ...]  # the list the planner coloured, pipeline order
+    placements: tuple[Placement, ...]  # buffers carved from ws1/ws2
+    stages: tuple[StageSpec, ...]  # what runs, in order, with reads and writes
+    workspace_bytes: tuple[int, int]  # bytes of ws1, ws2 this token count needs
+
+    def placement(self, buffer: str) -> Placement | None:
+        for p in self.placements:
+            if p.buffer == buffer:
+                return p
+        return None
+
+
+@dataclass
+class RunResult:
+    """What a run returns: the final output and any intermediates it chose to report.
+
+    Intermediates that live in shared workspaces are overwritten by later stages; the harness
+    therefore snapshots each launch's writes through the recorder, and an implementation only
+    needs to put here what it computes outside its launches (the reference puts everything).
+    """
+
+    output: torch.Tensor  # [T, H] bf16
+    intermediates: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@runtime_checkable
+class MoEImplementation(Protocol):
+    """The contract. See the module docstring and README, section "Plugging in an implementation"."""
+
+    config: MoEConfig
+
+    def workspace_plan(self, num_tokens: int) -> WorkspacePlan: ...
+
+    def workspace_shapes(self, max_tokens: int) -> tuple[int, int]: ...
+
+    def run(
+        self,
+        problem,
+        workspaces: tuple[torch.Tensor, torch.Tensor],
+        *,
+        output: torch.Tensor | None = None,
+        schedule: Schedule = Schedule(),
+        recorder: LaunchRecorder | None = None,
+    ) -> RunResult: ...
+
+
+ImplementationFactory = Callable[[MoEConfig], MoEImplementation]

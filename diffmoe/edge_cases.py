@@ -1,0 +1,30 @@
+"""Labelled edge-case configs: the shapes kernels get wrong, named, beside the fuzzing.
+
+`edge_cases(quant)` gives the same labelled set for any quant scheme, with sizes adjusted
+where a scheme forbids them (fp8-block needs H and I to be multiples of 128). The sizes are
+the smallest that still show each case, because every case runs on the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+from .config import QUANT_BLOCK, MoEConfig
+
+
+def edge_cases(quant: str, *, fused: bool = False, planner: str = "fixed") -> dict[str, MoEConfig]:
+    odd_h, odd_i = (QUANT_BLOCK, QUANT_BLOCK) if quant == "fp8-block" else (97, 45)
+    base = dict(hidden=128, inter=128, quant=quant, fused=fused, planner=planner, seed=7)
+    cases = {
+        "T=1": dict(num_tokens=1, num_experts=4, topk=2),
+        "T<BLOCK_M": dict(num_tokens=5, num_experts=4, topk=2),
+        "T>BLOCK_M": dict(num_tokens=70, num_experts=3, topk=2),
+        "odd-H-and-I": dict(num_tokens=6, num_experts=3, topk=2, hidden=odd_h, inter=odd_i),
+        "prime-E": dict(num_tokens=9, num_experts=7, topk=3),
+        "K=E": dict(num_tokens=4, num_experts=3, topk=3),
+        "E=1": dict(num_tokens=3, num_experts=1, topk=1),
+        "all-tokens-one-expert": dict(num_tokens=12, num_experts=5, topk=2, skew="one-expert"),
+        "empty-experts": dict(num_tokens=6, num_experts=8, topk=2, skew="empty-experts"),
+        "expert-map-with-minus-1": dict(num_tokens=7, num_experts=6, topk=2, expert_map=(0, -1, 1, -1, 2, -1)),
+        "router-weight-on-input": dict(num_tokens=5, num_experts=4, topk=1, router_weight="input"),
+        "output-in-workspace": dict(num_tokens=6, num_experts=4, topk=2, output="workspace"),
+    }
+    return {label: MoEConfig(**{**base, **fields}) for label, fields in cases.items()}

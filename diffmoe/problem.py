@@ -1,0 +1,141 @@
+"""Deterministic problem generation: every input tensor of a MoE call, from the config alone.
+
+The same config gives bitwise the same tensors on any run: everything is drawn on the CPU
+from one `torch.Generator` seeded with `config.seed`, in a fixed order, then moved to the
+requested device.
+
+Value bounds (why quantisation never overflows): hidden states are standard normal clamped
+to [-4, 4]; weights are normal with std 1/sqrt(fan_in) clamped to 4 std. Every scale is
+derived from the amax (dynamic for activations, static for weights), so codes stay within
++-448 by construction; the bounds keep bf16 intermediates far from overflow too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+from .config import QUANT_BLOCK, MoEConfig
+from .vocabulary import FP8_DTYPE, FP8_MAX, Buffers, weight_scale_shape
+
+# Floor for a weight scale (an all-zero weight block would otherwise divide by zero).
+WEIGHT_SCALE_FLOOR = 1e-10
+
+
+@dataclass
+class Problem:
+    """All inputs of one MoE call. Weights cover the L local experts only."""
+
+    config: MoEConfig
+    hidden_states: torch.Tensor  # [T, H] bf16
+    topk_ids: torch.Tensor  # [T, K] int32 global expert ids, distinct per token
+    topk_weights: torch.Tensor  # [T, K] fp32
+    w1_master: torch.Tensor  # [L, 2I, H] bf16, gate rows first then up rows
+    w2_master: torch.Tensor  # [L, H, I] bf16
+    w1: torch.Tensor  # [L, 2I, H] fp8 codes, or the bf16 master for quant='bf16'
+    w2: torch.Tensor  # [L, H, I]
+    w1_scale: torch.Tensor | None  # fp32, weight_scale_shape(config, L, 2I, H); None for bf16
+    w2_scale: torch.Tensor | None  # fp32, weight_scale_shape(config, L, H, I)
+    expert_map: torch.Tensor | None  # [E] int32 global -> local or -1
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """The tensors an implementation receives, by vocabulary name (for checksums and aliasing)."""
+        named = {
+            Buffers.HIDDEN_STATES: self.hidden_states,
+            Buffers.TOPK_IDS: self.topk_ids,
+            Buffers.TOPK_WEIGHTS: self.topk_weights,
+            Buffers.W1: self.w1,
+            Buffers.W2: self.w2,
+            Buffers.W1_SCALE: self.w1_scale,
+            Buffers.W2_SCALE: self.w2_scale,
+            Buffers.EXPERT_MAP: self.expert_map,
+        }
+        return {k: v for k, v in named.items() if v is not None}
+
+    def to(self, device: torch.device | str) -> Problem:
+        moved = {
+            f.name: (getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), torch.Tensor) else getattr(self, f.name))
+            for f in fields(self)
+        }
+        return Problem(**moved)
+
+    @property
+    def device(self) -> torch.device:
+        return self.hidden_states.device
+
+
+def _route(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    t, e, k = config.num_tokens, config.num_experts, config.topk
+    scores = torch.rand(t, e, generator=gen)  # [T, E] in [0, 1)
+    if config.skew == "one-expert":
+        scores[:, 0] = 2.0  # every token picks expert 0 (plus K-1 others)
+    elif config.skew == "empty-experts":
+        active = max(k, math.ceil(e / 2))
+        scores[:, active:] = -1.0  # experts >= active receive nothing
+    ids = scores.topk(k, dim=1).indices.to(torch.int32)  # [T, K], distinct by construction
+    logits = torch.randn(t, k, generator=gen)
+    weights = torch.softmax(logits, dim=1).to(torch.float32)  # [T, K], rows sum to 1
+    return ids, weights
+
+
+def _normal(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
+    return (torch.randn(shape, generator=gen) * std).clamp(-4 * std, 4 * std).to(torch.bfloat16)
+
+
+def quantize_weight(config: MoEConfig, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Static FP8 quantisation of an [L, N, K] bf16 weight: codes and scales, scale = amax / 448."""
+    wf = w.float()  # [L, N, K]
+    n_exp, n, k = wf.shape
+    if config.quant == "fp8-tensor":
+        amax = wf.abs().amax(dim=(1, 2))  # [L]
+        scale = (amax / FP8_MAX).clamp_min(WEIGHT_SCALE_FLOOR)
+        expanded = scale[:, None, None]
+    elif config.quant == "fp8-token":  # per output channel weights go with per-token activations
+        amax = wf.abs().amax(dim=2)  # [L, N]
+        scale = (amax / FP8_MAX).clamp_min(WEIGHT_SCALE_FLOOR)
+        expanded = scale[:, :, None]
+    elif config.quant == "fp8-block":
+        nb, kb = math.ceil(n / QUANT_BLOCK), math.ceil(k / QUANT_BLOCK)
+        padded = torch.zeros(n_exp, nb * QUANT_BLOCK, kb * QUANT_BLOCK)
+        padded[:, :n, :k] = wf.abs()
+        amax = padded.view(n_exp, nb, QUANT_BLOCK, kb, QUANT_BLOCK).amax(dim=(2, 4))  # [L, nb, kb]
+        scale = (amax / FP8_MAX).clamp_min(WEIGHT_SCALE_FLOOR)
+        expanded = scale.repeat_interleave(QUANT_BLOCK, 1).repeat_interleave(QUANT_BLOCK, 2)[:, :n, :k]
+    else:
+        raise ValueError(f"quant={config.quant!r} has no FP8 weights")
+    codes = (wf / expanded).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # torch's cast rounds to nearest even
+    assert tuple(scale.shape) == weight_scale_shape(config, n_exp, n, k)
+    return codes, scale.contiguous()
+
+
+def make_problem(config: MoEConfig, device: torch.device | str = "cpu") -> Problem:
+    """Build every input of `config` deterministically from `config.seed`."""
+    config.validate()
+    gen = torch.Generator(device="cpu").manual_seed(config.seed)
+    t, h, i, n_local = config.num_tokens, config.hidden, config.inter, config.num_local_experts
+    hidden = torch.randn(t, h, generator=gen).clamp(-4.0, 4.0).to(torch.bfloat16)  # [T, H]
+    topk_ids, topk_weights = _route(config, gen)
+    w1_master = _normal((n_local, 2 * i, h), 1.0 / math.sqrt(h), gen)  # [L, 2I, H]
+    w2_master = _normal((n_local, h, i), 1.0 / math.sqrt(i), gen)  # [L, H, I]
+    if config.is_fp8:
+        w1, w1_scale = quantize_weight(config, w1_master)
+        w2, w2_scale = quantize_weight(config, w2_master)
+    else:
+        w1, w1_scale, w2, w2_scale = w1_master, None, w2_master, None
+    expert_map = None if config.expert_map is None else torch.tensor(config.expert_map, dtype=torch.int32)
+    problem = Problem(
+        config=config,
+        hidden_states=hidden,
+        topk_ids=topk_ids,
+        topk_weights=topk_weights,
+        w1_master=w1_master,
+        w2_master=w2_master,
+        w1=w1,
+        w2=w2,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        expert_map=expert_map,
+    )
+    return problem if torch.device(device) == torch.device("cpu") else problem.to(device)

@@ -1,0 +1,1 @@
+"""pytest plugin (entry point `diffmoe`): fixtures for testing an MoE implementation."""

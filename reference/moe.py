@@ -1,0 +1,142 @@
+"""The reference MoE: plain PyTorch, a fresh tensor per stage, every intermediate returned.
+
+Slow and obviously right. Numerics are the ones DESIGN.md states as vLLM's:
+  * dynamic activation quantisation: per tensor and per token, scale = max(amax / 448,
+    1 / (448 * 512)); per 1x128 group, scale = max(amax, 1e-10) / 448; codes = cast(clamp(x /
+    scale, -448, 448)) with torch's round-to-nearest-even cast to float8_e4m3fn;
+  * GEMMs dequantise codes to float32 (code * scale) and accumulate in float32, then round to bf16;
+  * silu_and_mul in float32: silu(gate) * up, rounded to bf16 before it is quantised, so the
+    fused and unfused flags give the same `quanted_down_input` bit for bit;
+  * router weight multiplied in float32 before the bf16 rounding of the down GEMM output (or
+    into the hidden states, when router_weight='input');
+  * reduce: a float32 sum over k in order 0..K-1, rounded to bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from diffmoe.config import QUANT_BLOCK
+from diffmoe.contract import RunResult
+from diffmoe.problem import Problem
+from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, materialised_buffers
+
+TOKEN_SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # per-tensor and per-token scale floor (vLLM)
+GROUP_AMAX_FLOOR = 1e-10  # 1x128 group amax floor (vLLM)
+
+
+def quantize_activation(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic FP8 quantisation of a [R, C] activation: (codes [R, C] fp8, scales fp32)."""
+    xf = x.float()  # [R, C]
+    if quant == "fp8-tensor":
+        scale = (xf.abs().amax() / FP8_MAX).clamp_min(TOKEN_SCALE_FLOOR).reshape(1)  # [1]
+        per_element = scale  # broadcast
+    elif quant == "fp8-token":
+        scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(TOKEN_SCALE_FLOOR)  # [R, 1]
+        per_element = scale
+    elif quant == "fp8-block":
+        groups = xf.view(xf.shape[0], -1, QUANT_BLOCK)  # [R, C/128, 128]
+        scale = groups.abs().amax(dim=2).clamp_min(GROUP_AMAX_FLOOR) / FP8_MAX  # [R, C/128]
+        per_element = scale.repeat_interleave(QUANT_BLOCK, dim=1)  # [R, C]
+    else:
+        raise ValueError(f"quant must be an fp8 scheme, got {quant!r}")
+    codes = (xf / per_element).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # [R, C] fp8, RNE
+    return codes, scale
+
+
+def dequantize_activation(codes: torch.Tensor, scale: torch.Tensor, quant: str) -> torch.Tensor:
+    """float32 values of [R, C] codes."""
+    if quant == "fp8-block":
+        scale = scale.repeat_interleave(QUANT_BLOCK, dim=1)  # [R, C]
+    return codes.float() * scale  # [R, C] fp32
+
+
+def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str) -> torch.Tensor:
+    """float32 values of [L, N, Kd] weights (bf16 weights are upcast)."""
+    if quant == "bf16":
+        return w.float()  # [L, N, Kd]
+    if quant == "fp8-tensor":
+        scale = scale[:, None, None]  # [L, 1, 1]
+    elif quant == "fp8-token":
+        scale = scale[:, :, None]  # [L, N, 1]
+    else:
+        n, kd = w.shape[1:]
+        scale = scale.repeat_interleave(QUANT_BLOCK, 1).repeat_interleave(QUANT_BLOCK, 2)[:, :n, :kd]  # [L, N, Kd]
+    return w.float() * scale  # [L, N, Kd] fp32
+
+
+def expert_gemm(a: torch.Tensor, local_ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """out[r] = a[r] @ w[local_ids[r]].T in float32; rows of non-local experts (-1) stay zero."""
+    out = torch.zeros(a.shape[0], w.shape[1], dtype=torch.float32, device=a.device)  # [R, N]
+    for e in range(w.shape[0]):
+        rows = (local_ids == e).nonzero().flatten()  # routed rows of expert e
+        out[rows] = a[rows] @ w[e].T  # [rows, N]
+    return out
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in float32, rounded to bf16: [R, 2I] -> [R, I]."""
+    i = gate_up.shape[1] // 2
+    return (F.silu(gate_up[:, :i].float()) * gate_up[:, i:].float()).to(torch.bfloat16)
+
+
+def local_expert_ids(problem: Problem) -> torch.Tensor:
+    """[TK] local expert of each routed row (row t*K + k), -1 where the expert is not local."""
+    ids = problem.topk_ids.long().flatten()  # [TK] global ids
+    if problem.expert_map is None:
+        return ids
+    return problem.expert_map.long()[ids]  # [TK]
+
+
+def reference_moe(problem: Problem) -> RunResult:
+    """Run the whole pipeline; every stage writes a fresh tensor."""
+    cfg = problem.config
+    q = cfg.quant
+    t, k = problem.topk_ids.shape  # T, K
+    local = local_expert_ids(problem)  # [TK]
+    stages: dict[str, torch.Tensor] = {}
+
+    x = problem.hidden_states  # [T, H] bf16
+    if cfg.router_weight == "input":
+        x = (x.float() * problem.topk_weights).to(torch.bfloat16)  # [T, H] (K == 1)
+    if cfg.is_fp8:
+        codes, scale = quantize_activation(x, q)  # [T, H] fp8, scales
+        stages[Buffers.QUANTED_GATE_UP_INPUT] = codes
+        stages[Buffers.QUANTED_GATE_UP_INPUT_SCALES] = scale
+        a1 = dequantize_activation(codes, scale, q)  # [T, H] fp32
+    else:
+        a1 = x.float()  # [T, H] fp32
+    a1 = a1.repeat_interleave(k, dim=0)  # [TK, H]: routed row t*K + k reads token t
+
+    w1 = dequantize_weight(problem.w1, problem.w1_scale, q)  # [L, 2I, H] fp32
+    gate_up = expert_gemm(a1, local, w1).to(torch.bfloat16)  # [TK, 2I] bf16
+    stages[Buffers.GATE_UP_OUTPUT] = gate_up
+
+    act = silu_and_mul(gate_up)  # [TK, I] bf16
+    stages[Buffers.ACTIVATION_OUTPUT] = act
+    if cfg.is_fp8:
+        codes, scale = quantize_activation(act, q)  # [TK, I] fp8, scales
+        stages[Buffers.QUANTED_DOWN_INPUT] = codes
+        stages[Buffers.QUANTED_DOWN_INPUT_SCALES] = scale
+        a2 = dequantize_activation(codes, scale, q)  # [TK, I] fp32
+    else:
+        a2 = act.float()  # [TK, I] fp32
+
+    w2 = dequantize_weight(problem.w2, problem.w2_scale, q)  # [L, H, I] fp32
+    down = expert_gemm(a2, local, w2)  # [TK, H] fp32
+    if cfg.router_weight == "down":
+        down = down * problem.topk_weights.reshape(-1, 1)  # [TK, H] weighted
+    down = down.to(torch.bfloat16)  # [TK, H] bf16
+    stages[Buffers.DOWN_OUTPUT] = down
+
+    per_token = down.view(t, k, -1)  # [T, K, H]
+    acc = per_token[:, 0].float()  # [T, H] fp32
+    for j in range(1, k):
+        acc = acc + per_token[:, j].float()  # summed in k order, as the reduce kernel does
+    output = acc.to(torch.bfloat16)  # [T, H] bf16
+    stages[Buffers.OUTPUT] = output
+
+    # The reference computes everything; it reports what the config's pipeline materialises.
+    reported = {name: stages[name] for name in materialised_buffers(cfg)}
+    return RunResult(output=output, intermediates=reported)

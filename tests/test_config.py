@@ -1,0 +1,82 @@
+"""MoEConfig: every invalid field is named in its error; JSON round trips exactly."""
+
+import pytest
+
+from diffmoe.config import MoEConfig
+
+INVALID = [
+    ("num_tokens", dict(num_tokens=0), ValueError),
+    ("num_tokens", dict(num_tokens=-3), ValueError),
+    ("num_tokens", dict(num_tokens=2.5), TypeError),
+    ("num_tokens", dict(num_tokens=True), TypeError),
+    ("num_tokens", dict(num_tokens=10**9), ValueError),
+    ("num_experts", dict(num_experts=0), ValueError),
+    ("topk", dict(num_experts=2, topk=3), ValueError),
+    ("topk", dict(topk=0), ValueError),
+    ("hidden", dict(hidden=0), ValueError),
+    ("inter", dict(inter="128"), TypeError),
+    ("hidden", dict(quant="fp8-block", hidden=200), ValueError),
+    ("inter", dict(quant="fp8-block", inter=64), ValueError),
+    ("quant", dict(quant="int4"), ValueError),
+    ("fused", dict(quant="bf16", fused=True), ValueError),
+    ("fused", dict(fused=1), TypeError),
+    ("activation", dict(activation="gelu"), ValueError),
+    ("router_weight", dict(router_weight="middle"), ValueError),
+    ("topk", dict(router_weight="input", topk=2), ValueError),
+    ("planner", dict(planner="greedy"), ValueError),
+    ("output", dict(output="heap"), ValueError),
+    ("skew", dict(skew="zipf"), ValueError),
+    ("seed", dict(seed=-1), ValueError),
+    ("expert_map", dict(num_experts=4, expert_map=(0, 1)), ValueError),
+    ("expert_map", dict(num_experts=3, expert_map=(0, 0, 1)), ValueError),
+    ("expert_map", dict(num_experts=3, expert_map=(0, 2, -1)), ValueError),
+    ("expert_map", dict(num_experts=3, expert_map=(0, -2, 1)), ValueError),
+    ("expert_map", dict(num_experts=2, expert_map=(-1, -1)), ValueError),
+    ("expert_map", dict(num_experts=2, expert_map=("a", 0)), TypeError),
+    ("num_tokens * topk", dict(num_tokens=65536, num_experts=8, topk=8), ValueError),
+]
+
+
+@pytest.mark.parametrize("field,changes,error", INVALID, ids=[f"{f}:{c}" for f, c, _ in INVALID])
+def test_invalid_config_names_the_field(field, changes, error):
+    with pytest.raises(error) as info:
+        MoEConfig(**changes)
+    assert field in str(info.value)
+
+
+def test_valid_configs_construct():
+    MoEConfig()
+    MoEConfig(quant="fp8-block", hidden=256, inter=128, fused=True)
+    MoEConfig(num_experts=3, expert_map=[1, -1, 0])  # a list is accepted and stored as a tuple
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        MoEConfig(),
+        MoEConfig(num_tokens=1, num_experts=1, topk=1, quant="bf16", output="workspace"),
+        MoEConfig(quant="fp8-block", fused=True, planner="legacy", seed=2**40),
+        MoEConfig(num_experts=3, topk=1, expert_map=(1, -1, 0), router_weight="input", skew="one-expert"),
+    ],
+)
+def test_json_round_trip_is_exact(config):
+    text = config.to_json()
+    back = MoEConfig.from_json(text)
+    assert back == config
+    assert back.to_json() == text
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("{", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"num_tokens": 4, "bogus": 1}', "bogus"),
+        ('{"expert_map": "0,1"}', "expert_map"),
+        ('{"num_tokens": "8"}', "num_tokens"),
+    ],
+)
+def test_bad_json_is_a_clear_error(text, needle):
+    with pytest.raises((TypeError, ValueError)) as info:
+        MoEConfig.from_json(text)
+    assert needle in str(info.value)
