@@ -1,0 +1,169 @@
+"""Findings and the Report: what every oracle returns and what the CLI, pytest and JSON show.
+
+A finding names the oracle, the stage, the buffers and (where relevant) the bytes, with a
+message a kernel engineer understands at a glance and the figures behind it. A Report is
+passed when it holds no finding.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .config import MoEConfig
+
+
+class Oracles:
+    """Oracle names, as they appear in findings and in `--oracles` selections."""
+
+    DIFFERENTIAL = "differential"  # every materialised buffer against the reference
+    TEACHER_FORCING = "teacher-forcing"  # one stage on the reference's inputs
+    METAMORPHIC = "metamorphic"  # fused vs unfused quanted_down_input
+    STATIC_ALIASING = "static-aliasing"  # the declared plan alone
+    RUNTIME_ALIASING = "runtime-aliasing"  # the views each launch really used
+    RACES = "races"  # per-program addresses under the interpreter
+    SCHEDULE = "schedule"  # result depends on program order
+    POISON = "poison"  # result depends on workspace contents before the call
+    RED_ZONE = "red-zone"  # guard bytes around a workspace changed
+    CONTRACT = "contract"  # shapes, dtypes, declared buffers, input writes
+    CRASH = "crash"  # the implementation raised
+    TIMEOUT = "timeout"  # the example ran past its time limit
+
+
+DEFAULT_IMPLEMENTATION = "optimized"
+
+
+def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION) -> str:
+    """The `diffmoe check` command line that rebuilds exactly this config."""
+    c = config
+    parts = [
+        "diffmoe check",
+        f"--tokens {c.num_tokens} --experts {c.num_experts} --topk {c.topk}",
+        f"--hidden {c.hidden} --inter {c.inter} --quant {c.quant}",
+        "--fused" if c.fused else "--unfused",
+        f"--planner {c.planner} --output {c.output} --router-weight {c.router_weight} --skew {c.skew}",
+    ]
+    if c.expert_map is not None:
+        parts.append("--expert-map=" + ",".join(str(v) for v in c.expert_map))
+    parts.append(f"--seed {c.seed}")
+    if implementation and implementation != DEFAULT_IMPLEMENTATION:
+        parts.append(f"--impl {implementation}")
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Bytes [start, end) of a workspace (ws1, ws2) or another named storage."""
+
+    region: str
+    start: int
+    end: int
+
+    def __str__(self) -> str:
+        return f"{self.region}[{self.start}:{self.end}]"
+
+
+@dataclass
+class Finding:
+    oracle: str
+    message: str
+    stage: str | None = None
+    buffers: list[str] = field(default_factory=list)
+    byte_ranges: list[ByteRange] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["byte_ranges"] = [asdict(b) for b in self.byte_ranges]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        return cls(
+            oracle=d["oracle"],
+            message=d["message"],
+            stage=d.get("stage"),
+            buffers=list(d.get("buffers", [])),
+            byte_ranges=[ByteRange(**b) for b in d.get("byte_ranges", [])],
+            figures=dict(d.get("figures", {})),
+        )
+
+    def headline(self) -> str:
+        where = f" at {self.stage}" if self.stage else ""
+        bufs = f" [{', '.join(self.buffers)}]" if self.buffers else ""
+        return f"{self.oracle}{where}{bufs}: {self.message}"
+
+
+@dataclass
+class Report:
+    config: MoEConfig
+    implementation: str
+    oracles: list[str]
+    schedules: list[str]
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.findings
+
+    def oracles_with_findings(self) -> list[str]:
+        return sorted({f.oracle for f in self.findings})
+
+    def first_divergent_stage(self) -> str | None:
+        for f in self.findings:
+            if f.stage:
+                return f.stage
+        return None
+
+    def replay_command(self) -> str:
+        """A copy-pasteable command that replays this config."""
+        return check_command(self.config, self.implementation)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "config": self.config.to_dict(),
+            "implementation": self.implementation,
+            "oracles": list(self.oracles),
+            "schedules": list(self.schedules),
+            "findings": [f.to_dict() for f in self.findings],
+            "seconds": round(self.seconds, 4),
+            "replay": self.replay_command(),
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=str)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Report:
+        return cls(
+            config=MoEConfig.from_dict(d["config"]),
+            implementation=d.get("implementation", ""),
+            oracles=list(d.get("oracles", [])),
+            schedules=list(d.get("schedules", [])),
+            findings=[Finding.from_dict(f) for f in d.get("findings", [])],
+            seconds=float(d.get("seconds", 0.0)),
+        )
+
+    def render(self, max_findings: int = 20) -> str:
+        """The readable text block: verdict, config, then one paragraph per finding."""
+        verdict = "PASS" if self.passed else f"FAIL ({len(self.findings)} finding{'s' if len(self.findings) != 1 else ''})"
+        lines = [
+            f"diffmoe {verdict}  {self.implementation or 'implementation'}  ({self.seconds:.2f} s)",
+            f"  config:    {self.config.short()}",
+            f"  oracles:   {', '.join(self.oracles)}",
+            f"  schedules: {', '.join(self.schedules)}",
+        ]
+        for n, f in enumerate(self.findings[:max_findings], 1):
+            lines.append(f"  [{n}] {f.headline()}")
+            if f.byte_ranges:
+                lines.append(f"      bytes: {', '.join(str(b) for b in f.byte_ranges)}")
+            for key, value in f.figures.items():
+                lines.append(f"      {key}: {value}")
+        if len(self.findings) > max_findings:
+            lines.append(f"  ... {len(self.findings) - max_findings} more findings (use --json for all)")
+        if not self.passed:
+            lines.append(f"  replay: {self.replay_command()}")
+        return "\n".join(lines)
