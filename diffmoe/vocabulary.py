@@ -49,6 +49,8 @@ class Buffers:
     SORTED_TOKEN_IDS = "sorted_token_ids"
     EXPERT_IDS = "expert_ids"
     NUM_TOKENS_POST_PADDED = "num_tokens_post_padded"
+    # per-program partial amax of a per-tensor quantisation (implementation-private)
+    AMAX_PARTIALS = "amax_partials"
 
 
 class Stages:

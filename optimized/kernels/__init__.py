@@ -1,0 +1,1 @@
+"""Triton jit code only; the launchers that check, carve and launch live one level up."""

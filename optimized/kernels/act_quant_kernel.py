@@ -1,0 +1,149 @@
+"""One row kernel for every element-wise stage: input quantisation, the unfused activation,
+the unfused down-input quantisation and the fused act+quant ("situ quant"), chosen by
+constexpr switches so there is one kernel to trust, not four near-copies.
+
+Grid: (cdiv(R, BLOCK_R),) over rows. Program p owns rows [p*BLOCK_R, (p+1)*BLOCK_R): it reads
+those rows of x (for the activation, the gate half and the up half), writes the same rows of
+the activation and/or the codes, and their scales. Per-tensor quantisation needs the global
+amax first, so it runs as two launches: PASS_AMAX stores one partial amax per program,
+PASS_QUANTIZE reduces the partials and quantises (program 0 also stores the scale).
+"""
+
+import triton
+import triton.language as tl
+
+from .numerics import E4M3_MAX, silu, to_bf16, to_e4m3
+
+# SCALE_MODE values
+SCALE_NONE = tl.constexpr(0)  # activation only, no quantisation
+SCALE_TENSOR = tl.constexpr(1)
+SCALE_TOKEN = tl.constexpr(2)
+SCALE_GROUP = tl.constexpr(3)  # 1 x GROUP columns; BLOCK_C must equal the group size
+# PASS values
+PASS_SINGLE = tl.constexpr(0)
+PASS_AMAX = tl.constexpr(1)
+PASS_QUANTIZE = tl.constexpr(2)
+
+# vLLM's floors: per-tensor/per-token scale >= 1 / (448 * 512); group amax >= 1e-10.
+TOKEN_SCALE_FLOOR = tl.constexpr(1.0 / (448.0 * 512.0))
+GROUP_AMAX_FLOOR = tl.constexpr(1e-10)
+
+
+@triton.jit
+def _load_values(
+    x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
+    APPLY_ACTIVATION: tl.constexpr, ROW_WEIGHT: tl.constexpr, SOFTWARE_BF16: tl.constexpr,
+):
+    """A [BLOCK_R, BLOCK_C] tile of the values to store or quantise: float32 holding bf16 values."""
+    x_tile = x_ptr + rows[:, None] * stride_xr + cols[None, :] * stride_xc
+    if APPLY_ACTIVATION:
+        gate = tl.load(x_tile, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_tile + C * stride_xc, mask=mask, other=0.0).to(tl.float32)
+        # the activation is a bf16 tensor by definition, fused or not: round before quantising
+        v = to_bf16(silu(gate) * up, SOFTWARE_BF16).to(tl.float32)
+    else:
+        v = tl.load(x_tile, mask=mask, other=0.0).to(tl.float32)
+        if ROW_WEIGHT:
+            w = tl.load(row_weight_ptr + rows, mask=row_mask, other=0.0)
+            v = to_bf16(v * w[:, None], SOFTWARE_BF16).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _quantize_tile(v, scale, SOFTWARE_FP8: tl.constexpr):
+    """codes of a tile given one scale per row ([BLOCK_R] broadcast over columns)."""
+    q = v / scale[:, None]
+    q = tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX)
+    return to_e4m3(q, SOFTWARE_FP8)
+
+
+@triton.jit
+def act_quant_kernel(
+    # Pointers
+    x_ptr,  # [R, C] bf16 input, or [R, 2C] bf16 gate|up when APPLY_ACTIVATION
+    row_weight_ptr,  # [R] fp32 router weight per row (ROW_WEIGHT)
+    act_ptr,  # [R, C] bf16 activation out (STORE_ACTIVATION)
+    q_ptr,  # [R, C] fp8 e4m3fn codes out
+    scale_ptr,  # fp32 scales out: [1] tensor, [R, 1] token, [R, C / BLOCK_C] group
+    partial_amax_ptr,  # [num_programs] fp32 per-program amax (per-tensor passes)
+    order_ptr,  # [num_programs] int32 program order (REORDER)
+    # Dimensions
+    R,
+    C,
+    num_programs,
+    # Strides
+    stride_xr, stride_xc,
+    stride_ar, stride_ac,
+    stride_qr, stride_qc,
+    stride_sr, stride_sc,
+    # Meta-parameters
+    APPLY_ACTIVATION: tl.constexpr,
+    ROW_WEIGHT: tl.constexpr,
+    STORE_ACTIVATION: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    PASS: tl.constexpr,
+    SOFTWARE_BF16: tl.constexpr,
+    SOFTWARE_FP8: tl.constexpr,
+    REORDER: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if REORDER:
+        pid = tl.load(order_ptr + pid)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = rows < R
+    rows = rows.to(tl.int64)
+    offs_c = tl.arange(0, BLOCK_C)
+
+    if SCALE_MODE == SCALE_NONE:
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + offs_c
+            mask = row_mask[:, None] & (cols < C)[None, :]
+            v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
+                             APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
+            tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, v.to(tl.bfloat16), mask=mask)
+    elif SCALE_MODE == SCALE_GROUP:
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + offs_c
+            mask = row_mask[:, None] & (cols < C)[None, :]
+            v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
+                             APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
+            scale = tl.maximum(tl.max(tl.abs(v), axis=1), GROUP_AMAX_FLOOR) / E4M3_MAX  # [BLOCK_R]
+            q = _quantize_tile(v, scale, SOFTWARE_FP8)
+            tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :] * stride_qc, q, mask=mask)
+            tl.store(scale_ptr + rows * stride_sr + (c0 // BLOCK_C) * stride_sc, scale, mask=row_mask)
+            if STORE_ACTIVATION:
+                tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, v.to(tl.bfloat16), mask=mask)
+    else:
+        if PASS != PASS_QUANTIZE:
+            amax = tl.zeros([BLOCK_R], dtype=tl.float32)
+            for c0 in range(0, C, BLOCK_C):
+                cols = c0 + offs_c
+                mask = row_mask[:, None] & (cols < C)[None, :]
+                v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
+                                 APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
+                amax = tl.maximum(amax, tl.max(tl.abs(v), axis=1))
+        if PASS == PASS_AMAX:
+            tl.store(partial_amax_ptr + pid, tl.max(amax, axis=0))
+        else:
+            if SCALE_MODE == SCALE_TENSOR:
+                offs_p = tl.arange(0, BLOCK_P)
+                partials = tl.load(partial_amax_ptr + offs_p, mask=offs_p < num_programs, other=0.0)
+                tensor_scale = tl.maximum(tl.max(partials, axis=0) / E4M3_MAX, TOKEN_SCALE_FLOOR)
+                scale = tl.zeros([BLOCK_R], dtype=tl.float32) + tensor_scale
+                if pid == 0:
+                    tl.store(scale_ptr, tensor_scale)
+            else:
+                scale = tl.maximum(amax / E4M3_MAX, TOKEN_SCALE_FLOOR)  # [BLOCK_R]
+                tl.store(scale_ptr + rows * stride_sr, scale, mask=row_mask)
+            for c0 in range(0, C, BLOCK_C):
+                cols = c0 + offs_c
+                mask = row_mask[:, None] & (cols < C)[None, :]
+                v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
+                                 APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
+                q = _quantize_tile(v, scale, SOFTWARE_FP8)
+                tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :] * stride_qc, q, mask=mask)
+                if STORE_ACTIVATION:
+                    tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, v.to(tl.bfloat16), mask=mask)

@@ -1,0 +1,125 @@
+"""Grouped GEMM over the aligned layout: both MoE GEMMs, every quant scheme, one kernel.
+
+Grid: (num_m_blocks * cdiv(N, BLOCK_N),). Program p owns output tile (pid_m, pid_n): the
+BLOCK_M routed rows listed in sorted_token_ids[pid_m*BLOCK_M : (pid_m+1)*BLOCK_M] (all of
+one expert, padded with the sentinel TK) times columns [pid_n*BLOCK_N, (pid_n+1)*BLOCK_N).
+It reads those rows of A (row r of the gate-up GEMM reads token r // K: A_ROW_DIV = K; the
+down GEMM reads row r: A_ROW_DIV = 1), the expert's weight rows, and writes its tile of C at
+the routed rows. Blocks past num_tokens_post_padded exit at once; blocks of an expert that
+is not local (-1) write zeros, as vLLM does under an expert map.
+
+Scaling (SCALE_MODE): 0 bf16 x bf16, no scales; 1 per-tensor activation scale [1] and one
+weight scale per expert [L]; 2 per-token activation scales [rows, 1] and per-output-channel
+weight scales [L, N]; 3 1x128 activation groups [rows, Kd/128] and 128x128 weight blocks
+[L, N/128, Kd/128], applied per BLOCK_K = 128 step. Modes 1 and 2 scale after accumulation.
+"""
+
+import triton
+import triton.language as tl
+
+from .numerics import to_bf16
+
+SCALE_BF16 = tl.constexpr(0)
+SCALE_TENSOR = tl.constexpr(1)
+SCALE_CHANNEL = tl.constexpr(2)
+SCALE_BLOCK = tl.constexpr(3)
+WEIGHT_BLOCK = tl.constexpr(128)  # 128x128 weight blocks of fp8-block
+
+
+@triton.jit
+def grouped_gemm_kernel(
+    # Pointers
+    a_ptr,  # [rows_a, Kd] fp8 codes or bf16
+    b_ptr,  # [L, N, Kd] fp8 codes or bf16 weights
+    c_ptr,  # [TK, N] bf16 out, row = routed row
+    a_scale_ptr,  # fp32 activation scales (SCALE_MODE)
+    b_scale_ptr,  # fp32 weight scales (SCALE_MODE)
+    topk_weights_ptr,  # [TK] fp32 router weight per routed row
+    sorted_token_ids_ptr,  # [EM] int32 routed rows grouped by expert, sentinel TK
+    expert_ids_ptr,  # [EM / BLOCK_M] int32 local expert of each block, -1 if not local
+    num_tokens_post_padded_ptr,  # [1] int32 rows in use in sorted_token_ids
+    order_ptr,  # [num_programs] int32 program order (REORDER)
+    # Dimensions
+    N,
+    Kd,
+    num_valid_rows,  # TK
+    A_ROW_DIV,
+    num_n_blocks,
+    # Strides
+    stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    stride_asm, stride_ask,
+    stride_bse, stride_bsn, stride_bsk,
+    # Meta-parameters
+    SCALE_MODE: tl.constexpr,
+    MUL_ROUTER_WEIGHT: tl.constexpr,  # multiply the routed row's weight in the epilogue
+    ROUTER_WEIGHT_ON_A: tl.constexpr,  # bf16 scheme, router_weight='input': scale A rows first
+    UPCAST_BF16_DOT: tl.constexpr,  # bf16 x bf16 dot through float32 (interpreter defect)
+    SOFTWARE_BF16: tl.constexpr,
+    REORDER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if REORDER:
+        pid = tl.load(order_ptr + pid)
+    pid_m = pid // num_n_blocks
+    pid_n = pid % num_n_blocks
+    if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
+        return
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(sorted_token_ids_ptr + offs_m).to(tl.int64)  # [BLOCK_M] routed rows
+    row_mask = rows < num_valid_rows
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    c_tile = c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c_mask = row_mask[:, None] & n_mask[None, :]
+
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if expert == -1:
+        tl.store(c_tile, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.bfloat16), mask=c_mask)
+        return
+
+    a_rows = rows // A_ROW_DIV
+    offs_k = tl.arange(0, BLOCK_K)
+    a_tile = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_tile = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    if ROUTER_WEIGHT_ON_A:
+        a_weight = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, Kd, BLOCK_K):
+        k_mask = offs_k < Kd - k0
+        a = tl.load(a_tile, mask=row_mask[:, None] & k_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+        b = tl.load(b_tile, mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+        if ROUTER_WEIGHT_ON_A:
+            a = to_bf16(a.to(tl.float32) * a_weight[:, None], SOFTWARE_BF16)
+        if UPCAST_BF16_DOT:
+            partial = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        else:
+            partial = tl.dot(a, b)
+        if SCALE_MODE == SCALE_BLOCK:
+            k_block = k0 // WEIGHT_BLOCK
+            a_s = tl.load(a_scale_ptr + a_rows * stride_asm + k_block * stride_ask, mask=row_mask, other=0.0)
+            b_s = tl.load(
+                b_scale_ptr + expert * stride_bse + (offs_n // WEIGHT_BLOCK) * stride_bsn + k_block * stride_bsk,
+                mask=n_mask, other=0.0,
+            )
+            acc += partial * a_s[:, None] * b_s[None, :]
+        else:
+            acc += partial
+        a_tile += BLOCK_K * stride_ak
+        b_tile += BLOCK_K * stride_bk
+
+    if SCALE_MODE == SCALE_TENSOR:
+        acc = acc * tl.load(a_scale_ptr) * tl.load(b_scale_ptr + expert * stride_bse)
+    elif SCALE_MODE == SCALE_CHANNEL:
+        a_s = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_mask, other=0.0)
+        b_s = tl.load(b_scale_ptr + expert * stride_bse + offs_n * stride_bsn, mask=n_mask, other=0.0)
+        acc = acc * a_s[:, None] * b_s[None, :]
+    if MUL_ROUTER_WEIGHT:
+        acc = acc * tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    tl.store(c_tile, to_bf16(acc, SOFTWARE_BF16), mask=c_mask)

@@ -1,0 +1,60 @@
+"""Rounding and activation helpers shared by every kernel (jit code only).
+
+Why software rounding exists (../shared/DESIGN.md, "Facts measured here"): the Triton
+interpreter's float32 -> float8_e4m3fn cast drops the mantissa carry and rounds ties away
+from zero (~2.6% of random values wrong), and its float32 -> bfloat16 cast truncates (~50%
+one ulp off). Rounding the float32 value onto the target grid first, with integer ops or an
+exact float trick, makes the final cast exact on every backend. On CUDA the native casts
+are already round-to-nearest-even and the flags can be off (optimized.backend decides).
+"""
+
+import triton
+import triton.language as tl
+
+E4M3_MAX = tl.constexpr(448.0)  # largest finite float8_e4m3fn
+E4M3_MIN_NORMAL = tl.constexpr(0.015625)  # 2^-6; below it e4m3 codes are multiples of 2^-9
+E4M3_SUBNORMAL_SCALE = tl.constexpr(512.0)  # 2^9
+# 1.5 * 2^23: adding it to |v| < 2^22 leaves no fraction bits, so float32 round-to-nearest-
+# even rounds v to an integer; subtracting it back is exact.
+ROUND_TO_INT_MAGIC = tl.constexpr(12582912.0)
+
+
+@triton.jit
+def round_to_bf16_grid(x):
+    """float32 -> float32 holding the nearest bfloat16 (ties to even), by integer ops."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_to_e4m3_grid(x):
+    """float32 with |x| <= 448 -> float32 holding the nearest e4m3fn value (ties to even)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    # normal range: keep 3 of 23 mantissa bits, carrying into the exponent as needed
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+    # subnormal range: multiples of 2^-9; scaling by 2^9 is exact, the magic add rounds
+    scaled = x * E4M3_SUBNORMAL_SCALE
+    subnormal = ((scaled + ROUND_TO_INT_MAGIC) - ROUND_TO_INT_MAGIC) / E4M3_SUBNORMAL_SCALE
+    return tl.where(tl.abs(x) < E4M3_MIN_NORMAL, subnormal, normal)
+
+
+@triton.jit
+def to_bf16(x, SOFTWARE_ROUNDING: tl.constexpr):
+    if SOFTWARE_ROUNDING:
+        x = round_to_bf16_grid(x)
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
+def to_e4m3(x, SOFTWARE_ROUNDING: tl.constexpr):
+    """Saturating cast to float8_e4m3fn (clamping is the caller's; x is already within +-448)."""
+    if SOFTWARE_ROUNDING:
+        x = round_to_e4m3_grid(x)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def silu(x):
+    """x * sigmoid(x) in float32; its exp differs from torch's by an ulp on some inputs."""
+    return x / (1.0 + tl.exp(-x))

@@ -1,0 +1,54 @@
+"""The one launch helper every kernel launch goes through.
+
+It applies the program `Schedule` (an order table the kernels read when REORDER is on; the
+identity schedule passes REORDER=False, so the CUDA fast path reads nothing extra) and, when
+a recorder is attached, reports the stage, the kernel and the views it reads and writes.
+Without a recorder it adds nothing but a branch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from diffmoe.contract import LaunchInfo, LaunchRecorder, Schedule
+
+
+@dataclass
+class LaunchContext:
+    """Per-run launch state: schedule, recorder, and the launch counter random orders use."""
+
+    device: torch.device
+    schedule: Schedule = field(default_factory=Schedule)
+    recorder: LaunchRecorder | None = None
+    launches: int = 0
+    _dummy_order: torch.Tensor | None = None
+
+    def order_table(self, num_programs: int) -> tuple[torch.Tensor, bool]:
+        if self.schedule.is_identity:
+            if self._dummy_order is None:
+                self._dummy_order = torch.zeros(1, dtype=torch.int32, device=self.device)
+            return self._dummy_order, False
+        order = self.schedule.order(num_programs, self.launches)
+        return torch.tensor(order, dtype=torch.int32, device=self.device), True
+
+
+def kernel_name(kernel) -> str:
+    fn = getattr(kernel, "fn", kernel)  # a JITFunction wraps the Python function
+    return getattr(fn, "__name__", type(kernel).__name__)
+
+
+def launch(ctx: LaunchContext, kernel, grid_size: int, *, stage: str, reads: dict, writes: dict, **kernel_args) -> None:
+    """Launch `kernel` on a (grid_size,) grid with keyword arguments, order_ptr and REORDER added."""
+    if grid_size <= 0:
+        return
+    order, reorder = ctx.order_table(grid_size)
+    info = None
+    if ctx.recorder is not None:
+        info = LaunchInfo(stage=stage, kernel=kernel_name(kernel), grid=(grid_size,), reads=reads, writes=writes)
+        ctx.recorder.before_launch(info)
+    kernel[(grid_size,)](**kernel_args, order_ptr=order, REORDER=reorder)
+    ctx.launches += 1
+    if info is not None:
+        ctx.recorder.after_launch(info)
