@@ -33,9 +33,11 @@ def round_to_e4m3_grid(x):
     bits = x.to(tl.uint32, bitcast=True)
     # normal range: keep 3 of 23 mantissa bits, carrying into the exponent as needed
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
-    # subnormal range: multiples of 2^-9; scaling by 2^9 is exact, the magic add rounds
-    scaled = x * E4M3_SUBNORMAL_SCALE
-    subnormal = ((scaled + ROUND_TO_INT_MAGIC) - ROUND_TO_INT_MAGIC) / E4M3_SUBNORMAL_SCALE
+    # subnormal range: multiples of 2^-9; scaling by 2^9 is exact, the magic add rounds.
+    # Work on |x| and put the sign bit back, so that values rounding to zero keep it (-0.0).
+    scaled = tl.abs(x) * E4M3_SUBNORMAL_SCALE
+    magnitude = ((scaled + ROUND_TO_INT_MAGIC) - ROUND_TO_INT_MAGIC) / E4M3_SUBNORMAL_SCALE
+    subnormal = (magnitude.to(tl.uint32, bitcast=True) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(x) < E4M3_MIN_NORMAL, subnormal, normal)
 
 

@@ -1,0 +1,265 @@
+"""Hypothesis strategies for `MoEConfig` and `Schedule`, with bounded, documented domains.
+
+Every example runs both implementations under the Triton interpreter, so the domains are
+kept small enough for a few seconds per example, and every field shrinks toward the
+simplest config that still fails.
+
+Domains of `moe_configs()` (draw order, which is also shrink priority):
+
+* quant: ``QUANT_ORDER`` = fp8-tensor, fp8-token, bf16, fp8-block. fp8-tensor comes first
+  because it is the simplest FP8 scheme (one scale) and allows the smallest sizes, so a
+  failure that needs FP8 and the fused flag shrinks to fp8-tensor with the smallest H and I,
+  and a failure that needs nothing scheme-specific shrinks there too. bf16 has no fused path
+  and fp8-block forces H and I to multiples of 128, the largest sizes, hence last.
+* num_tokens T: 1..max_tokens (default 96), further capped so that the token budget below
+  holds with K = 1 and the smallest sizes. Half the draws come from the boundary list
+  ``TOKEN_BOUNDARIES`` (1; 15, 16, 17; 31, 32, 33; 63, 64, 65 around the row-block sizes
+  16, 32 and 64; 129 and the cap itself, above the largest block), kept where within range.
+* num_experts E: 1..max_experts (default 64); half the draws are primes, which never
+  divide a block or a grid evenly.
+* topk K: 1..E, capped by the token budget; K == E is drawn on purpose (every expert busy).
+* hidden H, inter I: fp8-block: multiples of 128 in 128..512; other schemes: 16..512, odd
+  values included (masking of ragged tiles). Capped by both budgets.
+* fused: True/False for FP8 schemes, always False for bf16 (the config rejects it).
+* router_weight: "down", or "input" only when K == 1 (the config requires it).
+* expert_map: None, or a map with local indices 0..L-1 each used once (L >= 1) and -1 for
+  experts held elsewhere; shrinks to None first.
+* skew: uniform, one-expert, empty-experts (``ROUTING_SKEWS`` order, uniform first).
+* output: separate, workspace ("separate" first: fewer buffers in the workspaces).
+* planner: fixed by default; a parameter (None draws fixed or legacy).
+* seed: 0..2**32-1.
+
+Budgets (enforced by construction: each size is drawn with an upper bound derived from the
+sizes already drawn, so nothing is filtered out):
+
+* ``TOKEN_BUDGET`` = 2**16 bounds T*K*max(H, I), the largest routed activation, which drives
+  the interpreter's cost per example (about one second per 2**16 elements per launch).
+* ``WEIGHT_BUDGET`` = 2**22 bounds E*2I*H, the gate-up weight, which drives problem
+  generation and the reference's float32 dequantisation (16 MiB per weight at most).
+
+The minimal draw is ``MINIMAL_CONFIG`` (fp8-tensor, T=E=K=1, H=I=16, unfused, router weight
+on the down GEMM, no expert map, uniform skew, separate output, fixed planner, seed 0);
+the minimal draw with the fused flag on is ``MINIMAL_FUSED_CONFIG``, the same config fused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+
+from .config import MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTING_SKEWS, MoEConfig
+from .contract import SCHEDULE_KINDS, Schedule
+
+QUANT_ORDER = ("fp8-tensor", "fp8-token", "bf16", "fp8-block")
+OUTPUT_ORDER = ("separate", "workspace")
+ROUTER_WEIGHT_ORDER = ("down", "input")
+
+MIN_SIZE = 16  # H and I for schemes without a block constraint
+MAX_SIZE = 512  # H and I for every scheme
+MAX_EXPERTS = 64
+DEFAULT_MAX_TOKENS = 96
+MAX_SEED = 2**32 - 1
+
+TOKEN_BUDGET = 2**16  # T * K * max(H, I)
+WEIGHT_BUDGET = 2**22  # E * 2I * H
+
+# Row-block sizes of the GEMMs (16 and 32 for small batches and the interpreter, 64 the
+# largest): off-by-one bugs live just below, at and just above each, and beyond the largest.
+ROW_BLOCKS = (16, 32, 64)
+TOKEN_BOUNDARIES = (1, *(b + d for b in ROW_BLOCKS for d in (-1, 0, 1)), 2 * ROW_BLOCKS[-1] + 1)
+
+# Sizes a kernel author tends to test (tile-aligned) and ragged ones that need masking.
+SIZE_HINTS = (16, 17, 32, 45, 64, 97, 127, 128, 129, 256, 384, 512)
+
+PRIMES = tuple(p for p in range(2, MAX_EXPERTS + 1) if all(p % d for d in range(2, int(p**0.5) + 1)))
+
+MINIMAL_CONFIG = MoEConfig(
+    num_tokens=1,
+    num_experts=1,
+    topk=1,
+    hidden=MIN_SIZE,
+    inter=MIN_SIZE,
+    quant=QUANT_ORDER[0],
+    fused=False,
+    router_weight="down",
+    planner="fixed",
+    output="separate",
+    expert_map=None,
+    skew="uniform",
+    seed=0,
+)
+MINIMAL_FUSED_CONFIG = MINIMAL_CONFIG.replace(fused=True)
+
+
+def size_floor(quant: str) -> int:
+    """Smallest H or I the scheme allows in these domains (also the step between sizes)."""
+    return QUANT_BLOCK if quant == "fp8-block" else MIN_SIZE
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _quant_choices(quant: str | Sequence[str] | None, fused: bool | None) -> tuple[str, ...]:
+    if quant is None:
+        wanted = set(QUANT_SCHEMES)
+    elif isinstance(quant, str):
+        wanted = {quant}
+    else:
+        wanted = set(quant)
+    unknown = sorted(q for q in wanted if q not in QUANT_SCHEMES)
+    if unknown or not wanted:
+        raise ValueError(f"quant must be None, one of {list(QUANT_SCHEMES)} or a non-empty list of them, got {quant!r}")
+    if fused:
+        wanted.discard("bf16")  # the fused path exists for FP8 only
+        if not wanted:
+            raise ValueError("fused=True needs an fp8 quant scheme, got quant='bf16' only")
+    return tuple(q for q in QUANT_ORDER if q in wanted)  # keep the documented shrink order
+
+
+def biased_integers(lo: int, hi: int, specials: Sequence[int]) -> SearchStrategy[int]:
+    """An int in lo..hi; about half the draws come from `specials` (those within range).
+
+    Every draw makes the same three choices (take a special?, which special, which plain
+    value) whatever the values, because Hypothesis shrinks toward *fewer* choices first: a
+    branch that skipped a choice would look simpler than the smallest value and win the
+    shrink. Each choice shrinks to its first option, so the result shrinks toward `lo`.
+    """
+    if lo > hi:
+        raise ValueError(f"empty range: lo={lo} > hi={hi}")
+    kept = sorted({v for v in specials if lo <= v <= hi}) or [lo]
+
+    @st.composite
+    def build(draw) -> int:
+        take_special = draw(st.booleans())
+        special = kept[draw(st.integers(0, len(kept) - 1))]
+        plain = draw(st.integers(lo, hi))
+        return special if take_special else plain
+
+    return build()
+
+
+def token_counts(cap: int) -> SearchStrategy[int]:
+    """T in 1..cap, biased to the block boundaries that fit and to the cap itself."""
+    return biased_integers(1, cap, (*TOKEN_BOUNDARIES, cap))
+
+
+def expert_counts(cap: int = MAX_EXPERTS) -> SearchStrategy[int]:
+    """E in 1..cap, biased to primes."""
+    return biased_integers(1, cap, PRIMES)
+
+
+def hidden_sizes(quant: str, cap: int) -> SearchStrategy[int]:
+    """H or I for `quant` in floor..min(cap, MAX_SIZE): multiples of 128 for fp8-block."""
+    floor = size_floor(quant)
+    cap = min(cap, MAX_SIZE)
+    if cap < floor:
+        raise ValueError(f"size cap must be at least {floor} for quant={quant!r}, got {cap}")
+    if quant == "fp8-block":
+        # Same shape of choices as the other schemes, so switching scheme costs nothing.
+        return biased_integers(1, cap // QUANT_BLOCK, (cap // QUANT_BLOCK,)).map(lambda n: n * QUANT_BLOCK)
+    return biased_integers(floor, cap, SIZE_HINTS)
+
+
+def expert_maps(num_experts: int) -> SearchStrategy[tuple[int, ...]]:
+    """Valid maps: L >= 1 local experts numbered 0..L-1 once each, the rest -1.
+
+    The permutation says which global experts are local and in what local order; it shrinks
+    to the identity and L to 1, so the simplest map is (0, -1, -1, ...).
+    """
+
+    @st.composite
+    def build(draw) -> tuple[int, ...]:
+        order = draw(st.permutations(range(num_experts)))
+        num_local = draw(st.integers(1, num_experts))
+        mapping = [-1] * num_experts
+        for local, global_id in enumerate(order[:num_local]):
+            mapping[global_id] = local
+        return tuple(mapping)
+
+    return build()
+
+
+def moe_configs(
+    *,
+    planner: str | None = "fixed",
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    quant: str | Sequence[str] | None = None,
+    fused: bool | None = None,
+    max_experts: int = MAX_EXPERTS,
+    expert_map: bool = True,
+    token_budget: int = TOKEN_BUDGET,
+    weight_budget: int = WEIGHT_BUDGET,
+) -> SearchStrategy[MoEConfig]:
+    """Valid MoEConfigs within the module's documented domains.
+
+    planner: "fixed"/"legacy" pins it; None draws either. quant: pins a scheme or a list of
+    schemes (kept in QUANT_ORDER). fused: None draws it for FP8 schemes; True/False pins it.
+    expert_map: False never draws a map. The budgets bound T*K*max(H, I) and E*2I*H.
+    """
+    if planner is not None and planner not in PLANNERS:
+        raise ValueError(f"planner must be None or one of {list(PLANNERS)}, got {planner!r}")
+    _check_int("max_tokens", max_tokens, 1, MAX_TOKENS)
+    _check_int("max_experts", max_experts, 1, MAX_EXPERTS)
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"fused must be None or a bool, got {fused!r}")
+    if not isinstance(expert_map, bool):
+        raise TypeError(f"expert_map must be a bool, got {expert_map!r}")
+    quants = _quant_choices(quant, fused)
+    floor = max(size_floor(q) for q in quants)
+    # The smallest config of every allowed scheme must fit, or construction could dead-end.
+    _check_int("token_budget", token_budget, floor, 2**40)
+    _check_int("weight_budget", weight_budget, 2 * max_experts * floor * floor, 2**40)
+    planners = PLANNERS if planner is None else (planner,)
+
+    @st.composite
+    def build(draw) -> MoEConfig:
+        q = draw(st.sampled_from(quants))
+        lo = size_floor(q)
+        t = draw(token_counts(min(max_tokens, token_budget // lo)))
+        e = draw(expert_counts(max_experts))
+        k_cap = min(e, token_budget // (t * lo))
+        # K == E drawn on purpose: with every expert busy, block padding is at its largest.
+        k = draw(biased_integers(1, k_cap, (k_cap,)))
+        act_cap = token_budget // (t * k)  # max(H, I) under the token budget
+        h = draw(hidden_sizes(q, min(act_cap, weight_budget // (2 * e * lo))))
+        i = draw(hidden_sizes(q, min(act_cap, weight_budget // (2 * e * h))))
+        # Drawn whether or not they apply (see biased_integers: a skipped choice would make
+        # bf16 or K > 1 look simpler to the shrinker than they are).
+        drawn_fused = draw(st.booleans())
+        drawn_rw = draw(st.sampled_from(ROUTER_WEIGHT_ORDER))
+        f = False if q == "bf16" else (drawn_fused if fused is None else fused)
+        rw = drawn_rw if k == 1 else "down"
+        em = draw(st.one_of(st.none(), expert_maps(e))) if expert_map else None
+        return MoEConfig(
+            num_tokens=t,
+            num_experts=e,
+            topk=k,
+            hidden=h,
+            inter=i,
+            quant=q,
+            fused=f,
+            router_weight=rw,
+            expert_map=em,
+            skew=draw(st.sampled_from(ROUTING_SKEWS)),
+            output=draw(st.sampled_from(OUTPUT_ORDER)),
+            planner=draw(st.sampled_from(planners)),
+            seed=draw(st.integers(0, MAX_SEED)),
+        )
+
+    return build()
+
+
+def schedules(max_seed: int = 2**16) -> SearchStrategy[Schedule]:
+    """identity, reversed, or random:SEED with SEED in 0..max_seed; shrinks to identity."""
+    _check_int("max_seed", max_seed, 0, 2**63 - 1)
+    # Kind and seed are both always drawn (fixed shape, see biased_integers); the seed is
+    # only used by random.
+    kind_and_seed = st.tuples(st.sampled_from(SCHEDULE_KINDS), st.integers(0, max_seed))
+    return kind_and_seed.map(lambda ks: Schedule(ks[0], ks[1] if ks[0] == "random" else 0))

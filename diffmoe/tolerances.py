@@ -1,0 +1,226 @@
+"""The one tolerance table: how close each buffer must be, per quant scheme and judging mode.
+
+Two judging modes:
+  end_to_end: the buffer after a full run, where every upstream difference has propagated.
+  forced:     the buffer produced by one stage fed the reference's exact inputs (teacher
+              forcing), so the stage is judged on its own.
+
+Every bound is derived from a step size of the formats involved and comes with a one-line
+reason: adjacent e4m3 codes are at most 2^-3 apart relative (round-to-nearest moves a value
+by at most the half step, 2^-4); a bf16 rounding moves a value by at most 2^-8 relative
+(half an ulp), and one bf16 ulp is at most 2^-7 relative; float32 accumulation over an
+n-long dot product moves a sum by about sqrt(n) * 2^-24 relative. The bounds are checked
+against the differences measured between the reference and the optimized path on each
+backend; figures: see README, section Tolerances.
+
+Nothing else in diffmoe writes a tolerance number: the differential and teacher-forcing
+oracles ask `rule_for`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .compare import Rule
+from .config import QUANT_SCHEMES
+from .vocabulary import Buffers
+
+END_TO_END = "end_to_end"
+FORCED = "forced"
+JUDGING_MODES = (END_TO_END, FORCED)
+
+# Format facts the reasons refer to (relative sizes).
+E4M3_STEP = 2**-3  # largest relative gap between adjacent normal e4m3 codes
+E4M3_HALF_STEP = 2**-4  # round-to-nearest error bound of an e4m3 cast
+BF16_HALF_ULP = 2**-8  # round-to-nearest error bound of a bf16 cast
+BF16_ULP = 2**-7  # largest relative gap between adjacent bf16 values
+
+
+@dataclass(frozen=True)
+class ToleranceRow:
+    """The rules for one (quant scheme, buffer).
+
+    forced_fused, when set, replaces `forced` for a buffer produced by the fused act_quant
+    stage: that stage recomputes silu from the reference's gate_up_output, and silu's exp
+    differs by a float32 ulp between numpy, CUDA and torch, so bitwise cannot hold there.
+    """
+
+    end_to_end: Rule
+    forced: Rule
+    forced_fused: Rule | None = None
+
+    def rule(self, mode: str, fused: bool = False) -> Rule:
+        if mode == END_TO_END:
+            return self.end_to_end
+        if mode == FORCED:
+            return self.forced_fused if fused and self.forced_fused is not None else self.forced
+        raise ValueError(f"mode must be one of {list(JUDGING_MODES)}, got {mode!r}")
+
+
+_B = Buffers
+
+_FP8_ROWS: dict[str, ToleranceRow] = {
+    _B.QUANTED_GATE_UP_INPUT: ToleranceRow(
+        end_to_end=Rule.bitwise("first stage: identical bf16 input, one float32 division, one round-to-nearest-even e4m3 cast"),
+        forced=Rule.bitwise("identical bf16 input, one float32 division, one round-to-nearest-even e4m3 cast"),
+    ),
+    _B.QUANTED_GATE_UP_INPUT_SCALES: ToleranceRow(
+        end_to_end=Rule.bitwise("amax is exact in any reduction order and amax/448 is one correctly rounded float32 division"),
+        forced=Rule.bitwise("amax is exact in any reduction order and amax/448 is one correctly rounded float32 division"),
+    ),
+    _B.GATE_UP_OUTPUT: ToleranceRow(
+        end_to_end=Rule.ulp(
+            2,
+            atol=2**-10,
+            reason="inputs arrive bitwise; float32 re-association over H (~sqrt(H)*2^-24) crosses at most one bf16 "
+            "rounding boundary, two with the scales applied in another order; 2^-10 floor for cancellation near zero",
+        ),
+        forced=Rule.ulp(
+            2,
+            atol=2**-10,
+            reason="float32 re-association over H (~sqrt(H)*2^-24) crosses at most one bf16 rounding boundary, "
+            "two with the scales applied in another order; 2^-10 floor for cancellation near zero",
+        ),
+    ),
+    _B.ACTIVATION_OUTPUT: ToleranceRow(
+        end_to_end=Rule.tolerance(
+            atol=2**-9,
+            rtol=2**-5,
+            reason="gate and up may each arrive 2 bf16 ulp (<= 2^-6 relative) off and the product adds relative "
+            "errors (2^-5); 2^-9 floor for silu's steep negative tail",
+        ),
+        forced=Rule.ulp(
+            1,
+            reason="silu's exp differs by one float32 ulp between numpy, CUDA and torch, which crosses at most one "
+            "bf16 rounding boundary",
+        ),
+    ),
+    _B.QUANTED_DOWN_INPUT: ToleranceRow(
+        end_to_end=Rule.fp8_step(
+            atol=1.0,
+            reason="upstream differences (<= 2^-5 relative) stay below the e4m3 step (>= 2^-4 relative), so a code "
+            "moves to an adjacent one at most; near zero subnormal codes are 2^-9 apart: floor of one code unit (amax/448)",
+        ),
+        forced=Rule.bitwise("the reference's bf16 activation, one float32 division, one round-to-nearest-even e4m3 cast"),
+        forced_fused=Rule.fp8_step(
+            reason="silu's exp differs by one float32 ulp between backends: the bf16 activation (2^-7) and its scale "
+            "(2^-7) move by less than the e4m3 half step 2^-4, so a code moves to an adjacent one at most",
+        ),
+    ),
+    _B.QUANTED_DOWN_INPUT_SCALES: ToleranceRow(
+        end_to_end=Rule.tolerance(
+            atol=0.0,
+            rtol=2**-4,
+            reason="the amax inherits activation_output's 2^-5 relative bound and scale = amax/448; factor 2 for the "
+            "float32 division and the amax moving to another element",
+        ),
+        forced=Rule.bitwise("amax of the reference's bf16 activation is exact; amax/448 is one correctly rounded float32 division"),
+        forced_fused=Rule.tolerance(
+            atol=0.0,
+            rtol=2**-6,
+            reason="the largest |activation| may move by one bf16 ulp (<= 2^-7 relative) when silu's exp differs by a "
+            "float32 ulp; scale = amax/448 moves with it, plus two float32 roundings",
+        ),
+    ),
+    _B.DOWN_OUTPUT: ToleranceRow(
+        end_to_end=Rule.tolerance(
+            atol=2**-6,
+            rtol=2**-6,
+            reason="a fraction of the I input codes sit one e4m3 step (<= 2^-3 relative) off; with random signs the "
+            "dot product moves by ~2^-3*|a*w|*sqrt(flips), about a percent of |down_output| (vLLM accepts 2e-2..3.9e-2)",
+        ),
+        forced=Rule.ulp(
+            2,
+            atol=2**-10,
+            reason="float32 re-association over I (~sqrt(I)*2^-24) and the router weight multiplied before the single "
+            "bf16 rounding cross at most two rounding boundaries; 2^-10 floor for cancellation near zero",
+        ),
+    ),
+    _B.OUTPUT: ToleranceRow(
+        end_to_end=Rule.tolerance(
+            atol=2**-6,
+            rtol=2**-6,
+            reason="router weights sum to 1, so the weighted sum over K carries down_output's bound, plus one bf16 "
+            "rounding (2^-8)",
+        ),
+        forced=Rule.bitwise("the reduce sums the K rows in float32 in order k = 0..K-1 and rounds once, as the reference"),
+    ),
+}
+
+_BF16_ROWS: dict[str, ToleranceRow] = {
+    _B.GATE_UP_OUTPUT: ToleranceRow(
+        end_to_end=Rule.ulp(
+            2,
+            atol=2**-10,
+            reason="bf16 inputs upcast exactly; float32 re-association over H (~sqrt(H)*2^-24) crosses at most one "
+            "or two bf16 rounding boundaries; 2^-10 floor for cancellation near zero",
+        ),
+        forced=Rule.ulp(
+            2,
+            atol=2**-10,
+            reason="bf16 inputs upcast exactly; float32 re-association over H (~sqrt(H)*2^-24) crosses at most one "
+            "or two bf16 rounding boundaries; 2^-10 floor for cancellation near zero",
+        ),
+    ),
+    _B.ACTIVATION_OUTPUT: ToleranceRow(
+        end_to_end=Rule.tolerance(
+            atol=2**-9,
+            rtol=2**-5,
+            reason="gate and up may each arrive 2 bf16 ulp (<= 2^-6 relative) off and the product adds relative "
+            "errors (2^-5); 2^-9 floor for silu's steep negative tail",
+        ),
+        forced=Rule.ulp(
+            1,
+            reason="silu's exp differs by one float32 ulp between numpy, CUDA and torch, which crosses at most one "
+            "bf16 rounding boundary",
+        ),
+    ),
+    _B.DOWN_OUTPUT: ToleranceRow(
+        end_to_end=Rule.tolerance(
+            atol=2**-8,
+            rtol=2**-7,
+            reason="some of the I activations arrive a few bf16 ulp (<= 2^-5 relative) off; with random signs the "
+            "dot product stays within about one bf16 ulp (2^-7) of its size; 2^-8 floor for cancellation",
+        ),
+        forced=Rule.ulp(
+            2,
+            atol=2**-10,
+            reason="float32 re-association over I (~sqrt(I)*2^-24) and the router weight multiplied before the single "
+            "bf16 rounding cross at most two rounding boundaries; 2^-10 floor for cancellation near zero",
+        ),
+    ),
+    _B.OUTPUT: ToleranceRow(
+        end_to_end=Rule.tolerance(
+            atol=2**-8,
+            rtol=2**-7,
+            reason="router weights sum to 1, so the weighted sum over K carries down_output's bound, plus one bf16 "
+            "rounding (2^-8)",
+        ),
+        forced=Rule.bitwise("the reduce sums the K rows in float32 in order k = 0..K-1 and rounds once, as the reference"),
+    ),
+}
+
+# The table. FP8 schemes share their rows: the bounds above depend on the formats, not on
+# the scale granularity; a measurement that separates them gets its own rows here.
+TOLERANCES: dict[tuple[str, str], ToleranceRow] = {
+    **{(quant, buffer): row for quant in QUANT_SCHEMES if quant != "bf16" for buffer, row in _FP8_ROWS.items()},
+    **{("bf16", buffer): row for buffer, row in _BF16_ROWS.items()},
+}
+
+
+def tolerance_row(quant: str, buffer: str) -> ToleranceRow:
+    try:
+        return TOLERANCES[(quant, buffer)]
+    except KeyError:
+        known = sorted(b for q, b in TOLERANCES if q == quant)
+        if not known:
+            raise ValueError(f"quant must be one of {list(QUANT_SCHEMES)}, got {quant!r}") from None
+        raise ValueError(f"no tolerance row for buffer {buffer!r} under quant={quant!r}; rows exist for {known}") from None
+
+
+def rule_for(quant: str, buffer: str, mode: str, *, fused: bool = False) -> Rule:
+    """The rule judging `buffer` under `quant` in `mode` ("end_to_end" or "forced").
+
+    `fused` matters only in forced mode, for the buffers the fused act_quant stage produces.
+    """
+    return tolerance_row(quant, buffer).rule(mode, fused)
