@@ -1,0 +1,140 @@
+"""Measure how far the optimized path actually is from the reference, per (scheme, buffer).
+
+The tolerance table (diffmoe/tolerances.py) states bounds with reasons; this script measures
+the differences those bounds must cover, end to end and teacher-forced, over the labelled
+edge cases plus seeded random configs, and prints the README's "Tolerances" table: for each
+row the worst measured max ULP, max |diff|, fraction of differing elements, and whether the
+rule held everywhere.
+
+    python bench/measure_tolerances.py [--seeds N] [--write README.md]
+
+With --write it replaces the text between `<!-- tolerances:start -->` and
+`<!-- tolerances:end -->` in the given file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from diffmoe.compare import compare  # noqa: E402
+from diffmoe.config import QUANT_SCHEMES, MoEConfig  # noqa: E402
+from diffmoe.edge_cases import edge_cases  # noqa: E402
+from diffmoe.problem import make_problem  # noqa: E402
+from diffmoe.recording import LaunchLog  # noqa: E402
+from diffmoe.tolerances import END_TO_END, FORCED, rule_for  # noqa: E402
+from diffmoe.vocabulary import Buffers, Stages, materialised_buffers, pipeline_stages  # noqa: E402
+from optimized import make_implementation  # noqa: E402
+from reference import reference_moe  # noqa: E402
+
+
+def random_configs(quant: str, fused: bool, seeds: int) -> list[MoEConfig]:
+    rng = random.Random(f"{quant}-{fused}")
+    out = []
+    for seed in range(seeds):
+        e = rng.randint(1, 8)
+        step = 128 if quant == "fp8-block" else 16
+        out.append(MoEConfig(
+            num_tokens=rng.randint(1, 48), num_experts=e, topk=rng.randint(1, e),
+            hidden=step * rng.randint(1, 3), inter=step * rng.randint(1, 3),
+            quant=quant, fused=fused, seed=seed,
+        ))
+    return out
+
+
+class Worst:
+    def __init__(self) -> None:
+        self.max_ulp = 0
+        self.max_abs = 0.0
+        self.differing = 0
+        self.total = 0
+        self.failures = 0
+        self.cases = 0
+        self.rule = ""
+
+    def add(self, c) -> None:
+        self.max_ulp = max(self.max_ulp, c.max_ulp)
+        self.max_abs = max(self.max_abs, c.max_abs)
+        self.differing += c.differing
+        self.total += c.total
+        self.failures += 0 if c.ok else 1
+        self.cases += 1
+        self.rule = c.rule.describe()
+
+
+def measure(configs: list[MoEConfig]) -> dict[tuple[str, str, str], Worst]:
+    table: dict[tuple[str, str, str], Worst] = defaultdict(Worst)
+    for cfg in configs:
+        problem = make_problem(cfg)
+        ref = reference_moe(problem).intermediates
+        impl = make_implementation(cfg)
+        log = LaunchLog(snapshot=True)
+        result = impl.run(problem, impl.allocate_workspaces(), recorder=log)
+        got = {**log.snapshots, Buffers.OUTPUT: result.output}
+        for name in materialised_buffers(cfg):
+            c = compare(name, ref[name], got[name], rule_for(cfg.quant, name, END_TO_END))
+            table[(cfg.quant, name, END_TO_END)].add(c)
+        for stage in pipeline_stages(cfg):
+            outputs = impl.run_stage(stage.name, {n: ref[n] for n in stage.reads if n in ref}, problem)
+            for name in stage.writes:
+                rule = rule_for(cfg.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT)
+                mode = FORCED + (" (fused)" if stage.name == Stages.ACT_QUANT else "")
+                table[(cfg.quant, name, mode)].add(compare(name, ref[name], outputs[name], rule))
+    return table
+
+
+def render(table: dict[tuple[str, str, str], Worst], configs: int, seconds: float) -> str:
+    lines = [
+        f"Measured over {configs} configs (labelled edge cases and seeded random ones, both fused flags) in "
+        f"{seconds:.0f} s on the Triton interpreter (`python bench/measure_tolerances.py`).",
+        "",
+        "| scheme | buffer | mode | rule | max ULP seen | max abs diff seen | elements differing | rule held |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    order = {name: i for i, name in enumerate(materialised_buffers(MoEConfig(quant="fp8-token"))
+                                                + [Buffers.ACTIVATION_OUTPUT])}
+    for (quant, name, mode), w in sorted(table.items(), key=lambda kv: (QUANT_SCHEMES.index(kv[0][0]), order.get(kv[0][1], 99), kv[0][2])):
+        frac = f"{w.differing / w.total:.2%}" if w.total else "-"
+        held = "yes" if w.failures == 0 else f"**no ({w.failures} of {w.cases})**"
+        lines.append(f"| {quant} | {name} | {mode} | {w.rule} | {w.max_ulp} | {w.max_abs:.3g} | {frac} | {held} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=6, help="random configs per scheme and fused flag")
+    parser.add_argument("--write", metavar="README", help="replace the tolerances section of this file")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    configs = []
+    for quant in QUANT_SCHEMES:
+        for fused in ([False] if quant == "bf16" else [False, True]):
+            configs += list(edge_cases(quant, fused=fused).values()) + random_configs(quant, fused, args.seeds)
+    table = measure(configs)
+    text = render(table, len(configs), time.perf_counter() - start)
+    print(text)
+    if args.write:
+        with open(args.write) as fh:
+            readme = fh.read()
+        start_marker, end_marker = "<!-- tolerances:start -->", "<!-- tolerances:end -->"
+        if start_marker not in readme or end_marker not in readme:
+            print(f"{args.write} has no {start_marker} ... {end_marker} section", file=sys.stderr)
+            return 2
+        head, rest = readme.split(start_marker, 1)
+        _, tail = rest.split(end_marker, 1)
+        with open(args.write, "w") as fh:
+            fh.write(f"{head}{start_marker}\n{text}\n{end_marker}{tail}")
+    return 0 if all(w.failures == 0 for w in table.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+"""Test-suite set-up shared by every module.
+
+Without a GPU the optimized kernels run under the Triton interpreter. Triton decides at
+decoration time, so the switch is set here, before any test module imports a kernel.
+Hypothesis profiles come from the diffmoe pytest plugin (`--hypothesis-profile ci|dev|thorough`).
+"""
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# tests/ holds helper modules (dense_moe, bug_zoo) imported by name
+sys.path.insert(0, os.path.dirname(__file__))
