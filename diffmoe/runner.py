@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .compare import Comparison, Rule, compare
@@ -97,9 +98,38 @@ class _StageTracker:
         pass
 
 
+class _RedZoneWatch:
+    """Checks the guard bytes after every launch, so an out-of-bounds write is pinned to the
+    stage and the buffers of the launch that made it (guards are re-armed after a hit)."""
+
+    def __init__(self, guarded: GuardedWorkspaces, output: GuardedTensor | None) -> None:
+        self.guarded, self.output = guarded, output
+        self.findings: list[Finding] = []
+
+    def check(self, stage: str | None = None, writes: Collection[str] = ()) -> None:
+        found = self.guarded.check_red_zones() + (self.output.check_red_zones(Buffers.OUTPUT) if self.output else [])
+        for f in found:
+            f.stage = f.stage or stage
+            if stage is not None:
+                f.message += f" by a launch of stage {stage} writing {', '.join(writes)}"
+                f.buffers = list(dict.fromkeys([*f.buffers, *writes]))
+        if found:
+            self.guarded.reset_guards()
+            if self.output is not None:
+                self.output.reset_guards()
+        self.findings += found
+
+    def before_launch(self, launch: LaunchInfo) -> None:
+        pass
+
+    def after_launch(self, launch: LaunchInfo) -> None:
+        self.check(launch.stage, list(launch.writes))
+
+
 @dataclass
 class _Run:
     schedule: Schedule
+    red_zones: list[Finding]
     output: torch.Tensor
     buffers: dict[str, torch.Tensor]  # every materialised buffer, snapshotted after its stage
     log: LaunchLog
@@ -151,10 +181,14 @@ class DifferentialRun:
             output.poison(poison)
         log = LaunchLog(snapshot=True)
         tracker = _StageTracker()
-        recorder = ChainedRecorder(tracker, log, extra_recorder)
+        watch = _RedZoneWatch(guarded, output)
+        recorder = ChainedRecorder(tracker, log, watch, extra_recorder)
         try:
-            result = impl.run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
-                              schedule=schedule, recorder=recorder)
+            # Poisoned workspaces are NaN on purpose; the interpreter computes on them with numpy,
+            # whose floating-point warnings would only bury the findings.
+            with np.errstate(all="ignore"):
+                result = impl.run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
+                                  schedule=schedule, recorder=recorder)
         except Exception as exc:  # noqa: BLE001
             raise _Crash(_crash_finding(exc, tracker.stage, f"run under schedule {schedule}")) from exc
         out = result.output.detach().clone()
@@ -162,7 +196,8 @@ class DifferentialRun:
         for name, tensor in result.intermediates.items():
             buffers.setdefault(name, tensor.detach().clone())
         buffers[Buffers.OUTPUT] = out
-        return _Run(schedule, out, buffers, log)
+        watch.check()  # writes made outside any reported launch
+        return _Run(schedule, watch.findings, out, buffers, log)
 
     def run(self) -> None:
         cfg = self.config
@@ -211,13 +246,9 @@ class DifferentialRun:
     # ---- oracles ------------------------------------------------------------------------
     def _check_run(self, run: _Run, guarded: GuardedWorkspaces, output: GuardedTensor | None, first: bool) -> None:
         if Oracles.RED_ZONE in self.oracles:
-            found = guarded.check_red_zones() + (output.check_red_zones(Buffers.OUTPUT) if output else [])
-            for f in found:
+            for f in run.red_zones:
                 f.figures["schedule"] = str(run.schedule)
-            self.findings += found
-            guarded.reset_guards()
-            if output is not None:
-                output.reset_guards()
+            self.findings += run.red_zones
         if Oracles.CONTRACT in self.oracles and first:
             self._check_contract(run)
         if Oracles.RUNTIME_ALIASING in self.oracles and first:

@@ -112,7 +112,9 @@ class TritonFP8MoE:
         outputs = {}
         for name in spec.writes:
             s = buffer_spec(self.config, name, t)
-            outputs[name] = torch.empty(s.shape, dtype=s.dtype, device=self.device)
+            # 0xFF bytes are NaN in bf16, fp32 and e4m3fn: an element the stage forgets to write
+            # shows as NaN, not as whatever the allocator left there
+            outputs[name] = torch.full((s.nbytes,), 0xFF, dtype=torch.uint8, device=self.device).view(s.dtype).view(s.shape)
         bufs = {**inputs, **outputs}
         self._run_stage(stage, bufs, problem, self._align(problem), LaunchContext(self.device, schedule, recorder))
         return outputs

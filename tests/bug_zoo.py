@@ -1,0 +1,365 @@
+"""The bug zoo: deliberately broken variants of the optimized MoE, each a bug a kernel
+engineer could plausibly write, kept as fixtures so the suite can prove which oracle catches
+which kind of bug.
+
+Every mutant subclasses `optimized.moe.TritonFP8MoE` and overrides the smallest hook
+(`_gemm`, `_act_quant`, `_reduce`, `_align`, `_carve`, `workspace_shapes`, or `traits`);
+the legacy planner is not a subclass at all but the shipped implementation run with
+`planner="legacy"`. Each `Mutant` records what it breaks, the smallest config that shows
+it, the oracles that must report it and the buffer or stage a finding must name.
+
+A mutant's factory is also a module-level function, so a config from the table replays with
+`PYTHONPATH=tests diffmoe check ... --impl bug_zoo:<factory>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+# optimized first: it switches Triton to the interpreter when there is no GPU, which must
+# happen before anything imports triton.
+from optimized.moe import TritonFP8MoE
+
+from diffmoe.config import MoEConfig
+from diffmoe.report import Finding, Oracles, Report
+from diffmoe.vocabulary import Buffers, Stages, buffer_spec
+
+B = Buffers
+
+
+# ---- the mutants -------------------------------------------------------------------------
+
+
+class DroppedRouterWeight(TritonFP8MoE):
+    """The down GEMM's epilogue no longer multiplies by the router weight.
+
+    The kind of slip made when moving the router-weight multiply between the down GEMM and
+    the reduce: the flag is turned off on one side and never turned on on the other, so every
+    token's experts are summed unweighted.
+    """
+
+    def _gemm(self, stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, *, a_row_div, mul_router_weight,
+              router_weight_on_a=False):
+        super()._gemm(stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, a_row_div=a_row_div,
+                      mul_router_weight=False, router_weight_on_a=router_weight_on_a)
+
+
+class SentinelOffByOne(TritonFP8MoE):
+    """The align step pads each expert's segment with TK - 1 instead of the sentinel TK.
+
+    TK - 1 is the last *real* routed row, so the GEMM's `row < TK` mask lets every padding
+    slot through: each padded block computes that row with its own expert's weights and
+    stores it, and the row ends up holding whichever block ran last.
+    """
+
+    def _align(self, problem):
+        layout = super()._align(problem)
+        routed = problem.config.routed_rows
+        used = int(layout.num_tokens_post_padded.item())
+        ids = layout.sorted_token_ids[:used]
+        ids[ids == routed] = routed - 1  # the off-by-one: "last valid row" where "one past" was meant
+        return layout
+
+
+class GridIgnoresPadding(TritonFP8MoE):
+    """The grouped GEMM's grid is sized from the routed rows, cdiv(TK, BLOCK_M), instead of
+    from the padded layout, so the blocks of the last expert(s) never run.
+
+    Their rows of gate_up_output and down_output are never written, and the next stage reads
+    whatever the workspace held before the call: a read of memory this call never wrote.
+    """
+
+    def _gemm(self, stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, **kwargs):
+        routed = problem.config.routed_rows
+        short = dataclasses.replace(layout, blocks=-(-routed // layout.block_m))  # cdiv(TK, BLOCK_M)
+        super()._gemm(stage, ctx, problem, short, a, a_scale, w, w_scale, out, weights, **kwargs)
+
+
+class NativeFP8Cast(TritonFP8MoE):
+    """The quant kernels use the backend's float32 -> e4m3fn cast instead of rounding onto
+    the e4m3 grid first. Right on CUDA; under the Triton interpreter the native cast drops
+    the mantissa carry and rounds ties away from zero, so some codes are one step off."""
+
+    def __init__(self, config: MoEConfig, device=None):
+        super().__init__(config, device)
+        self.traits = dataclasses.replace(self.traits, software_fp8_cast=False)
+
+
+class FusedNativeFP8Cast(TritonFP8MoE):
+    """Only the fused act+quant uses the backend's native e4m3 cast (a fast path written for
+    CUDA, where the native cast is right); the unfused quant keeps the software rounding. The
+    two paths, which must agree bit for bit, now disagree under the interpreter."""
+
+    def _act_quant(self, stage, row, source, fused, codes_out, scales_out, software_fp8=None):
+        super()._act_quant(stage, row, source, fused, codes_out, scales_out,
+                           software_fp8=False if fused else software_fp8)
+
+
+class WorkspaceOneRowShort(TritonFP8MoE):
+    """`workspace_shapes` sizes ws1 one row short of the largest buffer the plan puts there
+    (a `rows - 1` in the byte count). The plan still declares the full buffer, so the harness
+    must refuse to launch rather than let a kernel run off the end."""
+
+    def workspace_shapes(self, max_tokens=None):
+        t = max_tokens or self.max_tokens
+        plan = self.workspace_plan(t)
+        n1, n2 = plan.workspace_bytes
+        largest = max((p for p in plan.placements if p.workspace == 0), key=lambda p: p.nbytes)
+        rows = buffer_spec(self.config, largest.buffer, t).shape[0]
+        return n1 - largest.nbytes // rows, n2
+
+
+class GroupScalesStridesSwapped(TritonFP8MoE):
+    """The act+quant launch passes its 1x128 group scales with the row and group strides
+    swapped, so the scale of (row r, group g) is stored at element r + g*G instead of r*G + g:
+    scales land in other rows' slots and the down GEMM dequantises with the wrong ones."""
+
+    def _act_quant(self, stage, row, source, fused, codes_out, scales_out, software_fp8=None):
+        name, scales = scales_out
+        if scales.dim() == 2:  # [rows, groups]; a per-tensor scale has no strides to swap
+            scales = scales.as_strided(scales.shape, (scales.stride(1), scales.stride(0)))
+        super()._act_quant(stage, row, source, fused, codes_out, (name, scales), software_fp8)
+
+
+class InPlaceReduce(TritonFP8MoE):
+    """The final output is carved from ws2 at offset 0, the bytes of down_output, instead of
+    from ws1 as the plan declares: the reduce writes token t's row over routed row t while
+    another program may still have to read it. Harmless in ascending program order (row t is
+    read by token t // K, whose program runs no later), wrong when a later program runs first."""
+
+    def _carve(self, plan, workspaces, num_tokens):
+        bufs = super()._carve(plan, workspaces, num_tokens)
+        if self.config.output == "workspace":
+            spec = buffer_spec(self.config, B.OUTPUT, num_tokens)
+            bufs[B.OUTPUT] = workspaces[1][: spec.nbytes].view(spec.dtype).view(spec.shape)
+        return bufs
+
+
+class OutputOneRowLate(TritonFP8MoE):
+    """The final output is carved from ws1 one row late (byte offset = one output row), by
+    pointer arithmetic that nothing checks against the end of ws1: the reduce's last row
+    lands past the workspace. The result itself is right, so only the guard bytes tell."""
+
+    def _carve(self, plan, workspaces, num_tokens):
+        bufs = super()._carve(plan, workspaces, num_tokens)
+        if self.config.output == "workspace":
+            # torch refuses such a view on an exactly sized workspace; the harness's workspaces
+            # have guard bytes behind them, so it goes through there, as a raw pointer would on a GPU
+            out = bufs[B.OUTPUT]
+            bufs[B.OUTPUT] = out.as_strided(out.shape, out.stride(), out.storage_offset() + out.stride(0))
+        return bufs
+
+
+class ResultInWorkspace(TritonFP8MoE):
+    """With a caller-supplied output, the reduce still writes into the ws1 slot the output
+    would have in the workspace layout (the pattern of vLLM PR #50338): the caller's tensor
+    is never written, and the ws1 slot is down_output's own bytes."""
+
+    def _carve(self, plan, workspaces, num_tokens):
+        bufs = super()._carve(plan, workspaces, num_tokens)
+        spec = buffer_spec(self.config, B.OUTPUT, num_tokens)
+        self._workspace_output = workspaces[0][: spec.nbytes].view(spec.dtype).view(spec.shape)
+        return bufs
+
+    def _reduce(self, stage, ctx, down, out):
+        # The slot belongs to the call that carved it; a single stage run on fresh buffers
+        # (teacher forcing) carves nothing and takes the caller's tensor, as it should.
+        target = self.__dict__.pop("_workspace_output", None)
+        super()._reduce(stage, ctx, down, (out[0], target if target is not None else out[1]))
+
+
+# Module-level factories: the `--impl bug_zoo:<name>` entry points and run_differential's
+# `implementation` argument.
+def make_legacy_planner(config: MoEConfig) -> TritonFP8MoE:
+    return TritonFP8MoE(config)  # the config itself selects planner="legacy"
+
+
+def make_dropped_router_weight(config: MoEConfig) -> TritonFP8MoE:
+    return DroppedRouterWeight(config)
+
+
+def make_sentinel_off_by_one(config: MoEConfig) -> TritonFP8MoE:
+    return SentinelOffByOne(config)
+
+
+def make_grid_ignores_padding(config: MoEConfig) -> TritonFP8MoE:
+    return GridIgnoresPadding(config)
+
+
+def make_native_fp8_cast(config: MoEConfig) -> TritonFP8MoE:
+    return NativeFP8Cast(config)
+
+
+def make_fused_native_fp8_cast(config: MoEConfig) -> TritonFP8MoE:
+    return FusedNativeFP8Cast(config)
+
+
+def make_workspace_one_row_short(config: MoEConfig) -> TritonFP8MoE:
+    return WorkspaceOneRowShort(config)
+
+
+def make_group_scales_strides_swapped(config: MoEConfig) -> TritonFP8MoE:
+    return GroupScalesStridesSwapped(config)
+
+
+def make_in_place_reduce(config: MoEConfig) -> TritonFP8MoE:
+    return InPlaceReduce(config)
+
+
+def make_output_one_row_late(config: MoEConfig) -> TritonFP8MoE:
+    return OutputOneRowLate(config)
+
+
+def make_result_in_workspace(config: MoEConfig) -> TritonFP8MoE:
+    return ResultInWorkspace(config)
+
+
+# ---- the registry ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    what_it_breaks: str  # one line, for the README table
+    factory: Callable[[MoEConfig], TritonFP8MoE]  # run_differential's `implementation`
+    config: MoEConfig  # the smallest config that shows it
+    expected_oracles: frozenset[str]  # each must report at least one finding
+    expected_name: str  # a buffer, stage or workspace some expected oracle's finding names
+    baseline_config: MoEConfig | None = None  # what the unmodified implementation runs (default: config)
+
+    @property
+    def impl(self) -> str:
+        """The `--impl MODULE:FACTORY` spec that replays this mutant."""
+        return "optimized" if self.factory is make_legacy_planner else f"bug_zoo:{self.factory.__name__}"
+
+    @property
+    def control_config(self) -> MoEConfig:
+        return self.baseline_config or self.config
+
+
+def finding_names(finding: Finding) -> set[str]:
+    """Everything a finding points at: its stage, its buffers and the regions of its bytes."""
+    names = set(finding.buffers) | {r.region for r in finding.byte_ranges}
+    if finding.stage:
+        names.add(finding.stage)
+    return names
+
+
+def names_expected(mutant: Mutant, report: Report) -> bool:
+    """Whether a finding of one of the mutant's expected oracles names what it breaks."""
+    return any(
+        mutant.expected_name in finding_names(f) for f in report.findings if f.oracle in mutant.expected_oracles
+    )
+
+
+O = Oracles
+_SMALL = dict(num_experts=2, topk=2, hidden=128, inter=128, quant="fp8-token", fused=True, seed=0)
+
+
+def _cfg(**fields) -> MoEConfig:
+    return MoEConfig(**{**_SMALL, "num_tokens": 1, **fields})
+
+
+MUTANTS: dict[str, Mutant] = {
+    m.name: m
+    for m in (
+        Mutant(
+            name="legacy-planner",
+            what_it_breaks="fused FP8 plan keeps the unwritten activation_output slot: gate_up_output and "
+                           "quanted_down_input share ws2 while act_quant reads one and writes the other",
+            factory=make_legacy_planner,
+            # 17 tokens x K=2 = 34 rows: two act_quant programs, so the alias also shows as a race
+            config=_cfg(num_tokens=17, planner="legacy"),
+            expected_oracles=frozenset({O.STATIC_ALIASING, O.RUNTIME_ALIASING, O.RACES, O.SCHEDULE, O.DIFFERENTIAL}),
+            expected_name=B.QUANTED_DOWN_INPUT,
+            baseline_config=_cfg(num_tokens=17, planner="fixed"),
+        ),
+        Mutant(
+            name="dropped-router-weight",
+            what_it_breaks="down GEMM epilogue skips the router-weight multiply",
+            factory=make_dropped_router_weight,
+            config=_cfg(),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=Stages.DOWN_GEMM,
+        ),
+        Mutant(
+            name="align-sentinel-off-by-one",
+            what_it_breaks="align pads expert segments with TK-1 (a real row) instead of the sentinel TK",
+            factory=make_sentinel_off_by_one,
+            config=_cfg(),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.RACES, O.SCHEDULE}),
+            expected_name=Stages.GATE_UP_GEMM,
+        ),
+        Mutant(
+            name="gemm-grid-ignores-padding",
+            what_it_breaks="grouped GEMM grid sized cdiv(TK, BLOCK_M), not by the padded blocks: the last "
+                           "expert's rows are never written and the next stage reads stale workspace bytes",
+            factory=make_grid_ignores_padding,
+            config=_cfg(),
+            expected_oracles=frozenset({O.POISON, O.DIFFERENTIAL}),
+            expected_name=B.GATE_UP_OUTPUT,
+        ),
+        Mutant(
+            name="native-fp8-cast",
+            what_it_breaks="quant kernels use the interpreter's native float32 -> e4m3fn cast (wrong rounding)",
+            factory=make_native_fp8_cast,
+            config=_cfg(),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=B.QUANTED_GATE_UP_INPUT,
+        ),
+        Mutant(
+            name="fused-native-fp8-cast",
+            what_it_breaks="only the fused act+quant uses the native e4m3 cast: fused and unfused "
+                           "quanted_down_input disagree",
+            factory=make_fused_native_fp8_cast,
+            config=_cfg(),
+            expected_oracles=frozenset({O.METAMORPHIC, O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=B.QUANTED_DOWN_INPUT,
+        ),
+        Mutant(
+            name="workspace-one-row-short",
+            what_it_breaks="workspace_shapes gives ws1 one row less than the plan's largest ws1 buffer",
+            factory=make_workspace_one_row_short,
+            config=_cfg(),
+            expected_oracles=frozenset({O.CONTRACT}),
+            expected_name=B.GATE_UP_OUTPUT,
+        ),
+        Mutant(
+            name="group-scales-strides-swapped",
+            what_it_breaks="act+quant stores 1x128 group scales with row and group strides swapped (wrong rows)",
+            factory=make_group_scales_strides_swapped,
+            # I=256: two scale groups per row; T=2 (TK=4 > G=2) so the swap is not a mere transpose
+            config=_cfg(num_tokens=2, inter=256, quant="fp8-block"),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=B.QUANTED_DOWN_INPUT_SCALES,
+        ),
+        Mutant(
+            name="in-place-reduce",
+            what_it_breaks="output carved from ws2 over down_output: reduce programs overwrite rows other "
+                           "programs still read (a race)",
+            factory=make_in_place_reduce,
+            # 33 tokens: two reduce programs (32 tokens each), so one can clobber the other's input
+            config=_cfg(num_tokens=33, output="workspace"),
+            expected_oracles=frozenset({O.RACES, O.SCHEDULE, O.RUNTIME_ALIASING}),
+            expected_name=Stages.REDUCE,
+        ),
+        Mutant(
+            name="output-one-row-late",
+            what_it_breaks="output carved from ws1 one row late: the reduce writes its last row past ws1",
+            factory=make_output_one_row_late,
+            config=_cfg(output="workspace"),
+            expected_oracles=frozenset({O.RED_ZONE}),
+            expected_name="ws1",
+        ),
+        Mutant(
+            name="result-in-workspace",
+            what_it_breaks="reduce writes a ws1 view instead of the caller's output (vLLM #50338 pattern)",
+            factory=make_result_in_workspace,
+            config=_cfg(),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.POISON, O.RUNTIME_ALIASING}),
+            expected_name=B.OUTPUT,
+        ),
+    )
+}
