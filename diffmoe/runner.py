@@ -386,7 +386,8 @@ _PRIVATE_BUFFERS = {Buffers.AMAX_PARTIALS, Buffers.SORTED_TOKEN_IDS, Buffers.EXP
 
 
 def default_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    # with an index: tensors report cuda:N, and torch.device("cuda") != torch.device("cuda:0")
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def run_differential(
@@ -407,6 +408,8 @@ def run_differential(
     parsed = resolve_schedules(schedules)
     factory = implementation or load_factory(DEFAULT_IMPLEMENTATION)
     dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     start = time.perf_counter()
     state = DifferentialRun(config, factory, chosen, parsed, dev, implementation_name)
     try:

@@ -50,6 +50,14 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def normalize_device(device: torch.device) -> torch.device:
+    """`cuda` -> `cuda:N` (the current device): tensors report an index, and torch.device("cuda")
+    does not compare equal to torch.device("cuda:0")."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def ensure_interpreter_without_gpu() -> None:
     """Turn the interpreter on when no GPU is present; must run before triton is imported."""
     if not torch.cuda.is_available():

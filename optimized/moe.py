@@ -29,7 +29,7 @@ from diffmoe.vocabulary import (
 
 from .act_quant import row_programs, run_row_stage
 from .align import align_routed_rows, max_blocks, max_padded_rows
-from .backend import backend_traits, default_device
+from .backend import backend_traits, default_device, normalize_device
 from .grouped_gemm import AlignedLayout, run_grouped_gemm
 from .launch import LaunchContext
 from .reduce import run_reduce
@@ -49,7 +49,7 @@ class TritonFP8MoE:
     def __init__(self, config: MoEConfig, device: torch.device | str | None = None):
         config.validate()
         self.config = config
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = normalize_device(torch.device(device) if device is not None else default_device())
         self.traits = backend_traits(self.device)
         self.max_tokens = config.num_tokens
         max_tk = config.routed_rows
@@ -90,6 +90,9 @@ class TritonFP8MoE:
         t = problem.config.num_tokens
         plan = self.workspace_plan(t)
         bufs = self._carve(plan, workspaces, t)
+        if self.config.output == "workspace" and output is not None:
+            raise ValueError("output must be None when the config's output placement is 'workspace': "
+                             "the result is carved from ws1 and returned")
         if self.config.output == "separate":
             out = output if output is not None else torch.empty(t, self.config.hidden, dtype=torch.bfloat16, device=self.device)
             self._check_output(out, t)

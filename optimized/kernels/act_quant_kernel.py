@@ -12,7 +12,7 @@ PASS_QUANTIZE reduces the partials and quantises (program 0 also stores the scal
 import triton
 import triton.language as tl
 
-from .numerics import E4M3_MAX, silu, to_bf16, to_e4m3
+from .numerics import E4M3_MAX, bf16_to_f32, silu, to_bf16, to_e4m3
 
 # SCALE_MODE values
 SCALE_NONE = tl.constexpr(0)  # activation only, no quantisation
@@ -37,15 +37,15 @@ def _load_values(
     """A [BLOCK_R, BLOCK_C] tile of the values to store or quantise: float32 holding bf16 values."""
     x_tile = x_ptr + rows[:, None] * stride_xr + cols[None, :] * stride_xc
     if APPLY_ACTIVATION:
-        gate = tl.load(x_tile, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(x_tile + C * stride_xc, mask=mask, other=0.0).to(tl.float32)
+        gate = bf16_to_f32(tl.load(x_tile, mask=mask, other=0.0), SOFTWARE_BF16)
+        up = bf16_to_f32(tl.load(x_tile + C * stride_xc, mask=mask, other=0.0), SOFTWARE_BF16)
         # the activation is a bf16 tensor by definition, fused or not: round before quantising
-        v = to_bf16(silu(gate) * up, SOFTWARE_BF16).to(tl.float32)
+        v = bf16_to_f32(to_bf16(silu(gate) * up, SOFTWARE_BF16), SOFTWARE_BF16)
     else:
-        v = tl.load(x_tile, mask=mask, other=0.0).to(tl.float32)
+        v = bf16_to_f32(tl.load(x_tile, mask=mask, other=0.0), SOFTWARE_BF16)
         if ROW_WEIGHT:
             w = tl.load(row_weight_ptr + rows, mask=row_mask, other=0.0)
-            v = to_bf16(v * w[:, None], SOFTWARE_BF16).to(tl.float32)
+            v = bf16_to_f32(to_bf16(v * w[:, None], SOFTWARE_BF16), SOFTWARE_BF16)
     return v
 
 
@@ -103,7 +103,7 @@ def act_quant_kernel(
             mask = row_mask[:, None] & (cols < C)[None, :]
             v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
                              APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
-            tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, v.to(tl.bfloat16), mask=mask)
+            tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, to_bf16(v, SOFTWARE_BF16), mask=mask)
     elif SCALE_MODE == SCALE_GROUP:
         for c0 in range(0, C, BLOCK_C):
             cols = c0 + offs_c
@@ -115,7 +115,7 @@ def act_quant_kernel(
             tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :] * stride_qc, q, mask=mask)
             tl.store(scale_ptr + rows * stride_sr + (c0 // BLOCK_C) * stride_sc, scale, mask=row_mask)
             if STORE_ACTIVATION:
-                tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, v.to(tl.bfloat16), mask=mask)
+                tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, to_bf16(v, SOFTWARE_BF16), mask=mask)
     else:
         if PASS != PASS_QUANTIZE:
             amax = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -146,4 +146,4 @@ def act_quant_kernel(
                 q = _quantize_tile(v, scale, SOFTWARE_FP8)
                 tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :] * stride_qc, q, mask=mask)
                 if STORE_ACTIVATION:
-                    tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, v.to(tl.bfloat16), mask=mask)
+                    tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, to_bf16(v, SOFTWARE_BF16), mask=mask)

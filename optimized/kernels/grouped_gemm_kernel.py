@@ -17,7 +17,7 @@ weight scales [L, N]; 3 1x128 activation groups [rows, Kd/128] and 128x128 weigh
 import triton
 import triton.language as tl
 
-from .numerics import to_bf16
+from .numerics import bf16_to_f32, to_bf16
 
 SCALE_BF16 = tl.constexpr(0)
 SCALE_TENSOR = tl.constexpr(1)
@@ -96,9 +96,9 @@ def grouped_gemm_kernel(
         a = tl.load(a_tile, mask=row_mask[:, None] & k_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
         b = tl.load(b_tile, mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
         if ROUTER_WEIGHT_ON_A:
-            a = to_bf16(a.to(tl.float32) * a_weight[:, None], SOFTWARE_BF16)
+            a = to_bf16(bf16_to_f32(a, SOFTWARE_BF16) * a_weight[:, None], SOFTWARE_BF16)
         if UPCAST_BF16_DOT:
-            partial = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+            partial = tl.dot(bf16_to_f32(a, SOFTWARE_BF16), bf16_to_f32(b, SOFTWARE_BF16), input_precision="ieee")
         else:
             partial = tl.dot(a, b)
         if SCALE_MODE == SCALE_BLOCK:

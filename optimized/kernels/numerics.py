@@ -43,9 +43,20 @@ def round_to_e4m3_grid(x):
 
 @triton.jit
 def to_bf16(x, SOFTWARE_ROUNDING: tl.constexpr):
+    """float32 -> bfloat16, round to nearest even. The software path also moves the bits itself:
+    the interpreter's float conversion mangles subnormals even of values already on the grid."""
     if SOFTWARE_ROUNDING:
-        x = round_to_bf16_grid(x)
+        bits = round_to_bf16_grid(x).to(tl.uint32, bitcast=True)
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     return x.to(tl.bfloat16)
+
+
+@triton.jit
+def bf16_to_f32(x, SOFTWARE_ROUNDING: tl.constexpr):
+    """bfloat16 -> float32 (exact); by bit moves on the software path, for the same subnormal defect."""
+    if SOFTWARE_ROUNDING:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
 
 
 @triton.jit

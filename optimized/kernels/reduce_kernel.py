@@ -9,7 +9,7 @@ result is bitwise the reference's given the same down_output.
 import triton
 import triton.language as tl
 
-from .numerics import to_bf16
+from .numerics import bf16_to_f32, to_bf16
 
 
 @triton.jit
@@ -41,7 +41,7 @@ def moe_reduce_kernel(
     cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = (tokens < T)[:, None] & (cols < H)[None, :]
     first = down_ptr + (tokens * TOPK)[:, None] * stride_dm + cols[None, :] * stride_dh
-    acc = tl.load(first, mask=mask, other=0.0).to(tl.float32)
+    acc = bf16_to_f32(tl.load(first, mask=mask, other=0.0), SOFTWARE_BF16)
     for k in range(1, TOPK):
-        acc += tl.load(first + k * stride_dm, mask=mask, other=0.0).to(tl.float32)
+        acc += bf16_to_f32(tl.load(first + k * stride_dm, mask=mask, other=0.0), SOFTWARE_BF16)
     tl.store(out_ptr + tokens[:, None] * stride_om + cols[None, :] * stride_oh, to_bf16(acc, SOFTWARE_BF16), mask=mask)
