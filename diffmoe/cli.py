@@ -1,8 +1,8 @@
 """The `diffmoe` command line: check one config, fuzz, show a workspace plan, run the demo.
 
     diffmoe check [config options | --config FILE.json] [--impl MODULE:FACTORY] [--oracles a,b] [--json]
-    diffmoe fuzz  [--max-examples N] [--seed S] [--planner P] [--impl ...] [--max-tokens T] [--json]
-                  [--save-failure FILE.json]
+    diffmoe fuzz  [--max-examples N] [--seed S] [--planner P] [--impl ...] [--max-tokens T]
+                  [--max-experts E] [--oracles a,b] [--json] [--save-failure FILE.json]
     diffmoe plan  [config options | --config FILE.json] [--impl ...] [--png FILE]
     diffmoe demo
 
@@ -209,7 +209,8 @@ def load_implementation(spec: str | None):
     try:
         return _runner().load_factory(spec), spec
     except (ImportError, TypeError, ValueError) as exc:
-        raise UsageError(f"--impl {spec}: {exc}") from None
+        message = str(exc)
+        raise UsageError(message if "--impl" in message else f"--impl {spec}: {message}") from None
 
 
 def parse_device(text: str | None) -> str | None:
@@ -265,8 +266,8 @@ class ProgressPrinter:
         line = f"fuzz: {examples} example{'s' if examples != 1 else ''}  phase={phase}  {elapsed:6.1f} s  {config}"
         if self.tty:
             width = max(self._width, len(line))
-            self.stream.write("\r" + line.ljust(width))
-            self._width = len(line)
+            self.stream.write("\r" + line.ljust(width))  # pad over the rest of a longer line
+            self._width = width
             self.stream.flush()
             return
         now = time.monotonic()
@@ -287,12 +288,15 @@ def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - exercised vi
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from .fuzzing import MAX_EXAMPLES_LIMIT, fuzz
+    from .strategies import MAX_EXPERTS as FUZZ_MAX_EXPERTS
 
     # Checked here so a bad value is a usage error, before any example runs.
     if args.max_examples > MAX_EXAMPLES_LIMIT:
         raise UsageError(f"--max-examples must be in [1, {MAX_EXAMPLES_LIMIT}], got {args.max_examples}")
     if args.max_tokens > MAX_TOKENS:
         raise UsageError(f"--max-tokens must be in [1, {MAX_TOKENS}], got {args.max_tokens}")
+    if args.max_experts > FUZZ_MAX_EXPERTS:
+        raise UsageError(f"--max-experts must be in [1, {FUZZ_MAX_EXPERTS}], got {args.max_experts}")
     if args.seed is not None and args.seed > MAX_SEED:
         raise UsageError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     oracles = parse_oracles(args.oracles)
@@ -317,6 +321,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             implementation=factory,
             implementation_name=name,
             max_tokens=args.max_tokens,
+            max_experts=args.max_experts,
             progress=printer,
             oracles=oracles,
             device=parse_device(args.device),
@@ -556,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--planner", choices=PLANNERS, default="fixed", help="planner of every drawn config (default fixed)")
     _add_impl_option(fz)
     fz.add_argument("--max-tokens", type=_positive_int, default=96, metavar="T", help="largest T drawn (default 96)")
+    fz.add_argument("--max-experts", type=_positive_int, default=64, metavar="E", help="largest E drawn (default 64)")
     fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default all available)")
     fz.add_argument("--device", help="torch device (default: the implementation's)")
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")

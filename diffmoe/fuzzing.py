@@ -29,7 +29,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from .config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig
 from .contract import ImplementationFactory, Schedule
 from .report import DEFAULT_IMPLEMENTATION, Finding, Oracles, Report
-from .strategies import DEFAULT_MAX_TOKENS, moe_configs
+from .strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
 
 PHASE_GENERATE = "generate"
 PHASE_SHRINK = "shrink"
@@ -132,6 +132,7 @@ def fuzz(
     implementation: ImplementationFactory | None = None,
     implementation_name: str = DEFAULT_IMPLEMENTATION,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_experts: int = MAX_EXPERTS,
     database: ExampleDatabase | str | os.PathLike | None = None,
     progress: ProgressCallback | None = None,
     oracles: Collection[str] | None = None,
@@ -142,9 +143,12 @@ def fuzz(
 
     seed: an int makes the run reproducible (Hypothesis's @seed); None draws a fresh one.
     planner: pins the planner of every config ("legacy" to watch the known bug get caught;
-    None draws both). database: None (nothing stored), a directory, or an ExampleDatabase,
-    from which earlier failures are replayed first. oracles, schedules, device: passed to
-    `run_differential` unchanged (None: its defaults).
+    None draws both). max_tokens, max_experts: bound T and E of the drawn configs (the
+    interpreter's cost grows with both). database: None (nothing stored), a directory, or an ExampleDatabase:
+    failures are stored there and replayed first on the next run. A seeded run replays
+    nothing by design (Hypothesis's @seed turns the database off), so seed and database
+    are exclusive. oracles, schedules, device: passed to `run_differential` unchanged
+    (None: its defaults).
     """
     _check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)
     if seed is not None:
@@ -155,7 +159,9 @@ def fuzz(
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable or None, got {progress!r}")
     db = _database(database)
-    strategy = moe_configs(planner=planner, max_tokens=max_tokens)
+    if seed is not None and db is not None:
+        raise ValueError("seed and database are exclusive: a seeded run is reproducible and replays no stored failure")
+    strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts)
     # Imported here, not at module import: tests replace the module, and importing the
     # runner pulls in the optimized implementation only when a fuzz actually starts.
     runner = importlib.import_module("diffmoe.runner")

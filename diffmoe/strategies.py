@@ -32,8 +32,10 @@ Domains of `moe_configs()` (draw order, which is also shrink priority):
 Budgets (enforced by construction: each size is drawn with an upper bound derived from the
 sizes already drawn, so nothing is filtered out):
 
-* ``TOKEN_BUDGET`` = 2**16 bounds T*K*max(H, I), the largest routed activation, which drives
-  the interpreter's cost per example (about one second per 2**16 elements per launch).
+* ``TOKEN_BUDGET`` = 2**16 bounds T*K*max(H, I), the largest routed activation. The
+  interpreter's cost per example grows with it and with E (every expert adds row blocks,
+  even an empty one adds programs); `moe_configs(max_tokens=..., max_experts=...)` trade
+  coverage for speed.
 * ``WEIGHT_BUDGET`` = 2**22 bounds E*2I*H, the gate-up weight, which drives problem
   generation and the reference's float32 dequantisation (16 MiB per weight at most).
 
@@ -60,7 +62,7 @@ MIN_SIZE = 16  # H and I for schemes without a block constraint
 MAX_SIZE = 512  # H and I for every scheme
 MAX_EXPERTS = 64
 DEFAULT_MAX_TOKENS = 96
-MAX_SEED = 2**32 - 1
+MAX_DRAWN_SEED = 2**32 - 1
 
 TOKEN_BUDGET = 2**16  # T * K * max(H, I)
 WEIGHT_BUDGET = 2**22  # E * 2I * H
@@ -134,15 +136,11 @@ def biased_integers(lo: int, hi: int, specials: Sequence[int]) -> SearchStrategy
     if lo > hi:
         raise ValueError(f"empty range: lo={lo} > hi={hi}")
     kept = sorted({v for v in specials if lo <= v <= hi}) or [lo]
-
-    @st.composite
-    def build(draw) -> int:
-        take_special = draw(st.booleans())
-        special = kept[draw(st.integers(0, len(kept) - 1))]
-        plain = draw(st.integers(lo, hi))
-        return special if take_special else plain
-
-    return build()
+    # tuples + map rather than st.composite: these are built once per draw inside
+    # moe_configs, and composite's construction (it reads the function's source) would
+    # dominate the generation time.
+    choices = st.tuples(st.booleans(), st.integers(0, len(kept) - 1), st.integers(lo, hi))
+    return choices.map(lambda c: kept[c[1]] if c[0] else c[2])
 
 
 def token_counts(cap: int) -> SearchStrategy[int]:
@@ -174,16 +172,14 @@ def expert_maps(num_experts: int) -> SearchStrategy[tuple[int, ...]]:
     to the identity and L to 1, so the simplest map is (0, -1, -1, ...).
     """
 
-    @st.composite
-    def build(draw) -> tuple[int, ...]:
-        order = draw(st.permutations(range(num_experts)))
-        num_local = draw(st.integers(1, num_experts))
+    def to_map(drawn: tuple[list[int], int]) -> tuple[int, ...]:
+        order, num_local = drawn
         mapping = [-1] * num_experts
         for local, global_id in enumerate(order[:num_local]):
             mapping[global_id] = local
         return tuple(mapping)
 
-    return build()
+    return st.tuples(st.permutations(range(num_experts)), st.integers(1, num_experts)).map(to_map)
 
 
 def moe_configs(
@@ -250,7 +246,7 @@ def moe_configs(
             skew=draw(st.sampled_from(ROUTING_SKEWS)),
             output=draw(st.sampled_from(OUTPUT_ORDER)),
             planner=draw(st.sampled_from(planners)),
-            seed=draw(st.integers(0, MAX_SEED)),
+            seed=draw(st.integers(0, MAX_DRAWN_SEED)),
         )
 
     return build()

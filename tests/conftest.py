@@ -15,3 +15,12 @@ if not torch.cuda.is_available():
 
 # tests/ holds helper modules (dense_moe, bug_zoo) imported by name
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+def pytest_configure(config):
+    # This suite is deterministic by default: without an explicit --hypothesis-profile it runs
+    # the derandomized `ci` profile (the plugin does the same for any suite under CI=true).
+    if config.getoption("--hypothesis-profile", default=None) is None:
+        from diffmoe.hypothesis_profiles import load_profile
+
+        load_profile("ci")

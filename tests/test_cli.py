@@ -1,0 +1,316 @@
+"""The diffmoe command line: exit codes, one-line errors, JSON output, plan, fuzz, demo.
+
+Most tests run main() in-process with a fake runner; a few run the real implementation on
+the smallest configs, and two run `python -m diffmoe` to see what a shell sees.
+"""
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+from diffmoe import cli
+from diffmoe.config import MoEConfig
+from diffmoe.report import Finding, Oracles, Report, check_command
+from diffmoe.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.vocabulary import Buffers
+
+SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor", "--fused"]
+
+
+def alias_finding():
+    return Finding(
+        Oracles.STATIC_ALIASING,
+        "gate_up_output and quanted_down_input share ws2 bytes [0, 16) while both are live at act_quant",
+        stage="act_quant",
+        buffers=[Buffers.GATE_UP_OUTPUT, Buffers.QUANTED_DOWN_INPUT],
+    )
+
+
+@pytest.fixture
+def fake_runner(monkeypatch):
+    """A runner whose reports have findings exactly for fused configs with the legacy planner."""
+    fake = types.ModuleType("diffmoe.runner")
+    fake.calls = []
+
+    def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None, implementation_name="optimized"):
+        fake.calls.append(dict(config=config, implementation=implementation, schedules=schedules, oracles=oracles, name=implementation_name))
+        findings = [alias_finding()] if config.planner == "legacy" and config.fused else []
+        return Report(config, implementation_name, list(oracles or ["static-aliasing"]), [str(s) for s in schedules or ["identity"]], findings)
+
+    def load_factory(spec):
+        if spec != "mymod:factory":
+            raise ValueError(f"--impl module {spec.split(':')[0]!r} cannot be imported")
+        return lambda config: None
+
+    fake.run_differential = run_differential
+    fake.load_factory = load_factory
+    monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+    return fake
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- check --------------------------------------------------------------------------------
+
+
+def test_check_clean_exits_0(fake_runner, capsys):
+    code, out, err = run_cli(capsys, "check", *SMALL)
+    assert code == 0 and "PASS" in out
+    call = fake_runner.calls[0]
+    assert call["config"] == MINIMAL_FUSED_CONFIG
+    assert call["implementation"] is None and call["schedules"] is None and call["oracles"] is None
+
+
+def test_check_with_findings_exits_1_and_shows_replay(fake_runner, capsys):
+    code, out, _ = run_cli(capsys, "check", *SMALL, "--planner", "legacy")
+    assert code == 1
+    assert "FAIL" in out and "gate_up_output" in out
+    assert check_command(MINIMAL_FUSED_CONFIG.replace(planner="legacy")) in out
+
+
+def test_check_defaults_are_moeconfig_defaults(fake_runner, capsys):
+    assert run_cli(capsys, "check")[0] == 0
+    assert fake_runner.calls[0]["config"] == MoEConfig()
+
+
+def test_check_json_is_one_object(fake_runner, capsys):
+    code, out, _ = run_cli(capsys, "check", *SMALL, "--planner", "legacy", "--json")
+    assert code == 1
+    data = json.loads(out)  # exactly one JSON document
+    assert data["passed"] is False
+    assert MoEConfig.from_dict(data["config"]) == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    (finding,) = data["findings"]
+    assert {"oracle", "stage", "buffers", "message"} <= set(finding)
+    assert finding["buffers"] == [Buffers.GATE_UP_OUTPUT, Buffers.QUANTED_DOWN_INPUT]
+
+
+def test_check_passes_schedules_oracles_and_impl(fake_runner, capsys):
+    code, _, _ = run_cli(
+        capsys, "check", "--schedule", "reversed", "--schedule", "random:7", "--oracles", "races,poison", "--impl", "mymod:factory"
+    )
+    assert code == 0
+    call = fake_runner.calls[0]
+    assert [str(s) for s in call["schedules"]] == ["reversed", "random:7"]
+    assert call["oracles"] == ["races", "poison"] and call["name"] == "mymod:factory"
+
+
+def test_every_replay_command_parses_back(fake_runner, capsys):
+    config = MoEConfig(num_tokens=7, num_experts=6, topk=1, hidden=97, inter=45, quant="fp8-token", fused=True,
+                       router_weight="input", planner="legacy", output="workspace", expert_map=(0, -1, 1, -1, 2, -1),
+                       skew="empty-experts", seed=11)
+    argv = check_command(config).split()[2:]  # drop "diffmoe check"
+    run_cli(capsys, "check", *argv)
+    assert fake_runner.calls[0]["config"] == config
+
+
+def test_check_config_file(fake_runner, capsys, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(MINIMAL_FUSED_CONFIG.to_json())
+    assert run_cli(capsys, "check", "--config", str(path))[0] == 0
+    assert fake_runner.calls[0]["config"] == MINIMAL_FUSED_CONFIG
+
+
+BAD = [
+    (["check", "--experts", "2", "--topk", "3"], "topk must be in [1, num_experts=2], got 3"),
+    (["check", "--tokens", "abc"], "--tokens"),
+    (["check", "--quant", "int4"], "--quant"),
+    (["check", "--quant", "bf16", "--fused"], "fused"),
+    (["check", "--hidden", "100", "--quant", "fp8-block"], "hidden must be a multiple of 128"),
+    (["check", "--expert-map=0,x"], "--expert-map"),
+    (["check", "--experts", "3", "--expert-map=0,0,1"], "expert_map"),
+    (["check", "--schedule", "sideways"], "schedule"),
+    (["check", "--oracles", "vibes"], "--oracles"),
+    (["check", "--impl", "nomodule:nothing"], "--impl"),
+    (["check", "--device", "warp-drive"], "--device"),
+    (["check", "--fused", "--unfused"], "--unfused"),
+    (["check", "--bogus"], "unrecognized arguments"),
+    (["check", "--config", "/nonexistent/c.json"], "cannot read config file"),
+    (["check", "--config", "c.json", "--tokens", "3"], "--config cannot be combined"),
+    (["fuzz", "--max-examples", "0"], "--max-examples"),
+    (["fuzz", "--max-tokens", "999999"], "--max-tokens"),
+    (["fuzz", "--max-experts", "65"], "--max-experts"),
+    (["fuzz", "--oracles", "crash"], "--oracles"),
+    (["fuzz", "--save-failure", "/nonexistent/dir/f.json"], "--save-failure"),
+    (["plan", "--topk", "0"], "topk"),
+    (["frobnicate"], "invalid choice"),
+    ([], "a command is required"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", BAD, ids=[" ".join(a) or "(none)" for a, _ in BAD])
+def test_bad_arguments_exit_2_with_one_line(fake_runner, capsys, argv, needle):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("diffmoe: error: ")
+    assert needle in err
+    assert not fake_runner.calls
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"num_tokens": 0}', '{"colour": "red"}', "\udcff"])
+def test_malformed_config_file_exits_2(fake_runner, capsys, tmp_path, content):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content.encode("utf-8", "surrogateescape"))
+    code, out, err = run_cli(capsys, "check", "--config", str(path))
+    assert code == 2 and err.count("\n") == 1 and str(path) in err
+
+
+def test_help_exits_0(capsys):
+    code, out, _ = run_cli(capsys, "check", "--help")
+    assert code == 0 and "--expert-map" in out
+
+
+def test_shell_sees_one_line_and_no_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "diffmoe", "check", "--experts", "2", "--topk", "3"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == "diffmoe: error: topk must be in [1, num_experts=2], got 3\n"
+    assert proc.stdout == ""
+
+
+# ---- plan ---------------------------------------------------------------------------------
+
+
+def test_plan_legacy_marks_the_alias(capsys):
+    code, out, _ = run_cli(capsys, "plan", *SMALL, "--planner", "legacy")
+    assert code == 1
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("gate_up_output", "quanted_down_input", "activation_output"))}
+    assert "ws2" in rows["gate_up_output"] and "ALIASES quanted_down_input" in rows["gate_up_output"]
+    assert "ALIASES gate_up_output" in rows["quanted_down_input"]
+    assert "never written" in rows["activation_output"]
+    assert "gate_up_gemm..act_quant" in rows["gate_up_output"]
+
+
+def test_plan_fixed_is_clean_and_draws_a_png(capsys, tmp_path):
+    png = tmp_path / "plan.png"
+    code, out, _ = run_cli(capsys, "plan", *SMALL, "--output", "workspace", "--png", str(png))
+    assert code == 0 and "no overlap" in out and "ALIASES" not in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_png_of_the_legacy_alias(capsys, tmp_path):
+    png = tmp_path / "legacy.png"
+    assert run_cli(capsys, "plan", "--fused", "--planner", "legacy", "--png", str(png))[0] == 1
+    assert png.stat().st_size > 1000
+
+
+# ---- fuzz ---------------------------------------------------------------------------------
+
+
+def test_fuzz_finds_shrinks_and_saves(fake_runner, capsys, tmp_path):
+    saved = tmp_path / "failure.json"
+    code, out, err = run_cli(capsys, "fuzz", "--max-examples", "40", "--seed", "1", "--planner", "legacy", "--save-failure", str(saved))
+    assert code == 1
+    minimal = MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    assert MoEConfig.from_json(saved.read_text()) == minimal
+    assert check_command(minimal) in out and "minimal failing config" in out and "seed 1" in out
+    assert "phase=generate" in err and "phase=shrink" in err  # progress goes to stderr
+    # and the saved file replays
+    assert run_cli(capsys, "check", "--config", str(saved))[0] == 1
+
+
+def test_fuzz_json_is_one_object(fake_runner, capsys):
+    code, out, _ = run_cli(capsys, "fuzz", "--max-examples", "40", "--seed", "1", "--planner", "legacy", "--json")
+    assert code == 1
+    data = json.loads(out)
+    assert data["passed"] is False and data["examples"] >= 1
+    assert MoEConfig.from_dict(data["config"]) == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    assert data["report"]["findings"][0]["oracle"] == Oracles.STATIC_ALIASING
+    assert data["replay"].startswith("diffmoe check ")
+
+
+def test_fuzz_clean_exits_0(fake_runner, capsys):
+    code, out, _ = run_cli(capsys, "fuzz", "--max-examples", "5", "--seed", "3")
+    assert code == 0 and "no finding" in out
+
+
+def test_fuzz_sigterm_stops_cleanly_and_reports(fake_runner, capsys, monkeypatch):
+    import os
+    import signal
+
+    original = fake_runner.run_differential
+
+    def run_then_terminate(config, *args, **kwargs):
+        report = original(config, *args, **kwargs)
+        if len(fake_runner.calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # the CLI turns this into KeyboardInterrupt
+        return report
+
+    monkeypatch.setattr(fake_runner, "run_differential", run_then_terminate)
+    before = signal.getsignal(signal.SIGTERM)
+    code, out, err = run_cli(capsys, "fuzz", "--max-examples", "50", "--seed", "3", "--json")
+    assert code == 130
+    data = json.loads(out)
+    assert data["interrupted"] is True and data["examples"] == 3
+    assert signal.getsignal(signal.SIGTERM) == before  # handler restored
+
+
+def test_progress_printer_rewrites_one_line_on_a_tty():
+    import io
+
+    stream = io.StringIO()
+    printer = cli.ProgressPrinter(stream, tty=True)
+    printer(1, "generate", 0.5, "T=1 long config text")
+    printer(2, "shrink", 1.0, "T=1")
+    printer.finish()
+    text = stream.getvalue()
+    assert "\n" not in text and text.count("\r") == 4 and "phase=shrink" in text
+
+
+def test_progress_printer_is_periodic_off_a_tty():
+    import io
+
+    stream = io.StringIO()
+    printer = cli.ProgressPrinter(stream, tty=False, interval=3600)
+    for n in range(1, 6):
+        printer(n, "generate", float(n), "c")
+    printer(6, "shrink", 6.0, "c")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and "phase=generate" in lines[0] and "phase=shrink" in lines[1]
+
+
+# ---- demo ---------------------------------------------------------------------------------
+
+
+def test_demo_with_the_alias_caught_exits_0(fake_runner, capsys):
+    code, out, _ = run_cli(capsys, "demo")
+    assert code == 0
+    assert "PASS" in out and "FAIL" in out and "Conclusion" in out
+    assert [c["config"].planner for c in fake_runner.calls] == ["fixed", "legacy"]
+    assert all(c["config"].fused and c["config"].is_fp8 for c in fake_runner.calls)
+
+
+def test_demo_exits_1_when_the_alias_goes_unnoticed(fake_runner, capsys, monkeypatch):
+    clean = lambda config, *a, **k: Report(config, "optimized", [], [], [])  # noqa: E731
+    monkeypatch.setattr(fake_runner, "run_differential", clean)
+    code, out, _ = run_cli(capsys, "demo")
+    assert code == 1 and "went unnoticed" in out
+
+
+# ---- real runs ----------------------------------------------------------------------------
+
+
+def test_real_check_fixed_and_legacy(capsys):
+    assert run_cli(capsys, "check", *SMALL, "--schedule", "identity")[0] == 0
+    code, out, _ = run_cli(capsys, "check", *SMALL, "--planner", "legacy", "--schedule", "identity", "--json")
+    assert code == 1
+    data = json.loads(out)
+    oracles = {f["oracle"] for f in data["findings"]}
+    assert Oracles.STATIC_ALIASING in oracles
+    assert all(set(f["buffers"]) <= {Buffers.GATE_UP_OUTPUT, Buffers.QUANTED_DOWN_INPUT} for f in data["findings"] if f["buffers"])
+
+
+@pytest.mark.slow
+def test_real_demo():
+    proc = subprocess.run([sys.executable, "-m", "diffmoe", "demo"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "races" in proc.stdout and "static-aliasing" in proc.stdout

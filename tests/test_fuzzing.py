@@ -1,0 +1,178 @@
+"""fuzz(): shrinking to the documented minimal config, progress, interruption, crashes.
+
+Most tests stand a fake runner in for diffmoe.runner, so they measure the driver, not the
+kernels; one slow test fuzzes the real optimized implementation with the legacy planner.
+"""
+
+import sys
+import types
+
+import pytest
+
+from diffmoe.fuzzing import FailingReport, FuzzOutcome, fuzz
+from diffmoe.report import Finding, Oracles, Report
+from diffmoe.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.vocabulary import Buffers
+
+
+def alias_finding():
+    return Finding(
+        Oracles.STATIC_ALIASING,
+        "gate_up_output and quanted_down_input share ws2 bytes while both are live at act_quant",
+        stage="act_quant",
+        buffers=[Buffers.GATE_UP_OUTPUT, Buffers.QUANTED_DOWN_INPUT],
+    )
+
+
+def make_fake_runner(fails=lambda c: c.planner == "legacy" and c.fused, raises=None):
+    """A module with run_differential: findings exactly when `fails(config)`."""
+    fake = types.ModuleType("diffmoe.runner")
+    fake.calls = []
+
+    def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None, implementation_name="optimized"):
+        fake.calls.append(config)
+        if raises is not None and raises(config):
+            raise RuntimeError("harness exploded")
+        findings = [alias_finding()] if fails(config) else []
+        return Report(config, implementation_name, ["static-aliasing"], ["identity"], findings)
+
+    fake.run_differential = run_differential
+    fake.load_factory = lambda spec: (lambda config: None)
+    return fake
+
+
+@pytest.fixture
+def fake_runner(monkeypatch):
+    def install(**kwargs):
+        fake = make_fake_runner(**kwargs)
+        monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+        return fake
+
+    return install
+
+
+def test_legacy_alias_shrinks_to_the_minimal_fused_config(fake_runner, capsys):
+    fake = fake_runner()
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy")
+    assert isinstance(outcome, FuzzOutcome) and not outcome.passed
+    assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    assert outcome.report.findings[0].buffers == [Buffers.GATE_UP_OUTPUT, Buffers.QUANTED_DOWN_INPUT]
+    assert fake.calls[-1] == outcome.report.config  # Hypothesis replays the minimal example last
+    assert outcome.examples == len(fake.calls) and outcome.shrink_examples > 0
+    assert 0 <= outcome.seconds_to_first_failure <= outcome.seconds
+    assert outcome.seconds_shrinking == pytest.approx(outcome.seconds - outcome.seconds_to_first_failure)
+    assert not outcome.interrupted
+    assert capsys.readouterr().out == ""  # nothing on stdout: the CLI's --json relies on it
+
+
+def test_a_failure_needing_more_tokens_shrinks_to_the_threshold(fake_runner):
+    fake_runner(fails=lambda c: c.num_tokens >= 17)
+    outcome = fuzz(max_examples=50, seed=2)
+    assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(fused=False, num_tokens=17)
+
+
+def test_no_failure_runs_every_example(fake_runner):
+    fake = fake_runner()
+    outcome = fuzz(max_examples=15, seed=3, planner="fixed")
+    assert outcome.passed and outcome.report is None
+    assert outcome.examples == len(fake.calls) == 15
+    assert outcome.seconds_to_first_failure is None and outcome.seconds_shrinking is None
+    assert outcome.to_dict()["report"] is None
+
+
+def test_the_same_seed_draws_the_same_configs(fake_runner):
+    first = fake_runner(fails=lambda c: False)
+    fuzz(max_examples=8, seed=42)
+    second = fake_runner(fails=lambda c: False)
+    fuzz(max_examples=8, seed=42)
+    assert first.calls == second.calls
+
+
+def test_progress_reports_generate_then_shrink(fake_runner):
+    fake_runner()
+    calls = []
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy", progress=lambda *args: calls.append(args))
+    assert [c[0] for c in calls] == list(range(1, outcome.examples + 1))
+    phases = [c[1] for c in calls]
+    assert phases[0] == "generate" and phases[-1] == "shrink"
+    assert phases == sorted(phases, key=["generate", "shrink"].index)  # never back to generating
+    assert all(b[2] >= a[2] for a, b in zip(calls, calls[1:]))
+    assert calls[-1][3] == outcome.report.config.short()
+
+
+def test_interrupt_while_shrinking_keeps_the_smallest_failure(fake_runner):
+    fake_runner()
+    seen = []
+
+    def progress(examples, phase, elapsed, config):
+        seen.append(phase)
+        if phase == "shrink" and seen.count("shrink") == 2:
+            raise KeyboardInterrupt
+
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy", progress=progress)
+    assert outcome.interrupted
+    assert outcome.report is not None and outcome.report.config.fused and outcome.report.config.planner == "legacy"
+    assert outcome.seconds_to_first_failure is not None
+
+
+def test_interrupt_before_any_failure(fake_runner):
+    fake_runner(fails=lambda c: False)
+
+    def progress(examples, *rest):
+        if examples == 3:
+            raise KeyboardInterrupt
+
+    outcome = fuzz(max_examples=50, seed=1, progress=progress)
+    assert outcome.interrupted and outcome.passed and outcome.examples == 3
+
+
+def test_a_harness_crash_is_a_finding_and_shrinks(fake_runner):
+    fake_runner(fails=lambda c: False, raises=lambda c: c.num_experts >= 3)
+    outcome = fuzz(max_examples=50, seed=4)
+    assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(fused=False, num_experts=3)
+    finding = outcome.report.findings[0]
+    assert finding.oracle == Oracles.CRASH and "harness exploded" in finding.message
+
+
+def test_failing_report_carries_the_report():
+    report = Report(MINIMAL_FUSED_CONFIG, "optimized", [], [], [alias_finding()])
+    assert FailingReport(report).report is report
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,field",
+    [
+        (dict(max_examples=0, seed=1), ValueError, "max_examples"),
+        (dict(max_examples=5, seed=-1), ValueError, "seed"),
+        (dict(max_examples=5, seed=1, planner="greedy"), ValueError, "planner"),
+        (dict(max_examples=5, seed=1, max_tokens=0), ValueError, "max_tokens"),
+        (dict(max_examples=5, seed=None, database=3), TypeError, "database"),
+        (dict(max_examples=5, seed=1, database="db"), ValueError, "database"),
+        (dict(max_examples=5, seed=1, progress="yes"), TypeError, "progress"),
+    ],
+)
+def test_bad_arguments_are_named(fake_runner, kwargs, error, field):
+    fake_runner()
+    with pytest.raises(error, match=field):
+        fuzz(**kwargs)
+
+
+def test_database_replays_a_saved_failure_first(fake_runner, tmp_path):
+    fake_runner()
+    fuzz(max_examples=50, seed=None, planner="legacy", database=tmp_path / "db")
+    fake = fake_runner()
+    outcome = fuzz(max_examples=50, seed=None, planner="legacy", database=str(tmp_path / "db"))
+    assert fake.calls[0] == outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+
+
+@pytest.mark.slow
+def test_real_fuzz_catches_the_legacy_alias():
+    # Few tokens and experts, one schedule and the cheap oracles keep each real example
+    # under a second.
+    outcome = fuzz(
+        max_examples=10, seed=1, planner="legacy", max_tokens=8, max_experts=4,
+        oracles=[Oracles.STATIC_ALIASING, Oracles.RUNTIME_ALIASING], schedules=["identity"],
+    )
+    assert outcome.report is not None
+    assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    assert {Buffers.GATE_UP_OUTPUT, Buffers.QUANTED_DOWN_INPUT} <= {b for f in outcome.report.findings for b in f.buffers}

@@ -1,0 +1,151 @@
+"""The config strategies: every draw is valid and within the documented domains, and the
+minimal draws are exactly the documented minimal configs (the shrink targets)."""
+
+import pytest
+from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import strategies as st
+
+from diffmoe.config import QUANT_BLOCK, MoEConfig
+from diffmoe.contract import Schedule
+from diffmoe.strategies import (
+    MAX_EXPERTS,
+    MAX_SIZE,
+    MIN_SIZE,
+    MINIMAL_CONFIG,
+    MINIMAL_FUSED_CONFIG,
+    PRIMES,
+    QUANT_ORDER,
+    TOKEN_BUDGET,
+    TOKEN_BOUNDARIES,
+    WEIGHT_BUDGET,
+    biased_integers,
+    expert_maps,
+    moe_configs,
+    schedules,
+)
+
+# Generation only (no kernel runs): cheap, so many examples and a fixed seed.
+GENERATE = (Phase.generate, Phase.shrink)  # no explain phase: it reruns failures many times
+MANY = settings(max_examples=150, derandomize=True, database=None, deadline=None, phases=GENERATE,
+                suppress_health_check=[HealthCheck.too_slow])
+FIND = settings(database=None, derandomize=True, max_examples=2000, phases=GENERATE)
+
+
+def assert_in_domains(c: MoEConfig, max_tokens: int = 96) -> None:
+    assert c.validate() is c
+    assert 1 <= c.num_tokens <= max_tokens
+    assert 1 <= c.num_experts <= MAX_EXPERTS
+    assert 1 <= c.topk <= c.num_experts
+    for size in (c.hidden, c.inter):
+        if c.quant == "fp8-block":
+            assert size % QUANT_BLOCK == 0 and QUANT_BLOCK <= size <= MAX_SIZE
+        else:
+            assert MIN_SIZE <= size <= MAX_SIZE
+    assert c.num_tokens * c.topk * max(c.hidden, c.inter) <= TOKEN_BUDGET
+    assert c.num_experts * 2 * c.inter * c.hidden <= WEIGHT_BUDGET
+    assert not (c.fused and c.quant == "bf16")
+    assert c.router_weight == "down" or c.topk == 1
+    if c.expert_map is not None:
+        local = sorted(v for v in c.expert_map if v >= 0)
+        assert local == list(range(len(local))) and local
+        assert len(c.expert_map) == c.num_experts
+
+
+@MANY
+@given(moe_configs(planner=None))
+def test_every_draw_is_valid_and_in_domain(config):
+    assert_in_domains(config)
+
+
+@MANY
+@given(moe_configs(max_tokens=7, quant="fp8-block", fused=True, planner="legacy"))
+def test_parameters_pin_their_fields(config):
+    assert_in_domains(config, max_tokens=7)
+    assert (config.quant, config.fused, config.planner) == ("fp8-block", True, "legacy")
+
+
+@MANY
+@given(moe_configs(fused=True))
+def test_fused_draws_only_fp8(config):
+    assert config.fused and config.is_fp8
+
+
+@MANY
+@given(moe_configs(expert_map=False, quant=["bf16", "fp8-token"]))
+def test_quant_list_and_no_expert_map(config):
+    assert config.expert_map is None and config.quant in ("bf16", "fp8-token")
+
+
+def test_minimal_draw_is_the_documented_minimal_config():
+    assert MINIMAL_CONFIG.quant == QUANT_ORDER[0] == "fp8-tensor"
+    assert find(moe_configs(), lambda c: True, settings=FIND) == MINIMAL_CONFIG
+
+
+def test_minimal_fused_draw_is_the_smallest_fp8_config():
+    assert find(moe_configs(), lambda c: c.fused, settings=FIND) == MINIMAL_FUSED_CONFIG
+    assert MINIMAL_FUSED_CONFIG == MINIMAL_CONFIG.replace(fused=True)
+
+
+def test_a_failure_needing_more_shrinks_to_the_smallest_that_still_fails():
+    # e.g. a bug that needs two row blocks of routed rows with the legacy planner
+    found = find(moe_configs(planner=None), lambda c: c.fused and c.planner == "legacy" and c.routed_rows > 32, settings=FIND)
+    assert found == MINIMAL_FUSED_CONFIG.replace(planner="legacy", num_tokens=33)
+
+
+def test_boundaries_and_primes_are_drawn():
+    seen_t, seen_e = set(), set()
+
+    @MANY
+    @given(moe_configs())
+    def collect(c):
+        seen_t.add(c.num_tokens)
+        seen_e.add(c.num_experts)
+
+    collect()
+    assert {1, 16, 64, 65} <= seen_t
+    assert len(seen_e & set(PRIMES)) >= 5
+    assert len(seen_t & set(TOKEN_BOUNDARIES)) >= 6
+
+
+@MANY
+@given(st.integers(1, 64).flatmap(expert_maps))
+def test_expert_maps_are_valid(mapping):
+    MoEConfig(num_experts=len(mapping), topk=1, expert_map=mapping)
+
+
+@MANY
+@given(st.data())
+def test_biased_integers_stay_in_range(data):
+    lo = data.draw(st.integers(1, 50))
+    hi = data.draw(st.integers(lo, 100))
+    assert lo <= data.draw(biased_integers(lo, hi, (0, lo, 17, hi, 1000))) <= hi
+
+
+def test_schedules_shrink_to_identity_and_stay_valid():
+    assert find(schedules(), lambda s: True, settings=FIND) == Schedule("identity")
+    assert find(schedules(), lambda s: s.kind == "random", settings=FIND) == Schedule("random", 0)
+
+    @MANY
+    @given(schedules(max_seed=9))
+    def valid(s):
+        assert Schedule.parse(str(s)) == s and s.seed <= 9
+
+    valid()
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,field",
+    [
+        (dict(planner="greedy"), ValueError, "planner"),
+        (dict(max_tokens=0), ValueError, "max_tokens"),
+        (dict(max_tokens=2.5), TypeError, "max_tokens"),
+        (dict(max_experts=65), ValueError, "max_experts"),
+        (dict(quant="int4"), ValueError, "quant"),
+        (dict(quant="bf16", fused=True), ValueError, "fused"),
+        (dict(fused="yes"), TypeError, "fused"),
+        (dict(token_budget=8, quant="fp8-block"), ValueError, "token_budget"),
+    ],
+)
+def test_bad_parameters_are_named(kwargs, error, field):
+    with pytest.raises(error, match=field):
+        moe_configs(**kwargs)
