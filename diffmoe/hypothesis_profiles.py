@@ -11,6 +11,12 @@
   local database so a failure replays first on the next run.
 * ``thorough``: a long soak, ``THOROUGH_MAX_EXAMPLES`` examples, explain phase on.
 
+A shared example database: set ``DIFFMOE_HYPOTHESIS_DB`` to a directory and the ``dev`` and
+``thorough`` profiles store and replay failing examples there, so pytest-xdist workers
+(``pytest -n auto``), teammates or CI machines mounting the same directory share what any of
+them found (Hypothesis's own DirectoryBasedExampleDatabase; safe for concurrent writers).
+``ci`` never uses a database: its runs must not depend on what an earlier run found.
+
 The pytest plugin registers these at import, so ``pytest --hypothesis-profile ci`` works,
 and loads ``ci`` when the environment variable CI is true and no profile was chosen.
 """
@@ -20,6 +26,9 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+SHARED_DATABASE_ENV = "DIFFMOE_HYPOTHESIS_DB"
 
 CI_MAX_EXAMPLES = 20
 DEV_MAX_EXAMPLES = 5
@@ -31,6 +40,12 @@ PROFILES = ("ci", "dev", "thorough")
 # generated config, so it is not a signal here.
 _QUIET_CHECKS = [HealthCheck.too_slow]
 _NO_EXPLAIN = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
+
+
+def shared_database(environ: dict[str, str] | None = None) -> dict:
+    """settings keyword for the shared example database named by DIFFMOE_HYPOTHESIS_DB, if any."""
+    path = (os.environ if environ is None else environ).get(SHARED_DATABASE_ENV, "").strip()
+    return {"database": DirectoryBasedExampleDatabase(path)} if path else {}
 
 
 def register_profiles() -> None:
@@ -49,6 +64,7 @@ def register_profiles() -> None:
         "dev",
         max_examples=DEV_MAX_EXAMPLES,
         deadline=None,
+        **shared_database(),
         phases=_NO_EXPLAIN,
         suppress_health_check=_QUIET_CHECKS,
     )
@@ -56,6 +72,7 @@ def register_profiles() -> None:
         "thorough",
         max_examples=THOROUGH_MAX_EXAMPLES,
         deadline=None,
+        **shared_database(),
         print_blob=True,
         suppress_health_check=_QUIET_CHECKS,
     )
