@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 
 import torch
 
@@ -171,6 +172,23 @@ class ProblemCache:
 
 
 # ---- README sections --------------------------------------------------------------------------
+
+
+EXIT_MARKERS = 2  # exit code of a script asked to --write into a file without its markers
+
+
+def write_section(path: str, text: str, start: str, end: str) -> int:
+    """Put `text` between the markers in `path`; an exit code (0, 1 unreadable, 2 no markers)."""
+    try:
+        found = replace_between_markers(path, text, start, end)
+    except OSError as exc:
+        print(f"error: cannot update {path}: {exc}", file=sys.stderr)
+        return 1
+    if not found:
+        print(f"error: {path} has no {start} ... {end} section", file=sys.stderr)
+        return EXIT_MARKERS
+    print(f"updated {path}")
+    return 0
 
 
 def replace_between_markers(path: str, text: str, start: str, end: str) -> bool:

@@ -26,6 +26,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from benchkit import write_section  # noqa: E402
 from diffmoe.compare import compare  # noqa: E402
 from diffmoe.config import QUANT_SCHEMES, MoEConfig  # noqa: E402
 from diffmoe.edge_cases import edge_cases  # noqa: E402
@@ -123,16 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     text = render(table, len(configs), time.perf_counter() - start)
     print(text)
     if args.write:
-        with open(args.write) as fh:
-            readme = fh.read()
-        start_marker, end_marker = "<!-- tolerances:start -->", "<!-- tolerances:end -->"
-        if start_marker not in readme or end_marker not in readme:
-            print(f"{args.write} has no {start_marker} ... {end_marker} section", file=sys.stderr)
-            return 2
-        head, rest = readme.split(start_marker, 1)
-        _, tail = rest.split(end_marker, 1)
-        with open(args.write, "w") as fh:
-            fh.write(f"{head}{start_marker}\n{text}\n{end_marker}{tail}")
+        written = write_section(args.write, text, "<!-- tolerances:start -->", "<!-- tolerances:end -->")
+        if written:
+            return written
     return 0 if all(w.failures == 0 for w in table.values()) else 1
 
 

@@ -26,12 +26,11 @@ import json
 import sys
 from collections import defaultdict
 
-from benchkit import BACKEND_CUDA, INTERPRETER_LABEL, replace_between_markers
+from benchkit import BACKEND_CUDA, INTERPRETER_LABEL, write_section
 from diffmoe.config import QUANT_SCHEMES
 
 MARK_START = "<!-- bench:start -->"
 MARK_END = "<!-- bench:end -->"
-EXIT_MARKERS = 2
 STATS = ("median", "min", "mean")
 
 
@@ -297,15 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(data, args.stat, args.png)
         print(f"wrote {args.png}")
     if args.write:
-        try:
-            found = replace_between_markers(args.write, text, MARK_START, MARK_END)
-        except OSError as exc:
-            print(f"error: cannot update {args.write}: {exc}", file=sys.stderr)
-            return 1
-        if not found:
-            print(f"error: {args.write} has no {MARK_START} ... {MARK_END} section", file=sys.stderr)
-            return EXIT_MARKERS
-        print(f"updated {args.write}")
+        return write_section(args.write, text, MARK_START, MARK_END)
     return 0
 
 

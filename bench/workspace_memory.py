@@ -32,14 +32,13 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
-from benchkit import replace_between_markers  # first: sets the interpreter switch when no GPU
-from diffmoe.config import QUANT_SCHEMES, MoEConfig
+from benchkit import write_section  # first: sets the interpreter switch when no GPU
+from diffmoe.config import MAX_PROBLEM_BYTES, QUANT_SCHEMES, MoEConfig, problem_bytes
 from diffmoe.vocabulary import buffer_spec, materialised_buffers, pipeline_stages
 from optimized.workspace_planner import plan_workspaces
 
 MARK_START = "<!-- workspace-memory:start -->"
 MARK_END = "<!-- workspace-memory:end -->"
-EXIT_MARKERS = 2
 
 TOKENS = (1, 64, 4096)
 EXPERTS = (8, 64)
@@ -114,9 +113,11 @@ def sweep() -> list[Measure]:
             if fused and quant == "bf16":
                 continue
             for t, e, k, (h, i) in itertools.product(TOKENS, EXPERTS, TOPK, HIDDEN_INTER):
-                cfg = MoEConfig(num_tokens=t, num_experts=e, topk=k, hidden=h, inter=i, quant=quant, fused=fused,
-                                output=output, planner=planner)
-                out.append(measure(cfg))
+                fields = dict(num_tokens=t, num_experts=e, topk=k, hidden=h, inter=i, quant=quant, fused=fused,
+                              output=output, planner=planner)
+                if problem_bytes(t, k, h, i, e) > MAX_PROBLEM_BYTES:
+                    continue  # a config this large is refused before allocation; its plan needs no problem
+                out.append(measure(MoEConfig(**fields)))
     return out
 
 
@@ -266,7 +267,8 @@ def render(measures: list[Measure], full: bool) -> str:
     lines = [
         f"{len(measures)} configs swept (`python bench/workspace_memory.py`): schemes {', '.join(QUANT_SCHEMES)}; "
         f"fused and unfused; output separate and in ws1; fixed and legacy planner; T in {_set(TOKENS)}, "
-        f"E in {_set(EXPERTS)}, K in {_set(TOPK)}, (H, I) in {_set(HIDDEN_INTER)}. "
+        f"E in {_set(EXPERTS)}, K in {_set(TOPK)}, (H, I) in {_set(HIDDEN_INTER)}, less the combinations whose "
+        f"problem would exceed MAX_PROBLEM_BYTES ({MAX_PROBLEM_BYTES // 2**30} GiB; a plan needs no problem, but a config does). "
         "The bound is the most bytes of workspace buffers live at one stage; separate is the same buffers "
         "in their own allocations. Ratios agree across T, E and the three FP8 schemes"
         + (" (checked)." if not notes else f", except: {'; '.join(notes)}."),
@@ -333,15 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(measures, args.png)
         print(f"\nwrote {args.png}")
     if args.write:
-        try:
-            found = replace_between_markers(args.write, text, MARK_START, MARK_END)
-        except OSError as exc:
-            print(f"error: cannot update {args.write}: {exc}", file=sys.stderr)
-            return 1
-        if not found:
-            print(f"error: {args.write} has no {MARK_START} ... {MARK_END} section", file=sys.stderr)
-            return EXIT_MARKERS
-        print(f"updated {args.write}")
+        return write_section(args.write, text, MARK_START, MARK_END)
     return 0
 
 

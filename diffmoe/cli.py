@@ -1,14 +1,25 @@
 """The `diffmoe` command line: check one config, fuzz, show a workspace plan, run the demo.
 
-    diffmoe check [config options | --config FILE.json] [--impl MODULE:FACTORY] [--oracles a,b] [--json]
-    diffmoe fuzz  [--max-examples N] [--seed S] [--planner P] [--impl ...] [--max-tokens T]
-                  [--max-experts E] [--oracles a,b] [--json] [--save-failure FILE.json]
+    diffmoe check [config options | --config FILE.json] [--impl MODULE:FACTORY] [--oracles a,b]
+                  [--time-limit S] [--json]
+    diffmoe fuzz  [--max-examples N] [--seed S | --database DIR] [--planner P] [--impl ...]
+                  [--max-tokens T] [--max-experts E] [--oracles a,b] [--time-limit S] [--json]
+                  [--save-failure FILE.json]
     diffmoe plan  [config options | --config FILE.json] [--impl ...] [--png FILE]
     diffmoe demo
 
 Exit codes: 0 no findings, 1 findings (for `plan`: the plan has an aliasing overlap),
 2 bad arguments or an invalid config (one line on stderr, no traceback), 130 a fuzz
 interrupted before it found anything.
+
+--time-limit S bounds each check (each fuzz example): past it the check's worker process is
+killed and the check reports a `timeout` finding. 0 turns the limit off; without the flag
+the limit is diffmoe.runner.default_time_limit(): 120 s on the Triton interpreter, none on
+CUDA. Ctrl-C or SIGTERM stops a fuzz at once: it prints the smallest failure found so far
+(exit 1) or that none was found (exit 130). --database DIR keeps Hypothesis's example
+database there: a failure found (even by an interrupted run) is replayed first by the next
+run with the same DIR. A seeded run replays nothing (Hypothesis's @seed turns the database
+off), so --seed and --database exclude each other.
 
 The runner, the optimized implementation and matplotlib are imported inside the commands
 that need them, so `--help` and argument errors answer at once.
@@ -27,12 +38,17 @@ import time
 import warnings
 from typing import Any, Sequence, TextIO
 
-from .config import MAX_SEED, MAX_TOKENS, OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTING_SKEWS, MoEConfig
+from .config import MAX_CONFIG_JSON_CHARS, MAX_SEED, MAX_TOKENS, OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ALL_ROUTING_SKEWS, MoEConfig
 from .contract import Schedule, WorkspacePlan
 from .report import DEFAULT_IMPLEMENTATION, Oracles, Report, check_command
 
 PROG = "diffmoe"
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# --time-limit's upper bound, the same as diffmoe.runner.MAX_TIME_LIMIT (not imported: the
+# runner pulls in torch, and argument errors must answer at once).
+MAX_TIME_LIMIT_S = 7 * 24 * 3600
+# An error is one line on stderr; a message quoting a hostile value is cut to this length.
+MAX_ERROR_CHARS = 400
 
 # Config flags -> MoEConfig fields. Unset flags keep MoEConfig's defaults.
 CONFIG_FLAGS = {
@@ -107,6 +123,32 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _time_limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value <= MAX_TIME_LIMIT_S:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_TIME_LIMIT_S}] seconds (0 turns the limit off), got {text}")
+    return value
+
+
+def time_limit_kwargs(runner, requested: float | None, device: str | None) -> dict[str, float]:
+    """run_differential's time_limit argument: {} for no limit. Without --time-limit, the
+    runner's documented default for the device (a stand-in runner without one: no limit)."""
+    if requested is None:
+        default = getattr(runner, "default_time_limit", None)
+        limit = default(device) if default is not None else None
+    else:
+        limit = requested or None  # 0 turns the limit off
+    return {} if limit is None else {"time_limit": limit}
+
+
+def _one_line(message: str) -> str:
+    line = " ".join(message.split())
+    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -156,7 +198,7 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--planner", choices=PLANNERS, help=f"workspace planner (default {d.planner})")
     g.add_argument("--output", choices=OUTPUT_PLACEMENTS, help=f"final output placement (default {d.output})")
     g.add_argument("--router-weight", choices=ROUTER_WEIGHT_PLACEMENTS, help=f"where the router weight applies (default {d.router_weight})")
-    g.add_argument("--skew", choices=ROUTING_SKEWS, help=f"routing distribution (default {d.skew})")
+    g.add_argument("--skew", choices=ALL_ROUTING_SKEWS, help=f"routing distribution (default {d.skew})")
     g.add_argument("--expert-map", metavar="A,B,...", help="global -> local expert map, -1 for remote (write --expert-map=0,-1,1)")
     g.add_argument("--seed", type=_non_negative_int, metavar="S", help=f"problem seed (default {d.seed})")
     g.add_argument("--config", metavar="FILE.json", help="read the whole config from a JSON file instead")
@@ -186,11 +228,14 @@ def config_from_args(args: argparse.Namespace) -> MoEConfig:
 def config_from_file(path: str) -> MoEConfig:
     try:
         with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+            # at most one character past the limit: enough to tell a too-large file without reading it
+            text = fh.read(MAX_CONFIG_JSON_CHARS + 1)
     except OSError as exc:
         raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise UsageError(f"config file {path} is not UTF-8 text") from None
+    if len(text) > MAX_CONFIG_JSON_CHARS:
+        raise UsageError(f"config file {path} is larger than {MAX_CONFIG_JSON_CHARS} characters; a config is a short JSON object")
     try:
         return MoEConfig.from_json(text)
     except (TypeError, ValueError) as exc:
@@ -237,8 +282,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     schedules = parse_schedules(args.schedule)
     oracles = parse_oracles(args.oracles)
     factory, name = load_implementation(args.impl)
-    report = _runner().run_differential(
-        config, factory, schedules=schedules, oracles=oracles, device=parse_device(args.device), implementation_name=name
+    runner = _runner()
+    device = parse_device(args.device)
+    report = runner.run_differential(
+        config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name,
+        **time_limit_kwargs(runner, args.time_limit, device),
     )
     if args.json:
         _print_json(report.to_dict())
@@ -299,14 +347,25 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-experts must be in [1, {FUZZ_MAX_EXPERTS}], got {args.max_experts}")
     if args.seed is not None and args.seed > MAX_SEED:
         raise UsageError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
+    if args.database is not None:
+        if args.seed is not None:
+            raise UsageError("--seed and --database cannot be combined: a seeded run is reproducible and replays no stored failure")
+        if os.path.exists(args.database) and not os.path.isdir(args.database):
+            raise UsageError(f"--database {args.database} exists and is not a folder")
     oracles = parse_oracles(args.oracles)
     factory, name = load_implementation(args.impl)
     if args.save_failure is not None:
         folder = os.path.dirname(os.path.abspath(args.save_failure))
         if not os.path.isdir(folder):
             raise UsageError(f"--save-failure {args.save_failure}: folder {folder} does not exist")
-    # A seed is always chosen and printed, so any run can be repeated exactly.
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    # A seed is always chosen and printed, so any run can be repeated exactly; except with a
+    # database, whose replays a seed would turn off.
+    if args.database is not None:
+        seed = None
+    else:
+        seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    device = parse_device(args.device)
+    limit = time_limit_kwargs(_runner(), args.time_limit, device).get("time_limit")
     printer = ProgressPrinter(sys.stderr)
     previous = None
     try:
@@ -324,7 +383,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             max_experts=args.max_experts,
             progress=printer,
             oracles=oracles,
-            device=parse_device(args.device),
+            device=device,
+            database=args.database,
+            time_limit=limit,
         )
     finally:
         printer.finish()
@@ -346,7 +407,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             data["replay"] = check_command(report.config, name)
         _print_json(data)
     else:
-        print(_fuzz_summary(outcome, args.max_examples))
+        print(_fuzz_summary(outcome, args.max_examples, args.database))
         if report is not None:
             print("minimal failing config:")
             print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
@@ -358,8 +419,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
 
 
-def _fuzz_summary(outcome, max_examples: int) -> str:
-    head = f"fuzz (seed {outcome.seed}): {outcome.examples} examples in {outcome.seconds:.1f} s"
+def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> str:
+    origin = f"seed {outcome.seed}" if outcome.seed is not None else f"database {database}" if database else "unseeded"
+    head = f"fuzz ({origin}): {outcome.examples} examples in {outcome.seconds:.1f} s"
     if outcome.interrupted:
         head += ", interrupted"
     if outcome.report is None:
@@ -524,6 +586,13 @@ def demo_conclusion(fixed: Report, legacy: Report) -> str:
     return f"Conclusion: on {size}, the demo did not go as expected: {'; '.join(problems)}."
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    # imported here: it imports triton (optimized/__init__ turns the interpreter on first when no GPU)
+    from optimized.conformance import doctor_main
+
+    return doctor_main(args.json, device=parse_device(args.device))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     run = _runner().run_differential
     reports = []
@@ -544,7 +613,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -552,6 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--schedule", action="append", metavar="identity|reversed|random:SEED", help="program order (repeatable; default identity, reversed, random:1)")
     check.add_argument("--oracles", metavar="A,B", help=f"oracles to run (default all available): {', '.join(KNOWN_ORACLES)}")
     check.add_argument("--device", help="torch device (default: the implementation's)")
+    check.add_argument("--time-limit", type=_time_limit, metavar="S",
+                       help="stop the check after S seconds with a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
     check.add_argument("--json", action="store_true", help="print the report as one JSON object")
     check.set_defaults(handler=cmd_check)
 
@@ -564,6 +635,10 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--max-experts", type=_positive_int, default=64, metavar="E", help="largest E drawn (default 64)")
     fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default all available)")
     fz.add_argument("--device", help="torch device (default: the implementation's)")
+    fz.add_argument("--time-limit", type=_time_limit, metavar="S",
+                    help="per-example limit in seconds, past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
+    fz.add_argument("--database", metavar="DIR",
+                    help="Hypothesis example database: failures are saved there and replayed first next time (not with --seed)")
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     fz.add_argument("--save-failure", metavar="FILE.json", help="write the minimal failing config here (replay with check --config)")
     fz.set_defaults(handler=cmd_fuzz)
@@ -577,6 +652,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="fixed vs legacy planner on a small fused FP8 config", description="Check a small fused FP8 config with the fixed and the legacy planner.")
     demo.add_argument("--device", help="torch device (default: the implementation's)")
     demo.set_defaults(handler=cmd_demo)
+
+    doctor = sub.add_parser(
+        "doctor", help="check the Triton backend's primitives the optimized kernels rely on",
+        description="Run small conformance kernels on the active Triton backend (interpreter or CUDA) and report, "
+                    "per primitive, whether it is right and which workaround the optimized path applies.")
+    doctor.add_argument("--device", help="torch device (default: the implementation's)")
+    doctor.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    doctor.set_defaults(handler=cmd_doctor)
     return parser
 
 
@@ -589,10 +672,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: check, fuzz, plan or demo (see diffmoe --help)")
+            raise UsageError("a command is required: check, fuzz, plan, demo or doctor (see diffmoe --help)")
         return args.handler(args)
     except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except _Exit as exc:
         return exc.status

@@ -21,7 +21,14 @@ ACTIVATIONS = ("silu",)
 ROUTER_WEIGHT_PLACEMENTS = ("down", "input")
 PLANNERS = ("fixed", "legacy")
 OUTPUT_PLACEMENTS = ("workspace", "separate")
+# The skews the fuzzing strategies draw (diffmoe.strategies samples this tuple).
 ROUTING_SKEWS = ("uniform", "one-expert", "empty-experts")
+# Every skew a config may name. all-remote, a labelled edge case rather than a drawn
+# distribution: each token's experts come first from those the expert map sends elsewhere
+# (-1), so with at least K remote experts every token is routed away from this rank and the
+# output is exactly zero; with fewer, the remaining picks fall on local experts; without a
+# map it is the uniform draw. It is valid for every config.
+ALL_ROUTING_SKEWS = (*ROUTING_SKEWS, "all-remote")
 
 # fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.
 QUANT_BLOCK = 128
@@ -35,10 +42,58 @@ MAX_HIDDEN = 16384
 MAX_INTER = 16384
 MAX_ROUTED_ROWS = 131072
 MAX_SEED = 2**63 - 1
+# The per-field bounds still allow absurd totals (512 experts of 16384 x 16384 weights are
+# petabytes), so the total is bounded too: `estimated_bytes` counts every weight and routed
+# activation once, as float32 (the unit the reference computes in). A check's peak memory is
+# a small multiple of it (masters, FP8 codes, dequantised copies, both implementations'
+# intermediates). 8 GiB lets one accelerator-sized check through and stops a hostile or
+# mistyped config before the first allocation.
+MAX_PROBLEM_BYTES = 8 * 2**30
+# A config file is a few hundred bytes; anything past this is not a config.
+MAX_CONFIG_JSON_CHARS = 2**20
+# Longest integer literal a config JSON may hold (MAX_SEED has 19 digits): Python would
+# otherwise parse a million-digit literal before any bound is checked.
+MAX_JSON_INT_DIGITS = 32
+# Values quoted in error messages are cut to this many characters, so that an error caused
+# by a hostile value stays one readable line.
+MAX_QUOTED_CHARS = 60
+
+
+def problem_bytes(num_tokens: int, topk: int, hidden: int, inter: int, local_experts: int) -> int:
+    """Every local weight (L*2I*H + L*H*I) and activation (T*H + TK*(2I + I + H)) once, at 4 bytes
+    (float32, as the reference dequantises): what a problem of these sizes costs to build."""
+    weights = local_experts * 3 * inter * hidden
+    activations = num_tokens * hidden + num_tokens * topk * (3 * inter + hidden)
+    return 4 * (weights + activations)
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def quoted(value: Any, limit: int = MAX_QUOTED_CHARS) -> str:
+    """repr(value), cut to `limit` characters: error messages quote values that may be huge."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {quoted(key)}")
+        seen[key] = value
+    return seen
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (NaN and Infinity literals are not accepted)")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"an integer literal of {len(text)} digits is out of range (at most {MAX_JSON_INT_DIGITS})")
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -61,7 +116,8 @@ class MoEConfig:
             "separate" writes a caller-supplied tensor.
         expert_map: optional tuple of length E mapping global expert -> local index or -1
             (expert parallelism); the local indices must be exactly 0..L-1.
-        skew: routing distribution, one of ROUTING_SKEWS.
+        skew: routing distribution, one of ALL_ROUTING_SKEWS ("all-remote" routes every token
+            away from this rank when the expert map has at least K remote experts).
         seed: problem seed; the same config gives bitwise the same problem.
     """
 
@@ -92,6 +148,11 @@ class MoEConfig:
         return self.num_tokens * self.topk
 
     @property
+    def estimated_bytes(self) -> int:
+        """The size `validate` bounds by MAX_PROBLEM_BYTES (see `problem_bytes`)."""
+        return problem_bytes(self.num_tokens, self.topk, self.hidden, self.inter, self.num_local_experts)
+
+    @property
     def is_fp8(self) -> bool:
         return self.quant != "bf16"
 
@@ -120,7 +181,7 @@ class MoEConfig:
         for name, (lo, hi) in int_fields.items():
             value = getattr(self, name)
             if not _is_int(value):
-                raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {type(value).__name__} {value!r}")
+                raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {type(value).__name__} {quoted(value)}")
             if not lo <= value <= hi:
                 raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
         if self.topk > self.num_experts:
@@ -135,16 +196,16 @@ class MoEConfig:
             "router_weight": ROUTER_WEIGHT_PLACEMENTS,
             "planner": PLANNERS,
             "output": OUTPUT_PLACEMENTS,
-            "skew": ROUTING_SKEWS,
+            "skew": ALL_ROUTING_SKEWS,
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
             if not isinstance(value, str):
-                raise TypeError(f"{name} must be a string, one of {list(allowed)}, got {value!r}")
+                raise TypeError(f"{name} must be a string, one of {list(allowed)}, got {quoted(value)}")
             if value not in allowed:
-                raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {quoted(value)}")
         if not isinstance(self.fused, bool):
-            raise TypeError(f"fused must be a bool, got {self.fused!r}")
+            raise TypeError(f"fused must be a bool, got {quoted(self.fused)}")
         if self.fused and not self.is_fp8:
             raise ValueError("fused must be false for quant='bf16': fusion joins the activation with an FP8 quantisation")
         if self.quant == "fp8-block":
@@ -156,6 +217,12 @@ class MoEConfig:
         if self.router_weight == "input" and self.topk != 1:
             raise ValueError(f"topk must be 1 when router_weight='input' (the weight scales the token itself), got {self.topk}")
         self._validate_expert_map()
+        if self.estimated_bytes > MAX_PROBLEM_BYTES:
+            raise ValueError(
+                f"num_tokens, num_experts, topk, hidden and inter describe {self.estimated_bytes / 2**30:.1f} GiB of float32 "
+                f"weights and activations (L*3*I*H + T*H + T*K*(3*I + H) elements); at most "
+                f"{MAX_PROBLEM_BYTES // 2**30} GiB (MAX_PROBLEM_BYTES) is allowed"
+            )
         return self
 
     def _validate_expert_map(self) -> None:
@@ -163,13 +230,13 @@ class MoEConfig:
         if m is None:
             return
         if not isinstance(m, tuple) or not all(_is_int(v) for v in m):
-            raise TypeError(f"expert_map must be a tuple of ints or None, got {m!r}")
+            raise TypeError(f"expert_map must be a tuple of ints or None, got {quoted(m)}")
         if len(m) != self.num_experts:
             raise ValueError(f"expert_map must have length num_experts={self.num_experts}, got {len(m)}")
         local = sorted(v for v in m if v != -1)
         if any(v < -1 for v in m) or local != list(range(len(local))):
             raise ValueError(
-                f"expert_map entries must be -1 or local indices 0..L-1 each used once, got {list(m)}"
+                f"expert_map entries must be -1 or local indices 0..L-1 each used once, got {quoted(list(m))}"
             )
         if not local:
             raise ValueError("expert_map must keep at least one local expert (all entries are -1)")
@@ -188,23 +255,40 @@ class MoEConfig:
         if not isinstance(data, dict):
             raise TypeError(f"config must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=str)
         if unknown:
-            raise ValueError(f"unknown config field(s) {unknown}; allowed: {sorted(known)}")
+            shown = quoted(unknown, 200)
+            raise ValueError(f"unknown config field(s) {shown}; allowed: {sorted(known)}")
         data = dict(data)
         em = data.get("expert_map")
         if em is not None:
             if not isinstance(em, list):
-                raise TypeError(f"expert_map must be a list of ints or null, got {em!r}")
+                raise TypeError(f"expert_map must be a list of ints or null, got {quoted(em)}")
+            if len(em) > MAX_EXPERTS:  # before a tuple of a hostile length is built
+                raise ValueError(f"expert_map must have at most {MAX_EXPERTS} entries (num_experts), got {len(em)}")
             data["expert_map"] = tuple(em)
         return cls(**data)
 
     @classmethod
     def from_json(cls, text: str) -> MoEConfig:
+        """Parse a config file's text. Beyond JSON itself this refuses, with a one-line
+        ValueError: more than MAX_CONFIG_JSON_CHARS characters, duplicate keys (JSON keeps the
+        last silently), NaN/Infinity literals, integer literals longer than
+        MAX_JSON_INT_DIGITS digits, and nesting deeper than Python's recursion limit."""
+        if not isinstance(text, str):
+            raise TypeError(f"config JSON must be a str, got {type(text).__name__}")
+        if len(text) > MAX_CONFIG_JSON_CHARS:
+            raise ValueError(f"config JSON must be at most {MAX_CONFIG_JSON_CHARS} characters, got {len(text)}")
         try:
-            data = json.loads(text)
+            data = json.loads(
+                text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant, parse_int=_bounded_int
+            )
         except json.JSONDecodeError as exc:
             raise ValueError(f"config is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        except RecursionError:
+            raise ValueError("config is not valid JSON: nested too deeply") from None
+        except ValueError as exc:  # raised by the hooks above
+            raise ValueError(f"config is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
     def short(self) -> str:

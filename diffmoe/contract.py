@@ -13,6 +13,15 @@ largest batch it will be asked to run. It then:
 * optionally runs one stage on given inputs (`run_stage`) so the harness can judge a stage on
   the reference's inputs ("teacher forcing").
 
+What the harness holds an implementation to (diffmoe.runner reports each breach as a
+finding): T may be anything from 0 to the maximum (`problem.num_tokens`; a zero-token call
+returns a [0, H] output); the problem's input tensors (`Problem.inputs()`) belong to the
+caller and are never written; the output is [T, H] bfloat16 on the problem's device, and is
+the caller's `output` tensor when one is passed; every buffer of
+`vocabulary.materialised_buffers(config)` is written by a reported launch (or returned in
+`RunResult.intermediates`), and no launch writes a buffer the pipeline does not declare. NaN
+and Inf inputs propagate as reference/moe.py specifies.
+
 Nothing here imports Triton: implementations may be written in anything that takes torch
 tensors.
 """

@@ -8,9 +8,15 @@ and re-raises its exception, so the Report that comes out is the minimal failing
 
 Ctrl-C (and SIGTERM, which the CLI turns into KeyboardInterrupt) stops the search at once;
 the outcome then carries the smallest failure seen so far, if any, and `interrupted=True`.
+With a database, every failing example Hypothesis meets is saved as it is met (an atomic
+file rename), so an interrupted run leaves a consistent database and the next run replays
+its failure first.
 
-A crash of the harness itself on some config (an exception out of `run_differential`) is
-treated as a failure too, reported under the crash oracle, so it shrinks like any other.
+Crashes, timeouts and contract violations of the implementation are findings of the report
+(diffmoe.runner), so they shrink like any other failure. A crash of the harness itself on
+some config (an exception out of `run_differential`) is treated as a failure too, reported
+under the crash oracle. `time_limit` bounds every example (a `timeout` finding past it), so
+a hanging implementation cannot stall the search.
 """
 
 from __future__ import annotations
@@ -138,6 +144,7 @@ def fuzz(
     oracles: Collection[str] | None = None,
     schedules: Sequence[Schedule | str] | None = None,
     device: str | None = None,
+    time_limit: float | None = None,
 ) -> FuzzOutcome:
     """Run up to `max_examples` drawn configs; stop at the first failure and shrink it.
 
@@ -147,8 +154,8 @@ def fuzz(
     interpreter's cost grows with both). database: None (nothing stored), a directory, or an ExampleDatabase:
     failures are stored there and replayed first on the next run. A seeded run replays
     nothing by design (Hypothesis's @seed turns the database off), so seed and database
-    are exclusive. oracles, schedules, device: passed to `run_differential` unchanged
-    (None: its defaults).
+    are exclusive. oracles, schedules, device, time_limit: passed to `run_differential`
+    unchanged (None: its defaults; time_limit None runs each example in this process).
     """
     _check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)
     if seed is not None:
@@ -158,6 +165,10 @@ def fuzz(
     _check_int("max_tokens", max_tokens, 1, MAX_TOKENS)
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable or None, got {progress!r}")
+    if time_limit is not None and (
+        isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit < float("inf")
+    ):
+        raise ValueError(f"time_limit must be None or a number of seconds > 0, got {time_limit!r}")
     db = _database(database)
     if seed is not None and db is not None:
         raise ValueError("seed and database are exclusive: a seeded run is reproducible and replays no stored failure")
@@ -170,6 +181,8 @@ def fuzz(
         runner.resolve_oracles(oracles)
     if schedules is not None and hasattr(runner, "resolve_schedules"):
         runner.resolve_schedules(schedules)
+    if time_limit is not None and hasattr(runner, "check_time_limit"):
+        runner.check_time_limit(time_limit)  # its upper bound too, before the first example
 
     outcome = FuzzOutcome(seed=seed)
     start = time.perf_counter()
@@ -191,6 +204,8 @@ def fuzz(
                 oracles=oracles,
                 device=device,
                 implementation_name=implementation_name,
+                # only when set: a stand-in runner need not know the argument
+                **({} if time_limit is None else {"time_limit": time_limit}),
             )
         except Exception as exc:  # a harness crash is a finding to shrink, not the end of the search
             report = _crash_report(config, exc, implementation_name, oracles, schedules)

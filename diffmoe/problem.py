@@ -4,6 +4,11 @@ The same config gives bitwise the same tensors on any run: everything is drawn o
 from one `torch.Generator` seeded with `config.seed`, in a fixed order, then moved to the
 requested device.
 
+A call may carry fewer tokens than the config's T, which is the largest batch the
+implementation is built for: `make_problem(config, num_tokens=n)` gives the first n tokens
+of the config's problem (n = 0 included: an engine may call with an empty batch), with the
+same weights; `Problem.num_tokens` is the T of the call.
+
 Value bounds (why quantisation never overflows): hidden states are standard normal clamped
 to [-4, 4]; weights are normal with std 1/sqrt(fan_in) clamped to 4 std. Every scale is
 derived from the amax (dynamic for activations, static for weights), so codes stay within
@@ -65,6 +70,11 @@ class Problem:
     def device(self) -> torch.device:
         return self.hidden_states.device
 
+    @property
+    def num_tokens(self) -> int:
+        """T of this call: config.num_tokens, or fewer for a smaller call (0 included)."""
+        return int(self.hidden_states.shape[0])
+
 
 def _route(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     t, e, k = config.num_tokens, config.num_experts, config.topk
@@ -74,6 +84,9 @@ def _route(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch
     elif config.skew == "empty-experts":
         active = max(k, math.ceil(e / 2))
         scores[:, active:] = -1.0  # experts >= active receive nothing
+    elif config.skew == "all-remote" and config.expert_map is not None:
+        local = torch.tensor([v >= 0 for v in config.expert_map])
+        scores[:, local] -= 2.0  # below every remote expert, in the same random order among themselves
     ids = scores.topk(k, dim=1).indices.to(torch.int32)  # [T, K], distinct by construction
     logits = torch.randn(t, k, generator=gen)
     weights = torch.softmax(logits, dim=1).to(torch.float32)  # [T, K], rows sum to 1
@@ -110,9 +123,18 @@ def quantize_weight(config: MoEConfig, w: torch.Tensor) -> tuple[torch.Tensor, t
     return codes, scale.contiguous()
 
 
-def make_problem(config: MoEConfig, device: torch.device | str = "cpu") -> Problem:
-    """Build every input of `config` deterministically from `config.seed`."""
+def make_problem(config: MoEConfig, device: torch.device | str = "cpu", *, num_tokens: int | None = None) -> Problem:
+    """Build every input of `config` deterministically from `config.seed`.
+
+    num_tokens: the T of the call, 0..config.num_tokens (default config.num_tokens); the
+    problem is then the first num_tokens tokens of the config's problem, same weights.
+    """
     config.validate()
+    if num_tokens is not None:
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
+            raise TypeError(f"num_tokens must be None or an int in [0, {config.num_tokens}], got {num_tokens!r}")
+        if not 0 <= num_tokens <= config.num_tokens:
+            raise ValueError(f"num_tokens must be in [0, config.num_tokens={config.num_tokens}], got {num_tokens}")
     gen = torch.Generator(device="cpu").manual_seed(config.seed)
     t, h, i, n_local = config.num_tokens, config.hidden, config.inter, config.num_local_experts
     hidden = torch.randn(t, h, generator=gen).clamp(-4.0, 4.0).to(torch.bfloat16)  # [T, H]
@@ -138,4 +160,9 @@ def make_problem(config: MoEConfig, device: torch.device | str = "cpu") -> Probl
         w2_scale=w2_scale,
         expert_map=expert_map,
     )
+    if num_tokens is not None and num_tokens != t:
+        # fresh tensors, not views: an implementation writing past the call's rows must not
+        # land in bytes that are still part of an input
+        for name in ("hidden_states", "topk_ids", "topk_weights"):
+            setattr(problem, name, getattr(problem, name)[:num_tokens].clone())
     return problem if torch.device(device) == torch.device("cpu") else problem.to(device)

@@ -103,6 +103,9 @@ class Report:
     schedules: list[str]
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
+    # None: the inputs were generated from the config, and the replay command rebuilds them.
+    # Otherwise a note saying where they came from (run_differential's `problem=`).
+    inputs: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -122,7 +125,7 @@ class Report:
         return check_command(self.config, self.implementation)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "passed": self.passed,
             "config": self.config.to_dict(),
             "implementation": self.implementation,
@@ -132,6 +135,9 @@ class Report:
             "seconds": round(self.seconds, 4),
             "replay": self.replay_command(),
         }
+        if self.inputs is not None:
+            d["inputs"] = self.inputs
+        return d
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=str)
@@ -145,7 +151,13 @@ class Report:
             schedules=list(d.get("schedules", [])),
             findings=[Finding.from_dict(f) for f in d.get("findings", [])],
             seconds=float(d.get("seconds", 0.0)),
+            inputs=d.get("inputs"),
         )
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        """The inverse of to_json (figures come back as JSON values: tuples as lists)."""
+        return cls.from_dict(json.loads(text))
 
     def render(self, max_findings: int = 20) -> str:
         """The readable text block: verdict, config, then one paragraph per finding."""
@@ -156,6 +168,8 @@ class Report:
             f"  oracles:   {', '.join(self.oracles)}",
             f"  schedules: {', '.join(self.schedules)}",
         ]
+        if self.inputs is not None:
+            lines.append(f"  inputs:    {self.inputs}")
         for n, f in enumerate(self.findings[:max_findings], 1):
             lines.append(f"  [{n}] {f.headline()}")
             if f.byte_ranges:

@@ -9,33 +9,106 @@ Order of work for a config:
   4. judge: differential per buffer in pipeline order, schedule dependence, red zones;
   5. rerun with the second poison pattern (stale reads), teacher-force each stage, and run
      the fused/unfused sibling for the metamorphic check.
-An implementation that raises becomes a `crash` finding naming the stage it was in.
+
+Robustness: nothing the implementation does ends the check without a Report.
+  * An exception from the implementation (Triton compile and interpreter errors included),
+    in its factory, `workspace_plan`, `workspace_shapes`, `run` or `run_stage`, becomes a
+    `crash` finding with the exception type, message, the phase and, inside a launch, the
+    stage. A run that returns no RunResult with a tensor output is a `contract` finding.
+  * Contract violations are `contract` findings: an output of the wrong shape, dtype or
+    device, or other than the tensor the caller passed; a launch writing a buffer the
+    pipeline does not declare (or writing an input); a materialised buffer no launch wrote;
+    workspaces too small for the plan; and any change to the problem's input tensors. Every
+    input is kept as a bitwise copy, compared after each run (and, in the first run, before
+    and after each launch, so the finding names the stage), and restored, so the later runs
+    still see the original inputs.
+  * `time_limit`: the check runs in a worker process that is killed when the limit passes;
+    the Report then holds a `timeout` finding naming the phase and the stage in flight, plus
+    every finding the worker had already made. A worker that dies (a segfault, the OOM
+    killer) gives a `crash` finding. See `run_differential`.
+
+Inputs a caller may hand over (`problem=`) beyond what `make_problem` generates: a call with
+fewer tokens than the config's T, zero included (`make_problem(config, num_tokens=0)`; only
+the [0, H] output and the inputs are then judged, teacher forcing and the metamorphic run
+have nothing to look at), and NaN/Inf inputs, whose propagation reference/moe.py specifies
+and the NaN-aware compare judges.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+import multiprocessing
+import os
+import pickle
+import signal
 import time
 import traceback
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from .compare import Comparison, Rule, compare
-from .config import MoEConfig
-from .contract import ImplementationFactory, LaunchInfo, Schedule
+from .config import MoEConfig, quoted
+from .contract import ImplementationFactory, LaunchInfo, Schedule, WorkspacePlan
 from .oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
 from .oracles.runtime_aliasing import check_runtime_aliasing
 from .oracles.static_aliasing import check_static_aliasing, check_workspace_fit
 from .problem import Problem, make_problem
-from .recording import ChainedRecorder, LaunchLog
+from .recording import ChainedRecorder, LaunchLog, region_of
 from .report import Finding, Oracles, Report
 from .tolerances import END_TO_END, FORCED, rule_for
 from reference import reference_moe  # pure PyTorch, Triton-free like the harness
 
 from .vocabulary import Buffers, Stages, materialised_buffers, pipeline_stages, producer_stage
+
+# ---- time limits --------------------------------------------------------------------------
+
+# The CLI's limit per check when --time-limit is not given, on the Triton interpreter, where a
+# kernel that waits for another program instance spins forever (programs run one at a time).
+# The largest configs the fuzzing strategies draw take well under a minute there; 120 s
+# leaves room for a slow machine. On CUDA the default is no limit: compiled checks are quick,
+# and a CUDA check's worker must be spawned (a forked child cannot use CUDA), which re-imports
+# torch and Triton: seconds per check.
+DEFAULT_INTERPRETER_TIME_LIMIT = 120.0
+MAX_TIME_LIMIT = 7 * 24 * 3600.0  # a week; beyond it a limit is a typo, and poll() overflows
+WORKER_START_METHODS = ("fork", "spawn")
+# None: fork where the platform has it and the device is not CUDA, otherwise spawn.
+WORKER_START_METHOD: str | None = None
+# After a report or a kill, how long to wait for the worker to be gone before SIGKILL again.
+_WORKER_JOIN_SECONDS = 5.0
+
+ProgressCallback = Callable[[str, "str | None", "list[Finding]"], None]
+"""progress(phase, stage or None, findings so far): called at every phase change and launch."""
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def default_time_limit(device: str | torch.device | None = None) -> float | None:
+    """The documented per-check limit for `device`: DEFAULT_INTERPRETER_TIME_LIMIT seconds on
+    the Triton interpreter, None (no limit) on CUDA."""
+    dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda" and not interpreter_enabled():
+        return None
+    return DEFAULT_INTERPRETER_TIME_LIMIT
+
+
+def check_time_limit(time_limit: object) -> float | None:
+    """None, or a finite number of seconds in (0, MAX_TIME_LIMIT]; TypeError/ValueError otherwise."""
+    if time_limit is None:
+        return None
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)):
+        raise TypeError(f"time_limit must be None or a number of seconds in (0, {MAX_TIME_LIMIT:g}], got {time_limit!r}")
+    if not math.isfinite(time_limit) or not 0 < time_limit <= MAX_TIME_LIMIT:
+        raise ValueError(f"time_limit must be None or a number of seconds in (0, {MAX_TIME_LIMIT:g}], got {time_limit!r}")
+    return float(time_limit)
+
 
 DEFAULT_SCHEDULES = ("identity", "reversed", "random:1")
 DEFAULT_IMPLEMENTATION = "optimized:make_implementation"
@@ -86,16 +159,95 @@ def resolve_schedules(schedules: Sequence[Schedule | str] | None) -> list[Schedu
 
 
 class _StageTracker:
-    """Remembers the stage of the launch in flight, so a crash can name it."""
+    """Remembers the stage of the launch in flight, so a crash can name it, and tells the
+    progress callback (a worker reports it to the parent, so a timeout can name it too)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_stage: Callable[[str | None], None] | None = None) -> None:
         self.stage: str | None = None
+        self.on_stage = on_stage
 
     def before_launch(self, launch: LaunchInfo) -> None:
         self.stage = launch.stage
+        if self.on_stage is not None:
+            self.on_stage(launch.stage)
 
     def after_launch(self, launch: LaunchInfo) -> None:
         pass
+
+
+def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat uint8 tensor (a copy when it is not contiguous)."""
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(_byte_view(a), _byte_view(b))
+
+
+class _InputWatch:
+    """Bitwise copies of the problem's inputs: which input a run wrote, when, and restoring it.
+
+    `attribute=True` (the first run) also compares every input before and after each launch,
+    so a write made by host code between launches is told apart from one made by a launch.
+    """
+
+    def __init__(self, inputs: dict[str, torch.Tensor]) -> None:
+        self.inputs = inputs
+        self.pristine = {name: tensor.detach().clone() for name, tensor in inputs.items()}
+        self.reported: set[str] = set()
+        self.attribute = False
+        self.blame: dict[str, tuple[str, str | None]] = {}
+
+    def start(self, attribute: bool) -> None:
+        self.attribute = attribute
+        self.blame = {}
+
+    def _newly_changed(self) -> list[str]:
+        return [n for n, t in self.inputs.items() if n not in self.blame and not _same_bytes(t, self.pristine[n])]
+
+    def before_launch(self, launch: LaunchInfo) -> None:
+        if self.attribute:
+            for name in self._newly_changed():
+                self.blame[name] = (f"by code outside any launch, before {launch.kernel} (stage {launch.stage})", launch.stage)
+
+    def after_launch(self, launch: LaunchInfo) -> None:
+        if self.attribute:
+            for name in self._newly_changed():
+                self.blame[name] = (f"during the launch of {launch.kernel} (stage {launch.stage})", launch.stage)
+
+    def _writer(self, name: str, log: LaunchLog | None) -> tuple[str, str | None] | None:
+        """The first recorded launch whose writes cover bytes of input `name`."""
+        if log is None:
+            return None
+        target = region_of(name, self.inputs[name])
+        for launch in log:
+            for region in launch.writes:
+                if region.overlap(target) is not None:
+                    return (f"by the launch of {launch.kernel} (stage {launch.stage}), which writes {region.name} "
+                            f"over its bytes", launch.stage)
+        return None
+
+    def finish(self, what: str, log: LaunchLog | None = None) -> list[Finding]:
+        """Findings for inputs changed since the copies were taken; every changed input is restored."""
+        findings: list[Finding] = []
+        for name, tensor in self.inputs.items():
+            before = self.pristine[name]
+            if _same_bytes(tensor, before):
+                continue
+            changed = int((_byte_view(tensor) != _byte_view(before)).sum())
+            first = int((_byte_view(tensor) != _byte_view(before)).nonzero()[0, 0])
+            how, stage = self._writer(name, log) or self.blame.get(name) or ("outside any reported launch", None)
+            tensor.copy_(before)  # later runs, and the reference's view of the problem, see the original
+            if name in self.reported:
+                continue
+            self.reported.add(name)
+            findings.append(Finding(
+                oracle=Oracles.CONTRACT, stage=stage, buffers=[name],
+                message=f"input {name} was written during {what}, {how}: {changed} of {before.numel() * before.element_size()} "
+                        "bytes changed (inputs belong to the caller and must not be written)",
+                figures={"changed_bytes": changed, "first_changed_byte": first},
+            ))
+        return findings
 
 
 class _RedZoneWatch:
@@ -133,6 +285,8 @@ class _Run:
     output: torch.Tensor
     buffers: dict[str, torch.Tensor]  # every materialised buffer, snapshotted after its stage
     log: LaunchLog
+    returned: torch.Tensor | None = None  # the tensor run() returned (not a copy)
+    reported: set[str] = field(default_factory=set)  # intermediates run() returned itself
 
 
 class _Crash(Exception):
@@ -144,11 +298,18 @@ class _Crash(Exception):
 def _crash_finding(exc: BaseException, stage: str | None, what: str) -> Finding:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    # Triton's compile errors span many lines (source excerpt, caret); the message keeps the
+    # first line with text in it, the figures keep the rest.
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    figures: dict = {"exception": type(exc).__name__, "where": where, "phase": what}
+    if len(lines) > 1:
+        figures["detail"] = text
     return Finding(
         oracle=Oracles.CRASH,
         stage=stage,
-        message=f"{what} raised {type(exc).__name__}: {exc}".strip(),
-        figures={"exception": type(exc).__name__, "where": where},
+        message=f"{what} raised {type(exc).__name__}: {lines[0] if lines else ''}".strip(),
+        figures=figures,
     )
 
 
@@ -156,7 +317,8 @@ class DifferentialRun:
     """The state of one `run_differential` call; each oracle is one method."""
 
     def __init__(self, config: MoEConfig, factory: ImplementationFactory, oracles: list[str],
-                 schedules: list[Schedule], device: torch.device, name: str):
+                 schedules: list[Schedule], device: torch.device, name: str,
+                 problem: Problem | None = None, progress: ProgressCallback | None = None):
         self.config = config
         self.factory = factory
         self.oracles = oracles
@@ -164,25 +326,69 @@ class DifferentialRun:
         self.device = device
         self.name = name
         self.findings: list[Finding] = []
-        self.problem: Problem = make_problem(config, device)
+        self._progress = progress
+        self.phase = "building the problem and the reference"
+        self._report_progress(None)
+        self.problem: Problem = make_problem(config, device) if problem is None else problem
         self.reference = reference_moe(self.problem)
+        self.inputs = _InputWatch(self.problem.inputs())
+
+    # ---- progress -------------------------------------------------------------------
+    def _report_progress(self, stage: str | None) -> None:
+        if self._progress is not None:
+            self._progress(self.phase, stage, self.findings)
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        self._report_progress(None)
 
     # ---- running the implementation -------------------------------------------------
-    def _build(self, config: MoEConfig):
+    def _call(self, what: str, fn, *args):
+        """fn(*args) for one of the implementation's own methods; an exception is a crash finding."""
+        self._enter(what)
         try:
-            return self.factory(config)
+            return fn(*args)
         except Exception as exc:  # noqa: BLE001 - every failure of the implementation is a finding
-            raise _Crash(_crash_finding(exc, None, f"building the implementation for {config.short()}")) from exc
+            raise _Crash(_crash_finding(exc, None, what)) from exc
+
+    def _build(self, config: MoEConfig):
+        return self._call(f"building the implementation for {config.short()}", self.factory, config)
+
+    def _shapes(self, impl, max_tokens: int) -> tuple[int, ...]:
+        shapes = self._call(f"workspace_shapes({max_tokens})", impl.workspace_shapes, max_tokens)
+        try:
+            counted = tuple(int(n) for n in shapes)
+        except (TypeError, ValueError):
+            counted = ()
+        if len(counted) != 2 or min(counted) < 0:
+            raise _Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"workspace_shapes({max_tokens}) must return two byte counts (ws1, ws2), got {quoted(shapes)}",
+            ))
+        return counted
+
+    def _plan(self, impl, num_tokens: int) -> WorkspacePlan:
+        plan = self._call(f"workspace_plan({num_tokens})", impl.workspace_plan, num_tokens)
+        if not isinstance(plan, WorkspacePlan):
+            raise _Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"workspace_plan({num_tokens}) must return a diffmoe.contract.WorkspacePlan, got {type(plan).__name__}",
+            ))
+        return plan
 
     def _execute(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, schedule: Schedule,
-                 poison: int, extra_recorder=None, problem: Problem | None = None) -> _Run:
+                 poison: int, extra_recorder=None, problem: Problem | None = None, what: str | None = None,
+                 attribute_input_writes: bool = False) -> _Run:
+        what = what or f"the run under schedule {schedule}"
+        self._enter(what)
         guarded.poison(poison)
         if output is not None:
             output.poison(poison)
         log = LaunchLog(snapshot=True)
-        tracker = _StageTracker()
+        tracker = _StageTracker(self._report_progress)
         watch = _RedZoneWatch(guarded, output)
-        recorder = ChainedRecorder(tracker, log, watch, extra_recorder)
+        self.inputs.start(attribute_input_writes)
+        recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, extra_recorder)
         try:
             # Poisoned workspaces are NaN on purpose; the interpreter computes on them with numpy,
             # whose floating-point warnings would only bury the findings.
@@ -190,22 +396,35 @@ class DifferentialRun:
                 result = impl.run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
                                   schedule=schedule, recorder=recorder)
         except Exception as exc:  # noqa: BLE001
-            raise _Crash(_crash_finding(exc, tracker.stage, f"run under schedule {schedule}")) from exc
-        out = result.output.detach().clone()
+            self.findings += self.inputs.finish(what, log)
+            raise _Crash(_crash_finding(exc, tracker.stage, what)) from exc
+        self.findings += self.inputs.finish(what, log)
+        returned = getattr(result, "output", None)
+        intermediates = getattr(result, "intermediates", {})
+        if not isinstance(returned, torch.Tensor) or not isinstance(intermediates, dict):
+            raise _Crash(Finding(
+                oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=[Buffers.OUTPUT],
+                message=f"{what} returned {type(result).__name__}; run() must return a RunResult whose output is a "
+                        "tensor and whose intermediates are a dict",
+            ))
+        out = returned.detach().clone()
         buffers = dict(log.snapshots)
-        for name, tensor in result.intermediates.items():
-            buffers.setdefault(name, tensor.detach().clone())
+        for name, tensor in intermediates.items():
+            if isinstance(tensor, torch.Tensor):
+                buffers.setdefault(name, tensor.detach().clone())
         buffers[Buffers.OUTPUT] = out
         watch.check()  # writes made outside any reported launch
-        return _Run(schedule, watch.findings, out, buffers, log)
+        return _Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates))
 
     def run(self) -> None:
         cfg = self.config
         impl = self._build(cfg)
-        t = cfg.num_tokens
-        plan = impl.workspace_plan(t)
-        shapes = tuple(int(n) for n in impl.workspace_shapes(t))
+        t = self.problem.num_tokens
+        plan = self._plan(impl, t)
+        # workspaces are allocated once for the largest batch, as an engine does; the plan is the call's
+        shapes = self._shapes(impl, cfg.num_tokens)
         if Oracles.STATIC_ALIASING in self.oracles:
+            self._enter("the static aliasing check")
             self.findings += check_static_aliasing(plan)
         fit = check_workspace_fit(plan, shapes)
         if fit:
@@ -220,20 +439,28 @@ class DifferentialRun:
             race_recorder = self._race_recorder() if index == 0 else None
             if race_recorder is not None:
                 with race_recorder:
-                    run = self._execute(impl, guarded, output, schedule, POISON_PATTERNS[0], race_recorder)
+                    run = self._execute(impl, guarded, output, schedule, POISON_PATTERNS[0], race_recorder,
+                                        attribute_input_writes=True)
                 self.findings += race_recorder.findings()
             else:
-                run = self._execute(impl, guarded, output, schedule, POISON_PATTERNS[0])
+                run = self._execute(impl, guarded, output, schedule, POISON_PATTERNS[0], attribute_input_writes=index == 0)
             runs.append(run)
             self._check_run(run, guarded, output, first=index == 0)
         self._check_schedules(runs)
         if Oracles.POISON in self.oracles:
-            again = self._execute(impl, guarded, output, self.schedules[0], POISON_PATTERNS[1])
+            again = self._execute(impl, guarded, output, self.schedules[0], POISON_PATTERNS[1],
+                                  what=f"the run under schedule {self.schedules[0]} and the second poison")
             self._check_poison(runs[0], again)
+        if t == 0:
+            return  # a zero-token call: no stage has anything to teacher-force or compare across fusion
         if Oracles.TEACHER_FORCING in self.oracles and hasattr(impl, "run_stage"):
             self._teacher_force(impl)
         if Oracles.METAMORPHIC in self.oracles and cfg.is_fp8:
-            self._metamorphic(runs[0])
+            try:
+                self._metamorphic(runs[0])
+            except _Crash as crash:  # the sibling's crash is this check's finding; the rest stands
+                crash.finding.message = f"metamorphic sibling (fused={not cfg.fused}): {crash.finding.message}"
+                self.findings.append(crash.finding)
 
     def _race_recorder(self):
         if Oracles.RACES not in self.oracles:
@@ -250,7 +477,7 @@ class DifferentialRun:
                 f.figures["schedule"] = str(run.schedule)
             self.findings += run.red_zones
         if Oracles.CONTRACT in self.oracles and first:
-            self._check_contract(run)
+            self._check_contract(run, output)
         if Oracles.RUNTIME_ALIASING in self.oracles and first:
             names = guarded.region_names()
             if output is not None:
@@ -318,34 +545,79 @@ class DifferentialRun:
                 ))
                 return
 
-    def _check_contract(self, run: _Run) -> None:
+    def _check_contract(self, run: _Run, output: GuardedTensor | None) -> None:
         cfg = self.config
+        t = self.problem.num_tokens
         out = run.output
-        want = (cfg.num_tokens, cfg.hidden)
+        want = (t, cfg.hidden)
         if tuple(out.shape) != want or out.dtype != torch.bfloat16 or out.device.type != self.device.type:
             self.findings.append(Finding(
                 oracle=Oracles.CONTRACT, stage=Stages.REDUCE, buffers=[Buffers.OUTPUT],
                 message=f"output must be {list(want)} bfloat16 on {self.device.type}, got {list(out.shape)} "
                         f"{out.dtype} on {out.device.type}",
             ))
+        if output is not None and run.returned is not None and (
+            run.returned.data_ptr() != output.tensor.data_ptr() or run.returned.shape != output.tensor.shape
+        ):
+            self.findings.append(Finding(
+                oracle=Oracles.CONTRACT, stage=Stages.REDUCE, buffers=[Buffers.OUTPUT],
+                message="run() was given an output tensor but returned a different tensor; the result must be "
+                        "written into the caller's output",
+            ))
         declared = set(materialised_buffers(cfg))
+        inputs = set(self.problem.inputs())
         for launch in run.log:
             for region in launch.writes:
-                if region.name not in declared and region.name not in _PRIVATE_BUFFERS:
+                if region.name in inputs:
+                    self.findings.append(Finding(
+                        oracle=Oracles.CONTRACT, stage=launch.stage, buffers=[region.name],
+                        message=f"launch {launch.kernel} declares a write to the input {region.name}; inputs belong "
+                                "to the caller and must not be written",
+                    ))
+                elif region.name not in declared and region.name not in _PRIVATE_BUFFERS:
                     self.findings.append(Finding(
                         oracle=Oracles.CONTRACT, stage=launch.stage, buffers=[region.name],
                         message=f"launch {launch.kernel} writes {region.name!r}, which the pipeline does not declare",
                     ))
+        # A materialised buffer that no launch reports writing was never snapshotted, so the
+        # differential could not judge it. Not applicable to a zero-token call (nothing is
+        # written) or to an implementation that reports no launch at all (it computes outside
+        # launches and returns its intermediates).
+        if t == 0 or not len(run.log):
+            return
+        written = {region.name for launch in run.log for region in launch.writes} | run.reported
+        for name in materialised_buffers(cfg):
+            if name not in written:
+                stage = producer_stage(cfg, name)
+                self.findings.append(Finding(
+                    oracle=Oracles.CONTRACT, stage=stage, buffers=[name],
+                    message=f"{name} is materialised by stage {stage}, but no launch reported writing it (nor did run() "
+                            "return it among its intermediates), so the bytes compared were never computed",
+                ))
 
     def _teacher_force(self, impl) -> None:
         """Each stage on the reference's inputs, judged with the forced rules."""
         ref = self.reference.intermediates
+        self._enter("teacher forcing")
         for stage in pipeline_stages(self.config):
-            inputs = {n: ref[n] for n in stage.reads if n in ref}
+            self._report_progress(stage.name)
+            # copies: a stage writing into its inputs must not change the reference for later stages
+            inputs = {n: ref[n].clone() for n in stage.reads if n in ref}
+            what = f"teacher-forced stage {stage.name}"
+            self.inputs.start(False)
             try:
-                outputs = impl.run_stage(stage.name, inputs, self.problem)
+                with np.errstate(all="ignore"):
+                    outputs = impl.run_stage(stage.name, inputs, self.problem)
             except Exception as exc:  # noqa: BLE001
-                self.findings.append(_crash_finding(exc, stage.name, f"teacher-forced stage {stage.name}"))
+                self.findings += self.inputs.finish(what)
+                self.findings.append(_crash_finding(exc, stage.name, what))
+                continue
+            self.findings += self.inputs.finish(what)
+            if not isinstance(outputs, dict):
+                self.findings.append(Finding(
+                    oracle=Oracles.CONTRACT, stage=stage.name,
+                    message=f"{what}: run_stage must return a dict of its outputs, got {type(outputs).__name__}",
+                ))
                 continue
             for name in stage.writes:
                 if name not in outputs or name not in ref:
@@ -363,12 +635,15 @@ class DifferentialRun:
         """fused and unfused optimized runs must give bitwise the same quanted_down_input."""
         sibling_cfg = self.config.replace(fused=not self.config.fused)
         sibling = self._build(sibling_cfg)
-        shapes = tuple(int(n) for n in sibling.workspace_shapes(sibling_cfg.num_tokens))
+        shapes = self._shapes(sibling, sibling_cfg.num_tokens)
         guarded = GuardedWorkspaces(shapes, self.device)
-        output = GuardedTensor((sibling_cfg.num_tokens, sibling_cfg.hidden), torch.bfloat16, self.device) \
+        t = self.problem.num_tokens
+        output = GuardedTensor((t, sibling_cfg.hidden), torch.bfloat16, self.device) \
             if sibling_cfg.output == "separate" else None
+        # the same inputs (the fused flag does not enter problem generation), under the sibling's config
         other = self._execute(sibling, guarded, output, self.schedules[0], POISON_PATTERNS[0],
-                              problem=make_problem(sibling_cfg, self.device))
+                              problem=replace(self.problem, config=sibling_cfg),
+                              what=f"the metamorphic run with fused={sibling_cfg.fused}")
         for name in (Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES):
             if name not in run.buffers or name not in other.buffers:
                 continue
@@ -390,6 +665,22 @@ def default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def _check_problem_argument(problem: object, config: MoEConfig) -> Problem:
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be None or a diffmoe.problem.Problem, got {type(problem).__name__}")
+    if problem.config != config:
+        raise ValueError(f"problem.config must be the config being checked ({config.short()}), got {problem.config.short()}")
+    if not 0 <= problem.num_tokens <= config.num_tokens:
+        raise ValueError(f"problem must have 0..{config.num_tokens} tokens (config.num_tokens), got {problem.num_tokens}")
+    return problem
+
+
+def _inputs_note(problem: Problem | None) -> str | None:
+    if problem is None:
+        return None
+    return f"given to run_differential (T={problem.num_tokens} of {problem.config.num_tokens}), not regenerated by the replay command"
+
+
 def run_differential(
     config: MoEConfig,
     implementation: ImplementationFactory | None = None,
@@ -398,29 +689,241 @@ def run_differential(
     oracles: Collection[str] | None = None,
     device: str | torch.device | None = None,
     implementation_name: str = "optimized",
+    problem: Problem | None = None,
+    time_limit: float | None = None,
 ) -> Report:
     """Run the reference and `implementation` (default: the optimized Triton MoE) on the
-    problem of `config` and judge them with the selected oracles."""
+    problem of `config` and judge them with the selected oracles.
+
+    problem: the inputs to judge instead of `make_problem(config)`; its config must be
+        `config` and it may hold 0..config.num_tokens tokens (`make_problem(config,
+        num_tokens=0)` is a zero-token call). The report says the inputs were given, since
+        its replay command rebuilds the generated ones.
+    time_limit: None (default) runs the check in this process, so an implementation's state
+        and a debugger behave as usual. A number of seconds runs it in a worker process
+        (fork on a CPU device where the platform has it, spawn otherwise: a forked child
+        cannot use CUDA; under spawn the factory must be picklable), which is killed, with
+        everything it started, once the limit passes; the Report then has a `timeout`
+        finding naming the phase and stage in flight, after the findings made so far. The
+        limit covers the whole check, reference included. `default_time_limit()` is the
+        limit the CLI applies when none is given.
+    """
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}")
     config.validate()
+    limit = check_time_limit(time_limit)
     chosen = resolve_oracles(oracles)
     parsed = resolve_schedules(schedules)
-    factory = implementation or load_factory(DEFAULT_IMPLEMENTATION)
+    if problem is not None:
+        _check_problem_argument(problem, config)
+    if implementation is not None and not callable(implementation):
+        raise TypeError(f"implementation must be a factory callable (config -> implementation), got {implementation!r}")
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    start = time.perf_counter()
-    state = DifferentialRun(config, factory, chosen, parsed, dev, implementation_name)
+    if problem is not None and problem.device != dev:
+        problem = problem.to(dev)
+    job = _Job(config, implementation, chosen, parsed, dev, implementation_name, problem)
+    if limit is None:
+        return job.run()
+    return _run_in_worker(job, limit)
+
+
+@dataclass
+class _Job:
+    """Everything one check needs; what a worker process receives."""
+
+    config: MoEConfig
+    implementation: ImplementationFactory | None
+    oracles: list[str]
+    schedules: list[Schedule]
+    device: torch.device
+    implementation_name: str
+    problem: Problem | None
+
+    def report(self, findings: list[Finding], seconds: float) -> Report:
+        return Report(
+            config=self.config,
+            implementation=self.implementation_name,
+            oracles=list(self.oracles),
+            schedules=[str(s) for s in self.schedules],
+            findings=findings,
+            seconds=seconds,
+            inputs=_inputs_note(self.problem),
+        )
+
+    def run(self, progress: ProgressCallback | None = None) -> Report:
+        start = time.perf_counter()
+        factory = self.implementation or load_factory(DEFAULT_IMPLEMENTATION)
+        state = DifferentialRun(self.config, factory, self.oracles, self.schedules, self.device,
+                                self.implementation_name, self.problem, progress)
+        try:
+            state.run()
+        except _Crash as crash:
+            state.findings.append(crash.finding)
+        return self.report(state.findings, time.perf_counter() - start)
+
+
+# ---- the worker process -------------------------------------------------------------------
+
+
+class WorkerError(RuntimeError):
+    """run_differential itself failed inside the worker (not the implementation: that is a
+    finding); carries the worker's traceback text."""
+
+
+def worker_start_method(device: torch.device) -> str:
+    """WORKER_START_METHOD if set, else fork on a CPU device where available, else spawn."""
+    if WORKER_START_METHOD is not None:
+        if WORKER_START_METHOD not in WORKER_START_METHODS:
+            raise ValueError(f"WORKER_START_METHOD must be None or one of {list(WORKER_START_METHODS)}, got {WORKER_START_METHOD!r}")
+        return WORKER_START_METHOD
+    if device.type == "cuda" or "fork" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    return "fork"
+
+
+_DEFERRED_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a worker is forked or stopped; they arrive when the block
+    ends. A Python handler (the CLI turns SIGTERM into KeyboardInterrupt) that ran inside
+    fork's at-fork hooks would have its exception printed and dropped, so the interrupt would
+    be lost; one that ran halfway through stopping the worker could leave it running."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED_SIGNALS)
     try:
-        state.run()
-    except _Crash as crash:
-        state.findings.append(crash.finding)
-    return Report(
-        config=config,
-        implementation=implementation_name,
-        oracles=chosen,
-        schedules=[str(s) for s in parsed],
-        findings=state.findings,
-        seconds=time.perf_counter() - start,
-    )
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _worker_main(conn, job, env: dict[str, str], forked: bool) -> None:
+    """The worker: run the job, stream progress and findings, send the Report as JSON."""
+    # Before anything imports Triton: under spawn the job (its factory) is still pickled bytes.
+    os.environ.update(env)
+    if forked:
+        # GNU OpenMP's thread pool does not survive fork: the child's first parallel torch op
+        # waits forever for threads that do not exist. One thread never enters the pool.
+        # The reference and the implementation both run in this process, so they still see
+        # the same numerics as each other.
+        torch.set_num_threads(1)
+    try:
+        os.setpgid(0, 0)  # its own process group: the parent kills the group, a terminal's Ctrl-C reaches the parent only
+    except OSError:
+        pass
+    for signum in _DEFERRED_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)  # not the CLI's handlers, inherited by fork
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED_SIGNALS)  # blocked by the parent across the start
+    sent = [0]
+
+    def progress(phase: str, stage: str | None, findings: list[Finding]) -> None:
+        fresh = findings[sent[0]:]
+        sent[0] = len(findings)
+        conn.send(("progress", phase, stage, [f.to_dict() for f in fresh]))
+
+    try:
+        if isinstance(job, bytes):
+            job = pickle.loads(job)
+        report = job.run(progress)
+        conn.send(("report", report.to_json()))
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _stop_worker(proc) -> None:
+    """Kill the worker's process group and the worker, and reap it: nothing outlives the check."""
+    if proc.pid is None:
+        return  # never started
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # exists only once the worker made its own group
+    except (OSError, AttributeError):
+        pass
+    if proc.is_alive():
+        proc.kill()
+    proc.join(_WORKER_JOIN_SECONDS)
+
+
+def _exit_description(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def _run_in_worker(job: _Job, limit: float) -> Report:
+    method = worker_start_method(job.device)
+    context = multiprocessing.get_context(method)
+    if method == "fork":
+        payload: object = job  # inherited, not pickled: any factory works, closures included
+    else:
+        try:
+            payload = pickle.dumps(job)
+        except Exception as exc:  # noqa: BLE001 - pickling failures come in many types
+            raise TypeError(
+                f"time_limit under the spawn start method needs a picklable job (a module-level factory); "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+    env = {k: v for k, v in os.environ.items() if k == "TRITON_INTERPRET"}
+    receiver, sender = context.Pipe(duplex=False)
+    proc = context.Process(target=_worker_main, args=(sender, payload, env, method == "fork"), name="diffmoe-check",
+                           daemon=True)
+    start = time.perf_counter()
+    findings: list[Finding] = []
+    phase, stage = "starting the worker process", None
+    try:
+        with _signals_deferred(), warnings.catch_warnings():
+            # Python >= 3.12 warns about forking a process with threads (torch's OpenMP pool
+            # counts); the one hazard it means is handled in _worker_main (one thread).
+            warnings.filterwarnings("ignore", message=r".*multi-threaded.*fork", category=DeprecationWarning)
+            proc.start()
+            sender.close()  # the worker holds the only sending end: EOF means it is gone
+        deadline = start + limit
+        while True:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0 or not receiver.poll(remaining):
+                findings.append(Finding(
+                    oracle=Oracles.TIMEOUT, stage=stage,
+                    message=f"no result within the time limit of {limit:g} s; the worker was stopped during {phase}"
+                            + (f", in a launch of stage {stage}" if stage else ""),
+                    figures={"time_limit_s": limit, "phase": phase, "worker_pid": proc.pid, "start_method": method},
+                ))
+                break
+            try:
+                message = receiver.recv()
+            except EOFError:
+                proc.join(_WORKER_JOIN_SECONDS)
+                findings.append(Finding(
+                    oracle=Oracles.CRASH, stage=stage,
+                    message=f"the worker process died ({_exit_description(proc.exitcode)}) during {phase}"
+                            + (f", in a launch of stage {stage}" if stage else ""),
+                    figures={"exitcode": proc.exitcode, "phase": phase, "worker_pid": proc.pid},
+                ))
+                break
+            kind = message[0]
+            if kind == "progress":
+                _, phase, stage, fresh = message
+                findings += [Finding.from_dict(f) for f in fresh]
+            elif kind == "report":
+                report = Report.from_json(message[1])
+                report.seconds = time.perf_counter() - start
+                return report
+            else:
+                raise WorkerError(f"run_differential failed in the worker: {message[1]}\n{message[2]}")
+    finally:
+        with _signals_deferred():
+            _stop_worker(proc)
+            sender.close()
+            receiver.close()
+    return job.report(findings, time.perf_counter() - start)

@@ -1,9 +1,20 @@
 """Which backend runs the kernels, and which of its defects the kernels must work around.
 
-The interpreter's defects (../shared/DESIGN.md, notes/interpreter_defects_repro.py): the
-float32 -> e4m3fn and float32 -> bf16 casts round wrongly and the bf16 x bf16 dot is wrong.
-Each workaround is a constexpr flag; the software roundings are correct on every backend,
-so turning one on where the defect is absent changes nothing but speed.
+Each workaround is a constexpr switch (BackendTraits). The switches are not hard-coded per
+backend: `backend_traits` derives them from cheap conformance probes run on the backend itself
+(optimized.conformance), once per process and backend. A workaround goes off only where its
+probes ran and found the primitive right, so a Triton release that fixes a defect gets the
+fast path, and a probe that cannot run leaves the workaround on. The software paths are
+correct on every backend (tests/test_conformance.py checks them with every switch on), so the
+safe choice costs speed, never bits.
+
+Known defects (../shared/DESIGN.md, notes/interpreter_defects_repro.py): under triton 3.9's
+interpreter the float32 -> e4m3fn and float32 -> bf16 casts round wrongly, bf16 subnormals are
+mangled on the way to float32, and the bf16 x bf16 dot is wrong. `diffmoe doctor` runs the full
+sweep and prints what holds on the backend at hand.
+
+This module itself imports no triton (the probes are imported when traits are first asked for):
+the interpreter switch below must be settable before triton is first imported.
 """
 
 from __future__ import annotations
@@ -22,26 +33,59 @@ def interpreter_enabled() -> bool:
 class BackendTraits:
     """Workarounds the kernels apply (constexpr switches)."""
 
-    name: str  # "interpreter" or "cuda"
+    name: str  # "interpreter" or "cuda" (also picks the tile sizes)
     software_fp8_cast: bool  # round onto the e4m3 grid before the cast
-    software_bf16_cast: bool  # round onto the bf16 grid before the cast
+    software_bf16_cast: bool  # round onto the bf16 grid before the cast; widen bf16 by bit shifts
     upcast_bf16_dot: bool  # run bf16 x bf16 dots in float32
 
 
-INTERPRETER_TRAITS = BackendTraits("interpreter", software_fp8_cast=True, software_bf16_cast=True, upcast_bf16_dot=True)
-# CUDA's cvt.rn(.satfinite) casts round to nearest even; its bf16 mma is exact in float32.
-CUDA_TRAITS = BackendTraits("cuda", software_fp8_cast=False, software_bf16_cast=False, upcast_bf16_dot=False)
+def safe_traits(name: str) -> BackendTraits:
+    """Every workaround on: correct on any backend."""
+    return BackendTraits(name, software_fp8_cast=True, software_bf16_cast=True, upcast_bf16_dot=True)
+
+
+# What the probes derive under triton 3.9's interpreter (every defect present); tests that drive
+# the kernels on the interpreter directly use it.
+INTERPRETER_TRAITS = safe_traits("interpreter")
+
+
+def backend_name(device: torch.device) -> str:
+    """"interpreter" or "cuda" for kernels launched on `device`; raises where neither can run them."""
+    if interpreter_enabled():
+        return "interpreter"
+    if device.type == "cuda":
+        return "cuda"
+    raise RuntimeError(
+        "the optimized MoE needs CUDA or the Triton interpreter: set TRITON_INTERPRET=1 "
+        "before importing triton (diffmoe sets it when no GPU is present)"
+    )
+
+
+# (backend name, device) -> traits: the probes run once per process and backend.
+_TRAITS_CACHE: dict[tuple[str, str], BackendTraits] = {}
 
 
 def backend_traits(device: torch.device) -> BackendTraits:
-    if device.type == "cuda" and not interpreter_enabled():
-        return CUDA_TRAITS
-    if not interpreter_enabled():
-        raise RuntimeError(
-            "the optimized MoE needs CUDA or the Triton interpreter: set TRITON_INTERPRET=1 "
-            "before importing triton (diffmoe sets it when no GPU is present)"
-        )
-    return INTERPRETER_TRAITS
+    """The workaround switches for kernels on `device`, from the backend's conformance probes
+    (cached); every workaround on if the probes cannot be run at all."""
+    name = backend_name(device)
+    device = normalize_device(device)
+    key = (name, str(device))
+    traits = _TRAITS_CACHE.get(key)
+    if traits is None:
+        try:
+            from .conformance import derive_traits  # imports triton: only once a kernel is wanted
+
+            traits = derive_traits(name, device)
+        except Exception:  # noqa: BLE001 - no probe result: the safe choice, which is always correct
+            traits = safe_traits(name)
+        _TRAITS_CACHE[key] = traits
+    return traits
+
+
+def clear_traits_cache() -> None:
+    """Forget the probed traits (tests that fake probe results restore the real ones with it)."""
+    _TRAITS_CACHE.clear()
 
 
 def default_device() -> torch.device:

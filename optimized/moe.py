@@ -8,6 +8,17 @@ the final output when the caller asks for a fresh one.
 
 Stages, in order (diffmoe.vocabulary): quant_input -> gate_up_gemm -> activation ->
 quant_down_input (or act_quant when fused) -> down_gemm -> reduce.
+
+Inputs outside the generated ranges follow the reference (reference/moe.py, the spec):
+  * NaN/Inf in hidden_states propagate exactly as there: the row kernel's amax and scale
+    floor keep a NaN (Triton's max and maximum drop NaN operands by default), its clamp
+    keeps NaN, and a NaN value is stored as the e4m3fn NaN code on every backend; the
+    grouped GEMM decodes FP8 operands itself under the interpreter, whose own conversion
+    reads the NaN code as +-480. Finite inputs are unaffected bit for bit.
+  * A zero-token call (problem.num_tokens == 0) launches nothing and returns the [0, H]
+    output (the caller's tensor, a fresh one, or the empty ws1 view).
+  * Blocks of experts the expert map sends elsewhere store zeros, so a call whose every
+    token is routed away returns exact zeros.
 """
 
 from __future__ import annotations
@@ -87,7 +98,7 @@ class TritonFP8MoE:
         recorder=None,
     ) -> RunResult:
         self._check_problem(problem)
-        t = problem.config.num_tokens
+        t = problem.num_tokens
         plan = self.workspace_plan(t)
         bufs = self._carve(plan, workspaces, t)
         if self.config.output == "workspace" and output is not None:
@@ -97,6 +108,8 @@ class TritonFP8MoE:
             out = output if output is not None else torch.empty(t, self.config.hidden, dtype=torch.bfloat16, device=self.device)
             self._check_output(out, t)
             bufs[B.OUTPUT] = out
+        if t == 0:
+            return RunResult(output=bufs[B.OUTPUT])  # nothing to compute: no launch, no align
         ctx = LaunchContext(self.device, schedule, recorder)
         layout = self._align(problem)
         for stage in plan.stages:
@@ -111,13 +124,15 @@ class TritonFP8MoE:
         spec = next((s for s in pipeline_stages(self.config) if s.name == stage), None)
         if spec is None:
             raise ValueError(f"stage must be one of {[s.name for s in pipeline_stages(self.config)]}, got {stage!r}")
-        t = problem.config.num_tokens
+        t = problem.num_tokens
         outputs = {}
         for name in spec.writes:
             s = buffer_spec(self.config, name, t)
             # 0xFF bytes are NaN in bf16, fp32 and e4m3fn: an element the stage forgets to write
             # shows as NaN, not as whatever the allocator left there
             outputs[name] = torch.full((s.nbytes,), 0xFF, dtype=torch.uint8, device=self.device).view(s.dtype).view(s.shape)
+        if t == 0:
+            return outputs  # as run(): a zero-token call launches nothing
         bufs = {**inputs, **outputs}
         self._run_stage(stage, bufs, problem, self._align(problem), LaunchContext(self.device, schedule, recorder))
         return outputs
@@ -229,8 +244,9 @@ class TritonFP8MoE:
         if base != mine:
             diff = sorted(f for f in base if base[f] != mine[f])
             raise ValueError(f"problem config differs from the implementation's in {diff}")
-        if problem.config.num_tokens > self.max_tokens:
-            raise ValueError(f"num_tokens must be in [1, {self.max_tokens}] for these workspaces, got {problem.config.num_tokens}")
+        if problem.num_tokens > self.max_tokens:
+            raise ValueError(f"num_tokens must be in [1, {self.max_tokens}] for these workspaces (or 0, an empty call), "
+                             f"got {problem.num_tokens}")
         if problem.device != self.device:
             raise ValueError(f"problem is on {problem.device}, the implementation runs on {self.device}")
 

@@ -10,6 +10,24 @@ Slow and obviously right. Numerics are the ones DESIGN.md states as vLLM's:
   * router weight multiplied in float32 before the bf16 rounding of the down GEMM output (or
     into the hidden states, when router_weight='input');
   * reduce: a float32 sum over k in order 0..K-1, rounded to bf16.
+
+Inputs outside the generated ranges, decided here because the reference is the spec:
+  * NaN or Inf in hidden_states propagate by plain IEEE arithmetic, nothing is clamped or
+    sanitised. FP8 schemes: a NaN makes the amax of its scaling unit (the token's row per
+    token, its 1x128 group per group, the whole tensor per tensor) NaN, so that unit's scale
+    and every code in it are NaN (torch casts NaN to the e4m3fn NaN code); an Inf makes the
+    unit's scale Inf, the Inf element's code NaN (Inf / Inf) and every other code 0, and
+    dequantising gives 0 * Inf = NaN. Either way every gate_up_output row fed by the unit is
+    NaN, hence the token's down_output rows and its output row are NaN (per tensor, where
+    one scale covers every token: every output). Other tokens are untouched. bf16: an Inf gives +-Inf products, NaN where
+    opposite infinities meet or silu(-Inf) = -Inf * 0, and the output row holds NaN and/or
+    Inf. The optimized path must produce the same values; NaN payloads and signs are not
+    part of the contract (the compare treats any NaN as equal to any NaN).
+  * A zero-token call (T = 0, `make_problem(config, num_tokens=0)`) returns a [0, H] output
+    and empty intermediates; a per-tensor scale of an empty activation is the floor
+    (the amax of nothing is 0).
+  * Rows routed to experts the expert map sends elsewhere (-1) produce exact zeros; when
+    every chosen expert is remote (skew "all-remote"), the whole output is exactly +0.
 """
 
 from __future__ import annotations
@@ -30,13 +48,14 @@ def quantize_activation(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torc
     """Dynamic FP8 quantisation of a [R, C] activation: (codes [R, C] fp8, scales fp32)."""
     xf = x.float()  # [R, C]
     if quant == "fp8-tensor":
-        scale = (xf.abs().amax() / FP8_MAX).clamp_min(TOKEN_SCALE_FLOOR).reshape(1)  # [1]
+        amax = xf.abs().amax() if xf.numel() else xf.new_zeros(())  # the amax of no element is 0
+        scale = (amax / FP8_MAX).clamp_min(TOKEN_SCALE_FLOOR).reshape(1)  # [1]
         per_element = scale  # broadcast
     elif quant == "fp8-token":
         scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(TOKEN_SCALE_FLOOR)  # [R, 1]
         per_element = scale
     elif quant == "fp8-block":
-        groups = xf.view(xf.shape[0], -1, QUANT_BLOCK)  # [R, C/128, 128]
+        groups = xf.view(xf.shape[0], xf.shape[1] // QUANT_BLOCK, QUANT_BLOCK)  # [R, C/128, 128]
         scale = groups.abs().amax(dim=2).clamp_min(GROUP_AMAX_FLOOR) / FP8_MAX  # [R, C/128]
         per_element = scale.repeat_interleave(QUANT_BLOCK, dim=1)  # [R, C]
     else:
@@ -130,7 +149,7 @@ def reference_moe(problem: Problem) -> RunResult:
     down = down.to(torch.bfloat16)  # [TK, H] bf16
     stages[Buffers.DOWN_OUTPUT] = down
 
-    per_token = down.view(t, k, -1)  # [T, K, H]
+    per_token = down.view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous when T = 0
     acc = per_token[:, 0].float()  # [T, H] fp32
     for j in range(1, k):
         acc = acc + per_token[:, j].float()  # summed in k order, as the reduce kernel does

@@ -3,13 +3,19 @@ engineer could plausibly write, kept as fixtures so the suite can prove which or
 which kind of bug.
 
 Every mutant subclasses `optimized.moe.TritonFP8MoE` and overrides the smallest hook
-(`_gemm`, `_act_quant`, `_reduce`, `_align`, `_carve`, `workspace_shapes`, or `traits`);
+(`_gemm`, `_act_quant`, `_reduce`, `_align`, `_carve`, `_run_stage`, `run`, `workspace_shapes`,
+or `traits`);
 the legacy planner is not a subclass at all but the shipped implementation run with
 `planner="legacy"`. Each `Mutant` records what it breaks, the smallest config that shows
 it, the oracles that must report it and the buffer or stage a finding must name.
 
 A mutant's factory is also a module-level function, so a config from the table replays with
 `PYTHONPATH=tests diffmoe check ... --impl bug_zoo:<factory>`.
+
+`OUTCOME_MUTANTS` holds the mutants whose failure is not a wrong value but an outcome of
+the run itself: one crashes (a Triton error), one hangs under the interpreter. They are
+caught by the `crash` and `timeout` outcomes, which are not selectable oracles, so they
+live apart from `MUTANTS` (whose expected oracles are checks one can select).
 """
 
 from __future__ import annotations
@@ -18,13 +24,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 # optimized first: it switches Triton to the interpreter when there is no GPU, which must
 # happen before anything imports triton.
 from optimized.moe import TritonFP8MoE
 
+import triton  # noqa: E402 - after optimized, which picks the interpreter without a GPU
+import triton.language as tl  # noqa: E402
+
 from diffmoe.config import MoEConfig
+from diffmoe.contract import RunResult
 from diffmoe.report import Finding, Oracles, Report
-from diffmoe.vocabulary import Buffers, Stages, buffer_spec
+from diffmoe.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
+from optimized.launch import launch
 
 B = Buffers
 
@@ -170,6 +183,79 @@ class ResultInWorkspace(TritonFP8MoE):
         super()._reduce(stage, ctx, down, (out[0], target if target is not None else out[1]))
 
 
+class InPlaceInputQuant(TritonFP8MoE):
+    """The input quantisation writes its FP8 codes into the bytes of hidden_states instead of
+    its workspace slot ("the bf16 input is dead once quantised, so reuse its memory"). The
+    codes take the first half of the input's bytes; the result is right, because each
+    program loads its rows before it stores codes, but the caller's hidden_states is gone."""
+
+    def _run_stage(self, stage, bufs, problem, layout, ctx):
+        if stage == Stages.QUANT_INPUT:
+            x = problem.hidden_states  # [T, H] bf16, contiguous
+            codes = x.view(torch.uint8).reshape(-1)[: x.numel()].view(FP8_DTYPE).view(x.shape)
+            bufs = {**bufs, B.QUANTED_GATE_UP_INPUT: codes}
+            super()._run_stage(stage, bufs, problem, layout, ctx)
+            self._in_place_codes = codes  # the GEMM reads the codes where they were written
+            return
+        if stage == Stages.GATE_UP_GEMM and getattr(self, "_in_place_codes", None) is not None:
+            bufs = {**bufs, B.QUANTED_GATE_UP_INPUT: self.__dict__.pop("_in_place_codes")}
+        super()._run_stage(stage, bufs, problem, layout, ctx)
+
+
+class ReturnsDownOutput(TritonFP8MoE):
+    """A K == 1 fast path ("each token has one expert, so down_output already is the result")
+    taken whatever K: the reduce is skipped and down_output, [T*K, H], is returned as the
+    output. The caller's output tensor is never written."""
+
+    def _carve(self, plan, workspaces, num_tokens):
+        bufs = super()._carve(plan, workspaces, num_tokens)
+        self._down_output = bufs[B.DOWN_OUTPUT]
+        return bufs
+
+    def _reduce(self, stage, ctx, down, out):
+        pass  # the fast path: no reduce
+
+    def run(self, problem, workspaces, **kwargs):
+        super().run(problem, workspaces, **kwargs)
+        return RunResult(output=self._down_output)
+
+
+class FusedTileNotPowerOfTwo(TritonFP8MoE):
+    """The fused act+quant takes a whole row per step (cols_per_step = I, a GPU tuning that
+    saves the loop), but Triton's tl.arange needs a power of two: any I that is not one fails
+    to compile (under the interpreter: fails at launch). Caught as a crash, not a hang or a
+    wrong value; fp8-block keeps its 128-column groups and is unaffected."""
+
+    def _act_quant(self, stage, row, source, fused, codes_out, scales_out, software_fp8=None):
+        if fused and self.config.quant != "fp8-block":
+            row = dict(row, tiles=dataclasses.replace(row["tiles"], cols_per_step=self.config.inter))
+        super()._act_quant(stage, row, source, fused, codes_out, scales_out, software_fp8)
+
+
+@triton.jit
+def _arrive_and_wait(counter_ptr, num_programs, order_ptr, REORDER: tl.constexpr):
+    """Grid-wide barrier: each program counts itself in, then spins until all have."""
+    tl.atomic_add(counter_ptr, 1)
+    arrived = tl.load(counter_ptr, volatile=True)
+    while arrived < num_programs:
+        arrived = tl.load(counter_ptr, volatile=True)
+
+
+class ReduceWaitsForAllPrograms(TritonFP8MoE):
+    """Before the reduce, a grid-wide barrier: every program increments a counter and spins
+    until all programs have arrived (a pattern written for a GPU, where all programs of a
+    small grid run at once). The interpreter runs programs one at a time, so with two or
+    more programs the first one spins forever: the check hangs in stage reduce. One reduce
+    program (T <= 32 and H <= 256 on the interpreter) passes."""
+
+    def _reduce(self, stage, ctx, down, out):
+        t, h = out[1].shape
+        programs = triton.cdiv(t, self.tiles.reduce_tokens) * triton.cdiv(h, self.tiles.reduce_cols)
+        counter = torch.zeros(1, dtype=torch.int32, device=self.device)
+        launch(ctx, _arrive_and_wait, programs, stage=stage, reads={}, writes={}, counter_ptr=counter, num_programs=programs)
+        super()._reduce(stage, ctx, down, out)
+
+
 # Module-level factories: the `--impl bug_zoo:<name>` entry points and run_differential's
 # `implementation` argument.
 def make_legacy_planner(config: MoEConfig) -> TritonFP8MoE:
@@ -214,6 +300,22 @@ def make_output_one_row_late(config: MoEConfig) -> TritonFP8MoE:
 
 def make_result_in_workspace(config: MoEConfig) -> TritonFP8MoE:
     return ResultInWorkspace(config)
+
+
+def make_in_place_input_quant(config: MoEConfig) -> TritonFP8MoE:
+    return InPlaceInputQuant(config)
+
+
+def make_returns_down_output(config: MoEConfig) -> TritonFP8MoE:
+    return ReturnsDownOutput(config)
+
+
+def make_fused_tile_not_power_of_two(config: MoEConfig) -> TritonFP8MoE:
+    return FusedTileNotPowerOfTwo(config)
+
+
+def make_reduce_waits_for_all_programs(config: MoEConfig) -> TritonFP8MoE:
+    return ReduceWaitsForAllPrograms(config)
 
 
 # ---- the registry ------------------------------------------------------------------------
@@ -360,6 +462,45 @@ MUTANTS: dict[str, Mutant] = {
             config=_cfg(),
             expected_oracles=frozenset({O.DIFFERENTIAL, O.POISON, O.RUNTIME_ALIASING}),
             expected_name=B.OUTPUT,
+        ),
+        Mutant(
+            name="in-place-input-quant",
+            what_it_breaks="input quant writes its codes over hidden_states' bytes: right result, caller's input destroyed",
+            factory=make_in_place_input_quant,
+            config=_cfg(),
+            expected_oracles=frozenset({O.CONTRACT}),
+            expected_name=B.HIDDEN_STATES,
+        ),
+        Mutant(
+            name="returns-down-output",
+            what_it_breaks="K == 1 fast path taken for any K: reduce skipped, [T*K, H] down_output returned as the output",
+            factory=make_returns_down_output,
+            config=_cfg(),
+            expected_oracles=frozenset({O.CONTRACT, O.DIFFERENTIAL}),
+            expected_name=B.OUTPUT,
+        ),
+    )
+}
+
+OUTCOME_MUTANTS: dict[str, Mutant] = {
+    m.name: m
+    for m in (
+        Mutant(
+            name="fused-tile-not-power-of-two",
+            what_it_breaks="fused act+quant steps over whole rows: tl.arange(0, I) fails for an I that is not a power of two",
+            factory=make_fused_tile_not_power_of_two,
+            config=_cfg(inter=96),
+            expected_oracles=frozenset({O.CRASH}),
+            expected_name=Stages.ACT_QUANT,
+            baseline_config=_cfg(inter=96),
+        ),
+        Mutant(
+            name="reduce-waits-for-all-programs",
+            what_it_breaks="grid-wide barrier before the reduce: under the interpreter the first program spins forever",
+            factory=make_reduce_waits_for_all_programs,
+            config=_cfg(hidden=384),  # two reduce column blocks of 256: two programs
+            expected_oracles=frozenset({O.TIMEOUT}),
+            expected_name=Stages.REDUCE,
         ),
     )
 }

@@ -7,6 +7,13 @@ those rows of x (for the activation, the gate half and the up half), writes the 
 the activation and/or the codes, and their scales. Per-tensor quantisation needs the global
 amax first, so it runs as two launches: PASS_AMAX stores one partial amax per program,
 PASS_QUANTIZE reduces the partials and quantises (program 0 also stores the scale).
+
+Non-finite values follow the reference (reference/moe.py): a NaN anywhere in a scaling unit
+makes its amax, scale and codes NaN; an Inf makes the scale Inf and the Inf element's code
+NaN. Triton's max reduction and tl.maximum/tl.minimum drop a NaN operand by default (a
+NaN amax would become the largest finite value, a NaN code -448), hence `_nan_max` and
+`propagate_nan=ALL` below; and the software e4m3 rounding and the interpreter's cast both
+lose NaN, hence the NaN code written by bits in `_quantize_tile`.
 """
 
 import triton
@@ -24,9 +31,25 @@ PASS_SINGLE = tl.constexpr(0)
 PASS_AMAX = tl.constexpr(1)
 PASS_QUANTIZE = tl.constexpr(2)
 
+# Every division is tl.math.div_rn: CUDA compiles a plain float32 `/` to the approximate
+# div.full.f32, and the codes and scales must be the correctly rounded ones on every backend.
 # vLLM's floors: per-tensor/per-token scale >= 1 / (448 * 512); group amax >= 1e-10.
 TOKEN_SCALE_FLOOR = tl.constexpr(1.0 / (448.0 * 512.0))
 GROUP_AMAX_FLOOR = tl.constexpr(1e-10)
+NAN = tl.constexpr(float("nan"))
+# A per-tensor partial amax holding a NaN is stored as -inf, a value no amax (>= 0) takes:
+# the partials reduction then ignores slots no program wrote (NaN garbage, as the default max
+# does) and still sees a real NaN.
+NAN_PARTIAL = tl.constexpr(float("-inf"))
+E4M3_NAN_BITS = tl.constexpr(0x7F)  # the e4m3fn NaN magnitude (S.1111.111), as torch writes it
+
+
+@triton.jit
+def _nan_max(x, axis: tl.constexpr):
+    """max over `axis` that returns NaN where a NaN is present, as torch.amax does."""
+    largest = tl.max(x, axis=axis)
+    has_nan = tl.max((x != x).to(tl.int32), axis=axis) > 0
+    return tl.where(has_nan, NAN, largest)
 
 
 @triton.jit
@@ -52,9 +75,18 @@ def _load_values(
 @triton.jit
 def _quantize_tile(v, scale, SOFTWARE_FP8: tl.constexpr):
     """codes of a tile given one scale per row ([BLOCK_R] broadcast over columns)."""
-    q = v / scale[:, None]
-    q = tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX)
-    return to_e4m3(q, SOFTWARE_FP8)
+    q = tl.math.div_rn(v, scale[:, None])
+    q = tl.minimum(tl.maximum(q, -E4M3_MAX, propagate_nan=tl.PropagateNan.ALL), E4M3_MAX,
+                   propagate_nan=tl.PropagateNan.ALL)
+    codes = to_e4m3(q, SOFTWARE_FP8)
+    if SOFTWARE_FP8:
+        # The software rounding can carry a NaN's payload into the sign bit (a zero) and the
+        # interpreter's cast does not produce the NaN code; write it by bits, sign kept as
+        # torch's cast keeps it. CUDA's cast already gives NaN.
+        sign = ((q.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
+        bits = tl.where(q != q, sign | E4M3_NAN_BITS, codes.to(tl.uint8, bitcast=True))
+        codes = bits.to(tl.float8e4nv, bitcast=True)
+    return codes
 
 
 @triton.jit
@@ -65,7 +97,7 @@ def act_quant_kernel(
     act_ptr,  # [R, C] bf16 activation out (STORE_ACTIVATION)
     q_ptr,  # [R, C] fp8 e4m3fn codes out
     scale_ptr,  # fp32 scales out: [1] tensor, [R, 1] token, [R, C / BLOCK_C] group
-    partial_amax_ptr,  # [num_programs] fp32 per-program amax (per-tensor passes)
+    partial_amax_ptr,  # [num_programs] fp32 per-program amax, -inf for a NaN (per-tensor passes)
     order_ptr,  # [num_programs] int32 program order (REORDER)
     # Dimensions
     R,
@@ -110,7 +142,7 @@ def act_quant_kernel(
             mask = row_mask[:, None] & (cols < C)[None, :]
             v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
                              APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
-            scale = tl.maximum(tl.max(tl.abs(v), axis=1), GROUP_AMAX_FLOOR) / E4M3_MAX  # [BLOCK_R]
+            scale = tl.math.div_rn(tl.maximum(_nan_max(tl.abs(v), 1), GROUP_AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL), E4M3_MAX)
             q = _quantize_tile(v, scale, SOFTWARE_FP8)
             tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :] * stride_qc, q, mask=mask)
             tl.store(scale_ptr + rows * stride_sr + (c0 // BLOCK_C) * stride_sc, scale, mask=row_mask)
@@ -124,19 +156,22 @@ def act_quant_kernel(
                 mask = row_mask[:, None] & (cols < C)[None, :]
                 v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
                                  APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
-                amax = tl.maximum(amax, tl.max(tl.abs(v), axis=1))
+                amax = tl.maximum(amax, _nan_max(tl.abs(v), 1), propagate_nan=tl.PropagateNan.ALL)
         if PASS == PASS_AMAX:
-            tl.store(partial_amax_ptr + pid, tl.max(amax, axis=0))
+            block_amax = _nan_max(amax, 0)
+            tl.store(partial_amax_ptr + pid, tl.where(block_amax != block_amax, NAN_PARTIAL, block_amax))
         else:
             if SCALE_MODE == SCALE_TENSOR:
                 offs_p = tl.arange(0, BLOCK_P)
                 partials = tl.load(partial_amax_ptr + offs_p, mask=offs_p < num_programs, other=0.0)
-                tensor_scale = tl.maximum(tl.max(partials, axis=0) / E4M3_MAX, TOKEN_SCALE_FLOOR)
+                saw_nan = tl.min(partials, axis=0) == NAN_PARTIAL
+                tensor_amax = tl.where(saw_nan, NAN, tl.max(partials, axis=0))
+                tensor_scale = tl.maximum(tl.math.div_rn(tensor_amax, E4M3_MAX), TOKEN_SCALE_FLOOR, propagate_nan=tl.PropagateNan.ALL)
                 scale = tl.zeros([BLOCK_R], dtype=tl.float32) + tensor_scale
                 if pid == 0:
                     tl.store(scale_ptr, tensor_scale)
             else:
-                scale = tl.maximum(amax / E4M3_MAX, TOKEN_SCALE_FLOOR)  # [BLOCK_R]
+                scale = tl.maximum(tl.math.div_rn(amax, E4M3_MAX), TOKEN_SCALE_FLOOR, propagate_nan=tl.PropagateNan.ALL)  # [BLOCK_R]
                 tl.store(scale_ptr + rows * stride_sr, scale, mask=row_mask)
             for c0 in range(0, C, BLOCK_C):
                 cols = c0 + offs_c

@@ -12,6 +12,12 @@ Scaling (SCALE_MODE): 0 bf16 x bf16, no scales; 1 per-tensor activation scale [1
 weight scale per expert [L]; 2 per-token activation scales [rows, 1] and per-output-channel
 weight scales [L, N]; 3 1x128 activation groups [rows, Kd/128] and 128x128 weight blocks
 [L, N/128, Kd/128], applied per BLOCK_K = 128 step. Modes 1 and 2 scale after accumulation.
+
+DECODE_FP8 (the interpreter): FP8 operands are decoded to float32 by bits and multiplied with
+an IEEE float32 dot. The interpreter's own FP8 -> float32 conversion reads the e4m3fn NaN
+code as +-480, so a NaN activation (reference/moe.py: NaN or Inf inputs give NaN codes)
+would come out finite. Products of two e4m3 values are exact in float32 and the sum is the
+same float32 accumulation, so finite results do not change.
 """
 
 import triton
@@ -24,6 +30,21 @@ SCALE_TENSOR = tl.constexpr(1)
 SCALE_CHANNEL = tl.constexpr(2)
 SCALE_BLOCK = tl.constexpr(3)
 WEIGHT_BLOCK = tl.constexpr(128)  # 128x128 weight blocks of fp8-block
+NAN = tl.constexpr(float("nan"))
+E4M3_EXPONENT_BIAS_DELTA = tl.constexpr(127 - 7)  # float32 bias minus e4m3 bias
+E4M3_SUBNORMAL_STEP = tl.constexpr(2.0**-9)  # e4m3 subnormals are multiples of 2^-9
+
+
+@triton.jit
+def e4m3_to_f32(x):
+    """float8_e4m3fn -> float32 by bits: exact for every code, NaN codes (S.1111.111) to NaN."""
+    bits = x.to(tl.uint8, bitcast=True).to(tl.uint32)
+    exponent = (bits >> 3) & 0xF
+    mantissa = bits & 0x7
+    normal = (((exponent + E4M3_EXPONENT_BIAS_DELTA) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * E4M3_SUBNORMAL_STEP, normal)
+    value = (magnitude.to(tl.uint32, bitcast=True) | ((bits & 0x80) << 24)).to(tl.float32, bitcast=True)
+    return tl.where((bits & 0x7F) == 0x7F, NAN, value)
 
 
 @triton.jit
@@ -56,6 +77,7 @@ def grouped_gemm_kernel(
     MUL_ROUTER_WEIGHT: tl.constexpr,  # multiply the routed row's weight in the epilogue
     ROUTER_WEIGHT_ON_A: tl.constexpr,  # bf16 scheme, router_weight='input': scale A rows first
     UPCAST_BF16_DOT: tl.constexpr,  # bf16 x bf16 dot through float32 (interpreter defect)
+    DECODE_FP8: tl.constexpr,  # fp8 x fp8 dot through float32 decoded by bits (interpreter defect)
     SOFTWARE_BF16: tl.constexpr,
     REORDER: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -99,8 +121,13 @@ def grouped_gemm_kernel(
             a = to_bf16(bf16_to_f32(a, SOFTWARE_BF16) * a_weight[:, None], SOFTWARE_BF16)
         if UPCAST_BF16_DOT:
             partial = tl.dot(bf16_to_f32(a, SOFTWARE_BF16), bf16_to_f32(b, SOFTWARE_BF16), input_precision="ieee")
+        elif DECODE_FP8:
+            partial = tl.dot(e4m3_to_f32(a), e4m3_to_f32(b), input_precision="ieee")
         else:
-            partial = tl.dot(a, b)
+            # max_num_imprecise_acc=0: on sm_90 Triton otherwise lets fp8 wgmma accumulate in reduced
+            # precision (its default there is 2^30), which the float32-accumulation bounds of the
+            # tolerance table do not cover
+            partial = tl.dot(a, b, max_num_imprecise_acc=0)
         if SCALE_MODE == SCALE_BLOCK:
             k_block = k0 // WEIGHT_BLOCK
             a_s = tl.load(a_scale_ptr + a_rows * stride_asm + k_block * stride_ask, mask=row_mask, other=0.0)

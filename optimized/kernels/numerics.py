@@ -23,8 +23,10 @@ ROUND_TO_INT_MAGIC = tl.constexpr(12582912.0)
 def round_to_bf16_grid(x):
     """float32 -> float32 holding the nearest bfloat16 (ties to even), by integer ops."""
     bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    # a NaN with a full payload would carry into the sign or exponent: keep it a quiet NaN
+    rounded = tl.where(x != x, (bits & 0xFFFF0000) | 0x00400000, rounded)
+    return rounded.to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -1,0 +1,725 @@
+"""Backend conformance: does the Triton backend under us compute what the optimized path assumes?
+
+The Triton interpreter silently gets some primitives wrong (../shared/DESIGN.md, "Facts
+measured here"): the float32 -> e4m3fn and float32 -> bf16 casts round wrongly, e4m3fn NaN
+codes and bf16 subnormals are misread on the way to float32, and the bf16 x bf16 dot is garbage. A later
+Triton release may fix any of these, and a GPU backend may get other things wrong (TF32 in a
+float32 dot, an approximate division). So nothing is assumed: small kernels probe each
+primitive the optimized kernels rely on, on the active backend, against torch or a float64
+reference.
+
+Two uses:
+  * `probe_defects(device)`: the cheap probes behind `optimized.backend.backend_traits`; their
+    results switch the workarounds (a workaround is on unless its probes ran and found the
+    primitive right). Run once per process and backend.
+  * `doctor_main(as_json)`: the full sweep behind `diffmoe doctor`, one row per primitive with
+    its status (ok / DEFECT / skipped), the mismatch count, and the workaround the optimized
+    path applies for it. Where a workaround is applied, the sweep also runs it on the same
+    inputs, so the report says whether the workaround itself is right on this backend.
+
+Exit code of the doctor: 0 when every primitive is ok or has its workaround applied (and, where
+the sweep runs that workaround, it came out right), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import triton
+import triton.language as tl
+
+from diffmoe.compare import ulp_distance
+from diffmoe.contract import Schedule
+
+from .backend import BackendTraits, backend_name, backend_traits, default_device, normalize_device
+from .kernels.numerics import bf16_to_f32, to_bf16, to_e4m3
+from .launch import LaunchContext, launch
+
+OK = "ok"
+DEFECT = "DEFECT"
+SKIPPED = "skipped"
+
+FP8 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+FLOAT32_UNIT_ROUNDOFF = 2.0**-24
+# The dots are probed at the K step the grouped GEMM uses per tl.dot call (BLOCK_K = 128).
+DOT_K = 128
+# tl.exp feeds only silu, whose product is rounded to bf16 and judged one e4m3 step apart
+# (tolerances: forced_fused). 256 float32 ulps is at most 2^-15 relative, 1/128 of a bf16 ulp:
+# an exp that close moves a bf16 rounding by at most one step, on under 1% of values. The bound
+# sits above what CUDA's tl.exp (ex2.approx of x * log2(e)) can lose near the overflow edge
+# (rounding of the product and of the constant: up to ~65 ulp at |x| = 87) and far below a
+# wrong or low-precision exp (a float16-grade exp is ~2^13 ulps off).
+EXP_MAX_ULP = 256
+
+
+# ---- results ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One primitive on one backend. `mismatches` counts elements that differ from the
+    reference (for the dots: that exceed the bound; for tl.exp: that differ by any ulp, the
+    status being decided by EXP_MAX_ULP). `workaround_mismatches` is the same count for the
+    optimized path's workaround on the same inputs (None: no workaround, or not run)."""
+
+    primitive: str
+    status: str
+    mismatches: int
+    total: int
+    detail: str
+    workaround_mismatches: int | None = None
+    workaround_total: int | None = None
+
+
+@dataclass(frozen=True)
+class Primitive:
+    key: str
+    title: str
+    trait: str | None  # BackendTraits field that switches its workaround (None: no workaround exists)
+    workaround: str  # what the optimized path does when the trait is on ("" where no workaround exists)
+    unguarded: str  # what a DEFECT means when no workaround is applied
+
+
+PRIMITIVES = (
+    Primitive("fp8_cast", "float32 -> e4m3fn cast (native)", "software_fp8_cast",
+              "software RNE rounding onto the e4m3 grid (numerics.round_to_e4m3_grid)",
+              "FP8 codes differ from a round-to-nearest-even cast"),
+    Primitive("fp8_upcast", "e4m3fn -> float32 upcast (native)", "software_fp8_cast",
+              "fp8 GEMM operands decoded to float32 by bits (DECODE_FP8, on with software_fp8_cast)",
+              "NaN codes read as finite values"),
+    Primitive("bf16_cast", "float32 -> bf16 cast (native)", "software_bf16_cast",
+              "integer RNE rounding onto the bf16 grid, bits moved by hand (numerics.to_bf16)",
+              "every bf16 output can be one ulp off"),
+    Primitive("bf16_upcast", "bf16 -> float32 upcast (native)", "software_bf16_cast",
+              "bf16 widened by bit shifts (numerics.bf16_to_f32)",
+              "bf16 subnormals read as wrong values"),
+    Primitive("fp8_dot", "fp8 x fp8 tl.dot", None, "",
+              "the fp8 GEMMs call tl.dot on fp8 operands directly: their sums are off by more than "
+              "float32 accumulation, which the tolerance table assumes"),
+    Primitive("bf16_dot", "bf16 x bf16 tl.dot", "upcast_bf16_dot",
+              "bf16 dot upcast to float32, ieee (UPCAST_BF16_DOT)",
+              "the bf16 GEMMs are wrong"),
+    Primitive("fp32_dot", "float32 tl.dot (ieee)", None, "",
+              "the bf16 dot workaround runs on it, so the bf16 GEMMs are off too"),
+    Primitive("exp", "tl.exp", None, "",
+              "silu's error exceeds what the tolerance table assumes"),
+    Primitive("program_order", "program order table", None, "",
+              "the schedule-permutation oracle does not permute anything"),
+    Primitive("aliasing", "aliasing tensor views", None, "",
+              "kernels do not see real storage: the aliasing oracles' premise fails"),
+    Primitive("fp32_div", "float32 division", None, "",
+              "the quant kernels divide with `/` (tl.math.div_rn would round correctly)"),
+)
+PRIMITIVE_KEYS = tuple(p.key for p in PRIMITIVES)
+_BY_KEY = {p.key: p for p in PRIMITIVES}
+
+# The workaround switches and the probes that must all be ok for the switch to go off.
+TRAIT_PROBES = {
+    # the FP8 decode in the GEMMs is switched with the cast (one switch for the FP8 workarounds)
+    "software_fp8_cast": ("fp8_cast", "fp8_upcast"),
+    "software_bf16_cast": ("bf16_cast", "bf16_upcast"),
+    "upcast_bf16_dot": ("bf16_dot",),
+}
+TRAIT_FIELDS = tuple(f.name for f in fields(BackendTraits) if f.name != "name")
+assert set(TRAIT_PROBES) == set(TRAIT_FIELDS), "every workaround switch needs its probes"
+
+
+# ---- kernels ------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fp8_cast_probe_kernel(x_ptr, q_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(q_ptr + offs, to_e4m3(tl.load(x_ptr + offs, mask=mask, other=0.0), SOFTWARE), mask=mask)
+
+
+@triton.jit
+def _fp8_upcast_probe_kernel(x_ptr, y_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
+    """SOFTWARE is unused (the shape every cast probe shares): the decode workaround is the GEMM's."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32), mask=mask)
+
+
+@triton.jit
+def _bf16_cast_probe_kernel(x_ptr, y_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, to_bf16(tl.load(x_ptr + offs, mask=mask, other=0.0), SOFTWARE), mask=mask)
+
+
+@triton.jit
+def _bf16_upcast_probe_kernel(x_ptr, y_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, bf16_to_f32(tl.load(x_ptr + offs, mask=mask, other=0.0), SOFTWARE), mask=mask)
+
+
+@triton.jit
+def _dot_probe_kernel(
+    a_ptr, b_ptr, c_ptr,
+    UPCAST_BF16: tl.constexpr, IEEE: tl.constexpr,
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+):
+    """c [M, N] = a [M, K] @ b, b stored [N, K] and loaded as [K, N] the way the grouped GEMM
+    loads expert weights. UPCAST_BF16 is the bf16 workaround exactly as the GEMM runs it."""
+    rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
+    b = tl.load(b_ptr + rn[None, :] * K + rk[:, None])
+    if UPCAST_BF16:
+        c = tl.dot(bf16_to_f32(a, True), bf16_to_f32(b, True), input_precision="ieee")
+    elif IEEE:
+        c = tl.dot(a, b, input_precision="ieee")
+    else:
+        c = tl.dot(a, b)  # the default, as the fp8 and bf16 GEMMs call it
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], c)
+
+
+@triton.jit
+def _exp_probe_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.exp(tl.load(x_ptr + offs, mask=mask, other=0.0)), mask=mask)
+
+
+@triton.jit
+def _div_probe_kernel(x_ptr, y_ptr, q_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=1.0)
+    y = tl.load(y_ptr + offs, mask=mask, other=1.0)
+    tl.store(q_ptr + offs, x / y, mask=mask)  # the quant kernels' `v / scale`
+
+
+@triton.jit
+def _order_probe_kernel(counter_ptr, seen_ptr, order_ptr, REORDER: tl.constexpr):
+    """Takes the next slot of a global counter and writes its logical program id there: `seen`
+    is the order in which the logical programs ran."""
+    pid = tl.program_id(0)
+    if REORDER:
+        pid = tl.load(order_ptr + pid)
+    slot = tl.atomic_add(counter_ptr, 1)
+    tl.store(seen_ptr + slot, pid)
+
+
+@triton.jit
+def _alias_probe_kernel(write_ptr, read_ptr, out_ptr, NBYTES: tl.constexpr):
+    """Writes bytes through one view, then reads them back as int16 through another view of
+    the same storage, in the same program of the same launch."""
+    offs = tl.arange(0, NBYTES)
+    tl.store(write_ptr + offs, ((offs * 37 + 11) & 0xFF).to(tl.uint8))
+    tl.debug_barrier()  # the CTA's stores are visible to its loads past this point
+    half = tl.arange(0, NBYTES // 2)
+    tl.store(out_ptr + half, tl.load(read_ptr + half))
+
+
+def _elementwise_launch(n: int, device: torch.device) -> tuple[tuple[int], int]:
+    """(grid, BLOCK) of an element-wise probe over n elements. The interpreter's cost is per
+    program and per op, not per element: one program takes everything. A GPU gets the usual
+    1024-element blocks (a huge block would only make compilation slow)."""
+    block = triton.next_power_of_2(max(n, 16)) if backend_name(device) == "interpreter" else 1024
+    return (triton.cdiv(n, block),), block
+
+
+# ---- inputs -----------------------------------------------------------------------------
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def e4m3_code_points() -> torch.Tensor:
+    """All 256 e4m3fn patterns as float32 (0x7f and 0xff are NaN)."""
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8).float()
+
+
+def e4m3_midpoints() -> torch.Tensor:
+    """Midpoints of adjacent finite e4m3 values, both signs: exact in float32, so true ties."""
+    finite = e4m3_code_points()
+    grid = torch.unique(finite[torch.isfinite(finite)].abs())
+    mids = (grid[:-1] + grid[1:]) / 2
+    return torch.cat([mids, -mids])
+
+
+def e4m3_random(n: int, seed: int) -> torch.Tensor:
+    """float32 in [-448, 448]: uniform over the range, unit normal, log-uniform magnitudes from
+    2^-12 (below the e4m3 subnormals) to 448."""
+    g = _gen(seed)
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    log_uniform = sign * torch.exp2(torch.empty(n).uniform_(-12.0, math.log2(E4M3_MAX), generator=g))
+    parts = [torch.empty(n).uniform_(-E4M3_MAX, E4M3_MAX, generator=g), torch.randn(n, generator=g), log_uniform]
+    return torch.cat(parts).clamp(-E4M3_MAX, E4M3_MAX)
+
+
+def fp8_cast_inputs(full: bool) -> torch.Tensor:
+    mids = e4m3_midpoints()
+    if not full:
+        return torch.cat([mids, e4m3_random(256, seed=11)])
+    up = torch.nextafter(mids, torch.full_like(mids, math.inf))
+    down = torch.nextafter(mids, torch.full_like(mids, -math.inf))
+    return torch.cat([e4m3_code_points(), mids, up, down, e4m3_random(4096, seed=12)])
+
+
+def float32_subnormals(n: int, seed: int) -> torch.Tensor:
+    """Random float32 subnormals, both signs, a quarter of them exact ties of the bf16 rounding."""
+    g = _gen(seed)
+    mantissa = torch.randint(1, 2**23, (n,), generator=g, dtype=torch.int32)
+    mantissa[: n // 4] = (mantissa[: n // 4] & ~0xFFFF) | 0x8000
+    sign = torch.randint(0, 2, (n,), generator=g, dtype=torch.int32) << 31
+    return (mantissa | sign).view(torch.float32)
+
+
+def bf16_cast_inputs(full: bool) -> torch.Tensor:
+    """Normal values at several scales, exact ties with both parities of the kept bit (and
+    their neighbours when full), float32 subnormals, signed zeros and the overflow edge."""
+    n = 4096 if full else 256
+    g = _gen(21 if full else 22)
+    tie_bits = (torch.randint(-(2**15), 2**15 - 1, (n,), generator=g, dtype=torch.int32) << 16) | 0x8000
+    ties = tie_bits.view(torch.float32)
+    ties = ties[torch.isfinite(ties) & (ties.abs() >= 2.0**-126)]
+    fmax = torch.finfo(torch.float32).max
+    edges = torch.tensor([0.0, -0.0, 1.0, -1.0, fmax, -fmax, 2.0**-126, -(2.0**-126)])
+    parts = [torch.randn(n, generator=g) * 10, torch.randn(n, generator=g) * 1e-3, ties,
+             float32_subnormals(n, seed=23 if full else 24), edges]
+    if full:
+        parts += [torch.randn(n, generator=g) * 1e30,
+                  torch.nextafter(ties, torch.full_like(ties, math.inf)),
+                  torch.nextafter(ties, torch.full_like(ties, -math.inf))]
+    return torch.cat(parts)
+
+
+def bf16_patterns(full: bool) -> torch.Tensor:
+    """Every bf16 bit pattern when full; else the subnormals and a few normals and zeros."""
+    if full:
+        return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    mags = torch.cat([torch.arange(0, 0x80), torch.tensor([0x80, 0x3F80, 0x4049, 0x7F7F])]).to(torch.int32)
+    return torch.cat([mags, mags | 0x8000]).to(torch.int16).view(torch.bfloat16)
+
+
+def dot_operands(kind: str, m: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """a [m, DOT_K], b [n, DOT_K] (the weight layout) of the given element kind."""
+    g = _gen(seed)
+    a, b = torch.randn(m, DOT_K, generator=g), torch.randn(n, DOT_K, generator=g)
+    if kind == "fp8":
+        return (a * 16).clamp(-E4M3_MAX, E4M3_MAX).to(FP8), (b * 16).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    if kind == "bf16":
+        return a.bfloat16(), b.bfloat16()
+    return a, b
+
+
+def exp_inputs() -> torch.Tensor:
+    """Over the whole non-overflowing range, at silu's usual scale, and bf16-grid values (silu's
+    inputs are bf16)."""
+    g = _gen(31)
+    return torch.cat([torch.empty(8192).uniform_(-87.0, 87.0, generator=g), torch.randn(8192, generator=g) * 4,
+                      (torch.randn(4096, generator=g) * 8).bfloat16().float()])
+
+
+def div_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """Random mantissas over exponents 2^-30 .. 2^30 (quotients stay normal), and the two
+    divisions the quant kernels do: amax / 448 and bf16 values / a scale."""
+    g = _gen(41)
+    n = 8192
+
+    def wide() -> torch.Tensor:
+        mant = 1.0 + torch.rand(n, generator=g)
+        sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+        return sign * mant * torch.exp2(torch.randint(-30, 31, (n,), generator=g).float())
+
+    amax = torch.rand(n, generator=g) * 100
+    values = (torch.randn(n, generator=g) * 3).bfloat16().float()
+    scales = (torch.rand(n, generator=g) * 10 + 1e-3) / E4M3_MAX
+    return torch.cat([wide(), amax, values]), torch.cat([wide(), torch.full((n,), E4M3_MAX), scales])
+
+
+# ---- comparisons ------------------------------------------------------------------------
+
+
+def _int_bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _bit_mismatches(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Elements whose bit patterns differ, a NaN facing any NaN counting as equal (payloads and
+    the NaN code a cast picks are nobody's contract)."""
+    got, want = got.cpu(), want.cpu()
+    differ = _int_bits(got) != _int_bits(want)
+    both_nan = torch.isnan(got.float()) & torch.isnan(want.float())
+    return differ & ~both_nan
+
+
+def _examples(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, k: int = 3) -> str:
+    idx = bad.nonzero().flatten()[:k].tolist()
+    return ", ".join(f"{x[i].item():.6g} -> {got.cpu()[i].float().item():.6g} (torch {want[i].float().item():.6g})" for i in idx)
+
+
+def _dot_bound(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact product (float64) and the bound gamma_K * sum_k |a_ik| |b_jk| that float32
+    accumulation of K products meets in any summation order (u = 2^-24)."""
+    a64, b64 = a.cpu().double(), b.cpu().double()
+    k = a.shape[1]
+    gamma = k * FLOAT32_UNIT_ROUNDOFF / (1 - k * FLOAT32_UNIT_ROUNDOFF)
+    return a64 @ b64.T, gamma * (a64.abs() @ b64.abs().T)
+
+
+# ---- probes -----------------------------------------------------------------------------
+
+
+def _on(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+
+
+def _cast(kernel, x: torch.Tensor, out_dtype: torch.dtype, device: torch.device, software: bool) -> torch.Tensor:
+    x = x.to(device)
+    out = torch.empty(x.shape, dtype=out_dtype, device=device)
+    grid, block = _elementwise_launch(x.numel(), device)
+    kernel[grid](x, out, x.numel(), SOFTWARE=software, BLOCK=block)
+    return out.cpu()
+
+
+def _cast_probe(key: str, kernel, x: torch.Tensor, out_dtype: torch.dtype, want: torch.Tensor,
+                device: torch.device, with_workaround: bool) -> ProbeResult:
+    got = _cast(kernel, x, out_dtype, device, software=False)
+    bad = _bit_mismatches(got, want)
+    detail = f"bitwise vs torch; e.g. {_examples(x.float(), got, want, bad)}" if bad.any() else "bitwise vs torch"
+    wbad = None
+    if with_workaround:
+        wbad = int(_bit_mismatches(_cast(kernel, x, out_dtype, device, software=True), want).sum())
+    return ProbeResult(key, DEFECT if bad.any() else OK, int(bad.sum()), x.numel(), detail,
+                       wbad, x.numel() if with_workaround else None)
+
+
+def probe_fp8_cast(device: torch.device, full: bool) -> ProbeResult:
+    x = fp8_cast_inputs(full)
+    return _cast_probe("fp8_cast", _fp8_cast_probe_kernel, x, FP8, x.to(FP8), device, full)
+
+
+def probe_fp8_upcast(device: torch.device, full: bool) -> ProbeResult:
+    """Every e4m3fn code, NaN codes included (256 values: cheap enough for the quick probe too).
+    The workaround lives in the GEMM kernel and is not run here."""
+    x = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8)
+    return _cast_probe("fp8_upcast", _fp8_upcast_probe_kernel, x, torch.float32, x.float(), device, False)
+
+
+def probe_bf16_cast(device: torch.device, full: bool) -> ProbeResult:
+    x = bf16_cast_inputs(full)
+    return _cast_probe("bf16_cast", _bf16_cast_probe_kernel, x, torch.bfloat16, x.bfloat16(), device, full)
+
+
+def probe_bf16_upcast(device: torch.device, full: bool) -> ProbeResult:
+    x = bf16_patterns(full)
+    return _cast_probe("bf16_upcast", _bf16_upcast_probe_kernel, x, torch.float32, x.float(), device, full)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor, device: torch.device, *, upcast_bf16: bool = False, ieee: bool = False) -> torch.Tensor:
+    m, n = a.shape[0], b.shape[0]
+    c = torch.empty(m, n, dtype=torch.float32, device=device)
+    _dot_probe_kernel[(1,)](a.to(device), b.to(device), c, UPCAST_BF16=upcast_bf16, IEEE=ieee, M=m, N=n, K=DOT_K)
+    return c.cpu().double()
+
+
+def _dot_probe(key: str, kind: str, device: torch.device, full: bool, *, ieee: bool, workaround: bool) -> ProbeResult:
+    m = 64 if full else 16
+    a, b = dot_operands(kind, m, m, seed={"fp8": 51, "bf16": 52, "fp32": 53}[kind])
+    exact, bound = _dot_bound(a, b)
+    got = _dot(a, b, device, ieee=ieee)
+    err = (got - exact).abs()
+    bad = ~(err <= bound)  # NaN counts as a violation
+    worst = float((err / bound.clamp_min(1e-300)).max())
+    detail = (f"|c - exact| <= gamma_K * sum|a||b| (K={DOT_K}, u=2^-24: float32 accumulation in any order); "
+              f"worst error {worst:.3g} x the bound")
+    wbad = None
+    if workaround:
+        werr = (_dot(a, b, device, upcast_bf16=True) - exact).abs()
+        wbad = int((~(werr <= bound)).sum())
+    return ProbeResult(key, DEFECT if bad.any() else OK, int(bad.sum()), got.numel(), detail,
+                       wbad, got.numel() if workaround else None)
+
+
+def probe_fp8_dot(device: torch.device, full: bool) -> ProbeResult:
+    return _dot_probe("fp8_dot", "fp8", device, full, ieee=False, workaround=False)
+
+
+def probe_bf16_dot(device: torch.device, full: bool) -> ProbeResult:
+    return _dot_probe("bf16_dot", "bf16", device, full, ieee=False, workaround=full)
+
+
+def probe_fp32_dot(device: torch.device, full: bool) -> ProbeResult:
+    return _dot_probe("fp32_dot", "fp32", device, full, ieee=True, workaround=False)
+
+
+def probe_exp(device: torch.device, full: bool) -> ProbeResult:
+    x = exp_inputs()
+    y = torch.empty(x.shape, dtype=torch.float32, device=device)
+    grid, block = _elementwise_launch(x.numel(), device)
+    _exp_probe_kernel[grid](x.to(device), y, x.numel(), BLOCK=block)
+    d = ulp_distance(y.cpu(), torch.exp(x))
+    differ = int((d > 0).sum())
+    one = int((d == 1).sum())
+    worst = int(d.max())
+    detail = (f"float32 ulps from torch.exp over [-87, 87]: {one} at 1 ulp ({100.0 * one / x.numel():.2f}%), "
+              f"max {worst} ulp (bound {EXP_MAX_ULP})")
+    return ProbeResult("exp", OK if worst <= EXP_MAX_ULP else DEFECT, differ, x.numel(), detail)
+
+
+ORDER_PROGRAMS = 16
+
+
+def _sequential_backend(device: torch.device) -> bool:
+    """The interpreter runs program instances one at a time; a GPU runs them concurrently."""
+    return backend_name(device) == "interpreter"
+
+
+def _run_order(ctx: LaunchContext, programs: int) -> list[int]:
+    counter = torch.zeros(1, dtype=torch.int32, device=ctx.device)
+    seen = torch.full((programs,), -1, dtype=torch.int32, device=ctx.device)
+    launch(ctx, _order_probe_kernel, programs, stage="conformance", reads={}, writes={"seen": seen},
+           counter_ptr=counter, seen_ptr=seen)
+    return seen.cpu().tolist()
+
+
+def probe_program_order(device: torch.device, full: bool, context=LaunchContext) -> ProbeResult:
+    """Through the optimized path's own launch helper: the identity schedule must run programs
+    0..n-1, the reversed one n-1..0. Where programs run concurrently (GPU) only the logical
+    programs are checked (each exactly once, the table's permutation): the hardware picks the
+    order there."""
+    n = ORDER_PROGRAMS
+    sequential = _sequential_backend(device)
+    bad = 0
+    notes = []
+    for schedule in (Schedule("identity"), Schedule("reversed")):
+        want = schedule.order(n)
+        seen = _run_order(context(device, schedule), n)
+        if sequential:
+            wrong = sum(s != w for s, w in zip(seen, want))
+        else:
+            wrong = n - len(set(seen) & set(range(n)))
+        bad += wrong
+        if wrong:
+            notes.append(f"{schedule}: ran {seen}")
+    how = "run order equals the table" if sequential else "every logical program runs once (concurrent backend)"
+    detail = f"{how}; " + ("; ".join(notes) if notes else "identity and reversed as asked")
+    return ProbeResult("program_order", DEFECT if bad else OK, bad, 2 * n, detail)
+
+
+ALIAS_BYTES = 1024
+
+
+def _alias_views(storage: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two views carved from one uint8 storage as workspace buffers are: bytes [n, 2n) as uint8,
+    and bytes [n, 3n) as int16, overlapping in [n, 2n)."""
+    n = ALIAS_BYTES
+    return storage[n:2 * n], storage[n:3 * n].view(torch.int16)
+
+
+def probe_aliasing(device: torch.device, full: bool) -> ProbeResult:
+    n = ALIAS_BYTES
+    storage = torch.full((3 * n,), 0xAA, dtype=torch.uint8, device=device)
+    write_view, read_view = _alias_views(storage)
+    out = torch.zeros(n // 2, dtype=torch.int16, device=device)
+    _alias_probe_kernel[(1,)](write_view, read_view, out, NBYTES=n)
+    pattern = (torch.arange(n) * 37 + 11) & 0xFF
+    want = (pattern[0::2] | (pattern[1::2] << 8)).to(torch.int32).to(torch.int16)  # little-endian pairs
+    seen_wrong = int((out.cpu() != want).sum())
+    after = storage.cpu()
+    landed_wrong = int((after[n:2 * n] != pattern.to(torch.uint8)).sum())
+    guard_wrong = int((after[:n] != 0xAA).sum() + (after[2 * n:] != 0xAA).sum())
+    bad = seen_wrong + landed_wrong + guard_wrong
+    detail = (f"write through a uint8 view, read through an int16 view of the same bytes in one launch: "
+              f"{seen_wrong} of {n // 2} read back wrong, {landed_wrong} of {n} bytes missing from the storage, "
+              f"{guard_wrong} of {2 * n} bytes outside the views changed")
+    return ProbeResult("aliasing", DEFECT if bad else OK, bad, n // 2 + 3 * n, detail)
+
+
+def probe_fp32_div(device: torch.device, full: bool) -> ProbeResult:
+    x, y = div_inputs()
+    q = torch.empty(x.shape, dtype=torch.float32, device=device)
+    grid, block = _elementwise_launch(x.numel(), device)
+    _div_probe_kernel[grid](x.to(device), y.to(device), q, x.numel(), BLOCK=block)
+    want = x / y  # torch's CPU division: IEEE, correctly rounded
+    got = q.cpu()
+    bad = _bit_mismatches(got, want)
+    detail = "bitwise vs torch (correctly rounded)"
+    if bad.any():
+        worst = int(ulp_distance(got, want).max())
+        detail += f"; max {worst} ulp; e.g. {_examples(x, got, want, bad)}"
+    return ProbeResult("fp32_div", DEFECT if bad.any() else OK, int(bad.sum()), x.numel(), detail)
+
+
+PROBES = {
+    "fp8_cast": probe_fp8_cast,
+    "fp8_upcast": probe_fp8_upcast,
+    "bf16_cast": probe_bf16_cast,
+    "bf16_upcast": probe_bf16_upcast,
+    "fp8_dot": probe_fp8_dot,
+    "bf16_dot": probe_bf16_dot,
+    "fp32_dot": probe_fp32_dot,
+    "exp": probe_exp,
+    "program_order": probe_program_order,
+    "aliasing": probe_aliasing,
+    "fp32_div": probe_fp32_div,
+}
+assert tuple(PROBES) == PRIMITIVE_KEYS
+
+
+def run_probe(key: str, device: torch.device, full: bool) -> ProbeResult:
+    """One probe; a probe that cannot run (a dtype the backend lacks, a compile error) is
+    `skipped` with the reason, never an exception."""
+    device = normalize_device(torch.device(device))
+    try:
+        with _on(device), warnings.catch_warnings():
+            # garbage from a defective primitive makes numpy warn under the interpreter
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return PROBES[key](device, full)
+    except Exception as exc:  # noqa: BLE001 - any failure to run is reported, not raised
+        return ProbeResult(key, SKIPPED, 0, 0, f"could not run: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+# ---- traits -----------------------------------------------------------------------------
+
+
+def probe_defects(device: torch.device) -> dict[str, ProbeResult]:
+    """The cheap probes behind the workaround switches (small inputs that still hit each known
+    defect), keyed by primitive."""
+    keys = sorted({k for probes in TRAIT_PROBES.values() for k in probes}, key=PRIMITIVE_KEYS.index)
+    return {k: run_probe(k, device, full=False) for k in keys}
+
+
+def traits_from_results(name: str, results: dict[str, ProbeResult]) -> BackendTraits:
+    """A workaround goes off only where every probe behind it ran and found the primitive right;
+    a defect, a skipped or a missing probe leaves it on (the software paths are right anyway)."""
+    switches = {
+        trait: not all(k in results and results[k].status == OK for k in keys) for trait, keys in TRAIT_PROBES.items()
+    }
+    return BackendTraits(name, **switches)
+
+
+def derive_traits(name: str, device: torch.device) -> BackendTraits:
+    return traits_from_results(name, probe_defects(device))
+
+
+# ---- doctor -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DoctorRow:
+    primitive: str
+    title: str
+    status: str
+    mismatches: int
+    total: int
+    workaround: str
+    workaround_applied: bool
+    workaround_mismatches: int | None
+    workaround_total: int | None
+    trusted: bool  # ok, or a workaround applied that verified clean
+    detail: str
+
+
+def _row(result: ProbeResult, traits: BackendTraits) -> DoctorRow:
+    spec = _BY_KEY[result.primitive]
+    applied = spec.trait is not None and getattr(traits, spec.trait)
+    verified = result.workaround_mismatches == 0 if result.workaround_mismatches is not None else None
+    if result.status == OK:
+        trusted = True
+        text = f"{spec.workaround} (applied, not needed here)" if applied else "none needed"
+    elif applied:
+        trusted = verified is not False  # a workaround shown wrong on this backend is no workaround
+        text = spec.workaround
+        if verified is not None:
+            text += f"; verified: {result.workaround_mismatches} of {result.workaround_total} differ"
+    else:
+        trusted = False
+        text = f"NONE: {spec.unguarded}"
+        if spec.trait is not None:
+            text = f"NONE (switch {spec.trait} is off): {spec.unguarded}"
+    return DoctorRow(spec.key, spec.title, result.status, result.mismatches, result.total, text, applied,
+                     result.workaround_mismatches, result.workaround_total, trusted, result.detail)
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    backend: str
+    device: str
+    versions: dict[str, str]
+    traits: BackendTraits
+    rows: tuple[DoctorRow, ...]
+    seconds: float
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if all(r.trusted for r in self.rows) else 1
+
+    def to_dict(self) -> dict:
+        traits = asdict(self.traits)
+        traits.pop("name")
+        return {
+            "backend": self.backend,
+            "device": self.device,
+            "versions": self.versions,
+            "traits": traits,
+            "ok": self.exit_code == 0,
+            "exit_code": self.exit_code,
+            "seconds": round(self.seconds, 3),
+            "primitives": [asdict(r) for r in self.rows],
+        }
+
+    def render(self) -> str:
+        head = ("primitive", "status", "mismatches", "workaround")
+        body = [(r.title, r.status, f"{r.mismatches} of {r.total}", r.workaround) for r in self.rows]
+        widths = [max(len(row[c]) for row in [head, *body]) for c in range(3)]
+
+        def line(row) -> str:
+            return "  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row[:3])) + "  " + row[3]
+
+        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
+        on = [f for f in TRAIT_FIELDS if getattr(self.traits, f)]
+        lines = [
+            f"backend: {self.backend} on {self.device} ({versions})",
+            f"workarounds on: {', '.join(on) if on else 'none'}",
+            "",
+            line(head),
+            "  ".join("-" * w for w in widths) + "  " + "-" * len(head[3]),
+            *(line(row) for row in body),
+            "",
+            "details:",
+            *(f"  {r.title}: {r.detail}" for r in self.rows),
+            "",
+        ]
+        untrusted = [r.title for r in self.rows if not r.trusted]
+        if untrusted:
+            lines.append(f"verdict: NOT trusted: {', '.join(untrusted)} (defect or unchecked, no working workaround)")
+        else:
+            lines.append(f"verdict: trusted: every primitive is ok or has its workaround applied, none shown wrong here ({self.seconds:.1f} s)")
+        return "\n".join(lines)
+
+
+def run_doctor(device: torch.device | None = None) -> DoctorReport:
+    """The full sweep on `device` (default: the optimized path's), judged against the traits the
+    optimized path would use there."""
+    device = normalize_device(torch.device(device) if device is not None else default_device())
+    start = time.perf_counter()
+    name = backend_name(device)
+    traits = backend_traits(device)
+    rows = tuple(_row(run_probe(k, device, full=True), traits) for k in PRIMITIVE_KEYS)
+    versions = {"triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    return DoctorReport(name, str(device), versions, traits, rows, time.perf_counter() - start)
+
+
+def doctor_main(as_json: bool, device: torch.device | str | None = None) -> int:
+    """`diffmoe doctor [--json]`: prints the table (or one JSON object) and returns the exit code."""
+    report = run_doctor(torch.device(device) if device is not None else None)
+    if as_json:
+        print(json.dumps(report.to_dict(), sort_keys=False))
+    else:
+        print(report.render())
+    return report.exit_code

@@ -1,0 +1,154 @@
+"""`diffmoe fuzz` as a shell runs it: interrupted by SIGTERM or Ctrl-C (SIGINT) while it
+shrinks, it stops within seconds, prints the smallest failure so far, leaves no worker
+process behind, and a second run with the same --database replays that failure first.
+
+The implementation under test is written to a temporary module: it answers with the
+reference's result at once, except for H > 256, where run() sleeps forever. Every example
+then costs milliseconds or the time limit (1 s), so the search reaches its shrink phase in
+a few seconds; the static-aliasing oracle alone keeps the oracles from asking more of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from diffmoe.config import MoEConfig
+
+HANGS_ON_WIDE_HIDDEN = '''
+import time
+
+from optimized.moe import TritonFP8MoE
+from reference import reference_moe
+
+
+class HangsOnWideHidden(TritonFP8MoE):
+    def run(self, problem, workspaces, **kwargs):
+        while self.config.hidden > 256:
+            time.sleep(0.05)
+        return reference_moe(problem)
+
+
+def factory(config):
+    return HangsOnWideHidden(config)
+'''
+
+STOP_WITHIN_S = 3.0
+
+
+class Fuzz:
+    """A `python -m diffmoe fuzz` subprocess whose stderr lines are read as they come."""
+
+    def __init__(self, folder, database, *extra):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
+        argv = [
+            sys.executable, "-m", "diffmoe", "fuzz", "--impl", "hangs:factory", "--database", str(database),
+            "--max-tokens", "2", "--max-experts", "2", "--oracles", "static-aliasing", "--time-limit", "1", "--json", *extra,
+        ]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            self.lines.put(line)
+
+    def wait_for(self, needle: str, timeout: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if needle in line:
+                return line
+        self.proc.kill()
+        pytest.fail(f"no {needle!r} on stderr within {timeout} s:\n{''.join(self.stderr)}")
+
+    def children(self) -> list[int]:
+        """Worker processes of the fuzz (found through /proc; none where there is no /proc)."""
+        pids = []
+        for entry in (os.listdir("/proc") if os.path.isdir("/proc") else []):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as fh:
+                        if int(fh.read().split(")")[-1].split()[1]) == self.proc.pid:
+                            pids.append(int(entry))
+                except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                    pass
+        return pids
+
+    def interrupt(self, signum) -> tuple[float, int, dict]:
+        """Send `signum`; the seconds until exit, the exit code and the JSON printed."""
+        workers = self.children()
+        sent = time.monotonic()
+        self.proc.send_signal(signum)
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail("fuzz did not stop within 30 s of the signal")
+        elapsed = time.monotonic() - sent
+        for pid in workers:  # reaped by the fuzz before it exited, so gone (or a zombie of init)
+            assert not _alive(pid), f"worker {pid} outlived the fuzz"
+        out = self.proc.stdout.read()
+        assert "Traceback" not in "".join(self.stderr), "".join(self.stderr)
+        return elapsed, code, json.loads(out)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _config_of(progress_line: str) -> str:
+    return progress_line.split(" s  ", 1)[1].strip()  # "fuzz: N examples  phase=P  S s  <config.short()>"
+
+
+@pytest.mark.slow
+def test_interrupted_fuzz_reports_and_the_next_run_replays_its_failure_first(tmp_path):
+    (tmp_path / "hangs.py").write_text(HANGS_ON_WIDE_HIDDEN)
+    database = tmp_path / "db"
+
+    first = Fuzz(tmp_path, database)
+    opening = _config_of(first.wait_for("fuzz: 1 example"))
+    assert "H=16 " in opening  # a fresh search starts from the simplest config, which passes
+    first.wait_for("phase=shrink")  # a failure was found and is being shrunk
+    elapsed, code, data = first.interrupt(signal.SIGTERM)
+    assert elapsed < STOP_WITHIN_S, f"took {elapsed:.1f} s to stop"
+    assert code == 1 and data["interrupted"] is True
+    found = MoEConfig.from_dict(data["config"])
+    assert found.hidden > 256 and data["replay"].startswith("diffmoe check ")
+    assert [f["oracle"] for f in data["report"]["findings"]] == ["timeout"]
+    assert os.listdir(database)  # the failure is on disk
+
+    second = Fuzz(tmp_path, database)
+    replayed = _config_of(second.wait_for("fuzz: 1 example"))
+    assert replayed == found.short()  # the stored failure first, not the simplest config
+    second.wait_for("phase=shrink")
+    elapsed, code, data = second.interrupt(signal.SIGINT)  # Ctrl-C
+    assert elapsed < STOP_WITHIN_S and code == 1 and data["interrupted"] is True
+    assert MoEConfig.from_dict(data["config"]).hidden > 256
+
+
+@pytest.mark.slow
+def test_interrupted_before_any_failure_exits_130(tmp_path):
+    (tmp_path / "hangs.py").write_text(HANGS_ON_WIDE_HIDDEN)
+    fuzz = Fuzz(tmp_path, tmp_path / "db")
+    fuzz.wait_for("fuzz: 1 example")
+    elapsed, code, data = fuzz.interrupt(signal.SIGTERM)
+    assert elapsed < STOP_WITHIN_S and code == 130
+    assert data["interrupted"] is True and data["passed"] is True
