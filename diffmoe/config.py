@@ -67,6 +67,15 @@ def problem_bytes(num_tokens: int, topk: int, hidden: int, inter: int, local_exp
     return 4 * (weights + activations)
 
 
+def check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """`value` as an int in [lo, hi]; TypeError/ValueError naming `name` and the range otherwise."""
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {type(value).__name__} {quoted(value)}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -179,11 +188,7 @@ class MoEConfig:
             "seed": (0, MAX_SEED),
         }
         for name, (lo, hi) in int_fields.items():
-            value = getattr(self, name)
-            if not _is_int(value):
-                raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {type(value).__name__} {quoted(value)}")
-            if not lo <= value <= hi:
-                raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+            check_int(name, getattr(self, name), lo, hi)
         if self.topk > self.num_experts:
             raise ValueError(f"topk must be in [1, num_experts={self.num_experts}], got {self.topk}")
         if self.routed_rows > MAX_ROUTED_ROWS:

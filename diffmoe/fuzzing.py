@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from .config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig
+from .config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
 from .contract import ImplementationFactory, Schedule
 from .report import DEFAULT_IMPLEMENTATION, Finding, Oracles, Report
 from .strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
@@ -95,14 +95,6 @@ class FuzzOutcome:
         }
 
 
-def _check_int(name: str, value: object, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-    return value
-
-
 def _database(database: ExampleDatabase | str | os.PathLike | None) -> ExampleDatabase | None:
     if database is None or isinstance(database, ExampleDatabase):
         return database
@@ -157,12 +149,12 @@ def fuzz(
     are exclusive. oracles, schedules, device, time_limit: passed to `run_differential`
     unchanged (None: its defaults; time_limit None runs each example in this process).
     """
-    _check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)
+    check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)
     if seed is not None:
-        _check_int("seed", seed, 0, MAX_SEED)
+        check_int("seed", seed, 0, MAX_SEED)
     if planner is not None and planner not in PLANNERS:
         raise ValueError(f"planner must be None or one of {list(PLANNERS)}, got {planner!r}")
-    _check_int("max_tokens", max_tokens, 1, MAX_TOKENS)
+    check_int("max_tokens", max_tokens, 1, MAX_TOKENS)
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable or None, got {progress!r}")
     if time_limit is not None and (

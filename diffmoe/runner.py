@@ -515,35 +515,34 @@ class DifferentialRun:
             return
         base = runs[0]
         for other in runs[1:]:
-            for name in materialised_buffers(self.config):
-                if name not in base.buffers or name not in other.buffers:
-                    continue
-                c = compare(name, base.buffers[name], other.buffers[name], Rule.bitwise("the same inputs under another program order"))
+            c = self._first_bitwise_divergence(base, other, "the same inputs under another program order")
+            if c is not None:
+                self.findings.append(Finding(
+                    oracle=Oracles.SCHEDULE, stage=producer_stage(self.config, c.name), buffers=[c.name],
+                    message=f"{c.name} changes with the program order: {base.schedule} vs {other.schedule} "
+                            f"differ in {c.differing} of {c.total} elements (first divergent buffer)",
+                    figures={"schedules": [str(base.schedule), str(other.schedule)], **c.figures()},
+                ))
+
+    def _first_bitwise_divergence(self, first: _Run, second: _Run, why: str) -> Comparison | None:
+        """The first buffer, pipeline order, whose bits differ between two runs of this config."""
+        for name in materialised_buffers(self.config):
+            if name in first.buffers and name in second.buffers:
+                c = compare(name, first.buffers[name], second.buffers[name], Rule.bitwise(why))
                 if not c.ok:
-                    stage = producer_stage(self.config, name)
-                    self.findings.append(Finding(
-                        oracle=Oracles.SCHEDULE, stage=stage, buffers=[name],
-                        message=f"{name} changes with the program order: {base.schedule} vs {other.schedule} "
-                                f"differ in {c.differing} of {c.total} elements (first divergent buffer)",
-                        figures={"schedules": [str(base.schedule), str(other.schedule)], **c.figures()},
-                    ))
-                    break
+                    return c
+        return None
 
     def _check_poison(self, first: _Run, again: _Run) -> None:
-        for name in materialised_buffers(self.config):
-            if name not in first.buffers or name not in again.buffers:
-                continue
-            c = compare(name, first.buffers[name], again.buffers[name], Rule.bitwise("the same call under another poison"))
-            if not c.ok:
-                stage = producer_stage(self.config, name)
-                self.findings.append(Finding(
-                    oracle=Oracles.POISON, stage=stage, buffers=[name],
-                    message=f"{name} depends on workspace bytes written before this call (stale or uninitialised "
-                            f"read): poison 0x{POISON_PATTERNS[0]:02X} vs 0x{POISON_PATTERNS[1]:02X} differ in "
-                            f"{c.differing} of {c.total} elements",
-                    figures=c.figures(),
-                ))
-                return
+        c = self._first_bitwise_divergence(first, again, "the same call under another poison")
+        if c is not None:
+            self.findings.append(Finding(
+                oracle=Oracles.POISON, stage=producer_stage(self.config, c.name), buffers=[c.name],
+                message=f"{c.name} depends on workspace bytes written before this call (stale or uninitialised "
+                        f"read): poison 0x{POISON_PATTERNS[0]:02X} vs 0x{POISON_PATTERNS[1]:02X} differ in "
+                        f"{c.differing} of {c.total} elements",
+                figures=c.figures(),
+            ))
 
     def _check_contract(self, run: _Run, output: GuardedTensor | None) -> None:
         cfg = self.config

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from .config import MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTING_SKEWS, MoEConfig
+from .config import MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTING_SKEWS, MoEConfig, check_int
 from .contract import SCHEDULE_KINDS, Schedule
 
 QUANT_ORDER = ("fp8-tensor", "fp8-token", "bf16", "fp8-block")
@@ -98,14 +98,6 @@ MINIMAL_FUSED_CONFIG = MINIMAL_CONFIG.replace(fused=True)
 def size_floor(quant: str) -> int:
     """Smallest H or I the scheme allows in these domains (also the step between sizes)."""
     return QUANT_BLOCK if quant == "fp8-block" else MIN_SIZE
-
-
-def _check_int(name: str, value: object, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-    return value
 
 
 def _quant_choices(quant: str | Sequence[str] | None, fused: bool | None) -> tuple[str, ...]:
@@ -201,8 +193,8 @@ def moe_configs(
     """
     if planner is not None and planner not in PLANNERS:
         raise ValueError(f"planner must be None or one of {list(PLANNERS)}, got {planner!r}")
-    _check_int("max_tokens", max_tokens, 1, MAX_TOKENS)
-    _check_int("max_experts", max_experts, 1, MAX_EXPERTS)
+    check_int("max_tokens", max_tokens, 1, MAX_TOKENS)
+    check_int("max_experts", max_experts, 1, MAX_EXPERTS)
     if fused is not None and not isinstance(fused, bool):
         raise TypeError(f"fused must be None or a bool, got {fused!r}")
     if not isinstance(expert_map, bool):
@@ -210,8 +202,8 @@ def moe_configs(
     quants = _quant_choices(quant, fused)
     floor = max(size_floor(q) for q in quants)
     # The smallest config of every allowed scheme must fit, or construction could dead-end.
-    _check_int("token_budget", token_budget, floor, 2**40)
-    _check_int("weight_budget", weight_budget, 2 * max_experts * floor * floor, 2**40)
+    check_int("token_budget", token_budget, floor, 2**40)
+    check_int("weight_budget", weight_budget, 2 * max_experts * floor * floor, 2**40)
     planners = PLANNERS if planner is None else (planner,)
 
     @st.composite
@@ -254,7 +246,7 @@ def moe_configs(
 
 def schedules(max_seed: int = 2**16) -> SearchStrategy[Schedule]:
     """identity, reversed, or random:SEED with SEED in 0..max_seed; shrinks to identity."""
-    _check_int("max_seed", max_seed, 0, 2**63 - 1)
+    check_int("max_seed", max_seed, 0, 2**63 - 1)
     # Kind and seed are both always drawn (fixed shape, see biased_integers); the seed is
     # only used by random.
     kind_and_seed = st.tuples(st.sampled_from(SCHEDULE_KINDS), st.integers(0, max_seed))
