@@ -59,6 +59,29 @@ class ToleranceRow:
 
 _B = Buffers
 
+# Rows and rules that do not depend on the scheme: the activation is a bf16 stage in every
+# scheme, and the forced down GEMM epilogue and the reduce are the same arithmetic everywhere.
+_ACTIVATION_ROW = ToleranceRow(
+    end_to_end=Rule.tolerance(
+        atol=2**-9,
+        rtol=2**-5,
+        reason="gate and up may each arrive 2 bf16 ulp (<= 2^-6 relative) off and the product adds relative "
+        "errors (2^-5); 2^-9 floor for silu's steep negative tail",
+    ),
+    forced=Rule.ulp(
+        1,
+        reason="silu's exp differs by one float32 ulp between numpy, CUDA and torch, which crosses at most one "
+        "bf16 rounding boundary",
+    ),
+)
+_DOWN_GEMM_FORCED = Rule.ulp(
+    2,
+    atol=2**-10,
+    reason="float32 re-association over I (~sqrt(I)*2^-24) and the router weight multiplied before the single "
+    "bf16 rounding cross at most two rounding boundaries; 2^-10 floor for cancellation near zero",
+)
+_REDUCE_FORCED = Rule.bitwise("the reduce sums the K rows in float32 in order k = 0..K-1 and rounds once, as the reference")
+
 _FP8_ROWS: dict[str, ToleranceRow] = {
     _B.QUANTED_GATE_UP_INPUT: ToleranceRow(
         end_to_end=Rule.bitwise("first stage: identical bf16 input, one float32 division, one round-to-nearest-even e4m3 cast"),
@@ -82,19 +105,7 @@ _FP8_ROWS: dict[str, ToleranceRow] = {
             "two with the scales applied in another order; 2^-10 floor for cancellation near zero",
         ),
     ),
-    _B.ACTIVATION_OUTPUT: ToleranceRow(
-        end_to_end=Rule.tolerance(
-            atol=2**-9,
-            rtol=2**-5,
-            reason="gate and up may each arrive 2 bf16 ulp (<= 2^-6 relative) off and the product adds relative "
-            "errors (2^-5); 2^-9 floor for silu's steep negative tail",
-        ),
-        forced=Rule.ulp(
-            1,
-            reason="silu's exp differs by one float32 ulp between numpy, CUDA and torch, which crosses at most one "
-            "bf16 rounding boundary",
-        ),
-    ),
+    _B.ACTIVATION_OUTPUT: _ACTIVATION_ROW,
     _B.QUANTED_DOWN_INPUT: ToleranceRow(
         end_to_end=Rule.fp8_step(
             atol=1.0,
@@ -129,12 +140,7 @@ _FP8_ROWS: dict[str, ToleranceRow] = {
             reason="a fraction of the I input codes sit one e4m3 step (<= 2^-3 relative) off; with random signs the "
             "dot product moves by ~2^-3*|a*w|*sqrt(flips), about a percent of |down_output| (vLLM accepts 2e-2..3.9e-2)",
         ),
-        forced=Rule.ulp(
-            2,
-            atol=2**-10,
-            reason="float32 re-association over I (~sqrt(I)*2^-24) and the router weight multiplied before the single "
-            "bf16 rounding cross at most two rounding boundaries; 2^-10 floor for cancellation near zero",
-        ),
+        forced=_DOWN_GEMM_FORCED,
     ),
     _B.OUTPUT: ToleranceRow(
         end_to_end=Rule.tolerance(
@@ -143,7 +149,7 @@ _FP8_ROWS: dict[str, ToleranceRow] = {
             reason="router weights sum to 1, so the weighted sum over K carries down_output's bound, plus one bf16 "
             "rounding (2^-8)",
         ),
-        forced=Rule.bitwise("the reduce sums the K rows in float32 in order k = 0..K-1 and rounds once, as the reference"),
+        forced=_REDUCE_FORCED,
     ),
 }
 
@@ -162,19 +168,7 @@ _BF16_ROWS: dict[str, ToleranceRow] = {
             "or two bf16 rounding boundaries; 2^-10 floor for cancellation near zero",
         ),
     ),
-    _B.ACTIVATION_OUTPUT: ToleranceRow(
-        end_to_end=Rule.tolerance(
-            atol=2**-9,
-            rtol=2**-5,
-            reason="gate and up may each arrive 2 bf16 ulp (<= 2^-6 relative) off and the product adds relative "
-            "errors (2^-5); 2^-9 floor for silu's steep negative tail",
-        ),
-        forced=Rule.ulp(
-            1,
-            reason="silu's exp differs by one float32 ulp between numpy, CUDA and torch, which crosses at most one "
-            "bf16 rounding boundary",
-        ),
-    ),
+    _B.ACTIVATION_OUTPUT: _ACTIVATION_ROW,
     _B.DOWN_OUTPUT: ToleranceRow(
         end_to_end=Rule.tolerance(
             atol=2**-8,
@@ -182,12 +176,7 @@ _BF16_ROWS: dict[str, ToleranceRow] = {
             reason="some of the I activations arrive a few bf16 ulp (<= 2^-5 relative) off; with random signs the "
             "dot product stays within about one bf16 ulp (2^-7) of its size; 2^-8 floor for cancellation",
         ),
-        forced=Rule.ulp(
-            2,
-            atol=2**-10,
-            reason="float32 re-association over I (~sqrt(I)*2^-24) and the router weight multiplied before the single "
-            "bf16 rounding cross at most two rounding boundaries; 2^-10 floor for cancellation near zero",
-        ),
+        forced=_DOWN_GEMM_FORCED,
     ),
     _B.OUTPUT: ToleranceRow(
         end_to_end=Rule.tolerance(
@@ -196,7 +185,7 @@ _BF16_ROWS: dict[str, ToleranceRow] = {
             reason="router weights sum to 1, so the weighted sum over K carries down_output's bound, plus one bf16 "
             "rounding (2^-8)",
         ),
-        forced=Rule.bitwise("the reduce sums the K rows in float32 in order k = 0..K-1 and rounds once, as the reference"),
+        forced=_REDUCE_FORCED,
     ),
 }
 
