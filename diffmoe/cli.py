@@ -7,10 +7,16 @@
                   [--save-failure FILE.json]
     diffmoe plan  [config options | --config FILE.json] [--impl ...] [--png FILE]
     diffmoe demo
+    diffmoe doctor [--device D] [--json]
+    diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
+                  [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
+                  [--jobs N] [--json]
 
 Exit codes: 0 no findings, 1 findings (for `plan`: the plan has an aliasing overlap),
 2 bad arguments or an invalid config (one line on stderr, no traceback), 130 a fuzz
-interrupted before it found anything.
+interrupted before it found anything. compile-check: 0 every specialization compiled (and the
+--forbid-spills variants spilled nothing), 1 any failure, unsupported target or spill, 2 usage
+errors (an unknown arch, a Triton without the ahead-of-time API, nothing captured).
 
 --time-limit S bounds each check (each fuzz example): past it the check's worker process is
 killed and the check reports a `timeout` finding. 0 turns the limit off; without the flag
@@ -593,6 +599,62 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor_main(args.json, device=parse_device(args.device))
 
 
+# ---- compile-check ----------------------------------------------------------------------
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def cmd_compile_check(args: argparse.Namespace) -> int:
+    # Real compiles need the kernels decorated as JITFunctions: no interpreter, before any import
+    # of triton (nothing on the way here imported it).
+    os.environ["TRITON_INTERPRET"] = "0"
+    archs = [a for text in (args.arch or ["sm_90"]) for a in _csv(text) or []]
+    from . import compile_gate as gate
+
+    for arch in archs:
+        try:
+            gate.parse_arch(arch)
+        except ValueError as exc:
+            raise UsageError(f"--arch: {exc}") from None
+    given = [flag for flag in CONFIG_FLAGS if getattr(args, flag, None) is not None]
+    if args.sweep and (given or args.config is not None):
+        raise UsageError("--sweep cannot be combined with a config (flags or --config)")
+    if given or args.config is not None:
+        configs = [config_from_args(args)]
+    else:
+        configs = gate.sweep_configs() if args.sweep else gate.representative_configs()
+    classes = _csv(args.tile_class)
+    if classes is not None:
+        unknown = [c for c in classes if c not in gate.TILE_CLASSES]
+        if unknown or not classes:
+            raise UsageError(f"--tile-class must be a comma-separated list from {list(gate.TILE_CLASSES)}, got {args.tile_class!r}")
+        configs = [c for c in configs if gate.tile_class(c) in classes]
+        if not configs:
+            raise UsageError(f"no config of this run falls in tile class {', '.join(classes)}")
+    factory, _ = load_implementation(args.impl)
+    if factory is None:
+        factory = _runner().load_factory(_runner().DEFAULT_IMPLEMENTATION)
+    progress = None
+    if not args.json:
+        def progress(done: int, total: int, result) -> None:
+            print(f"compile-check: {done}/{total} {result.kernel} {result.arch} {result.variant}: {result.status}",
+                  file=sys.stderr, flush=True)
+    try:
+        report = gate.run_gate(factory, configs, archs, variants=_csv(args.variant), jobs=args.jobs,
+                               forbid_spills=_csv(args.forbid_spills) or (), progress=progress)
+    except gate.CompileGateError as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.render())
+    return EXIT_OK if report.exit_code == 0 else EXIT_FINDINGS
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     run = _runner().run_differential
     reports = []
@@ -613,7 +675,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -660,6 +722,25 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--device", help="torch device (default: the implementation's)")
     doctor.add_argument("--json", action="store_true", help="print the report as one JSON object")
     doctor.set_defaults(handler=cmd_doctor)
+
+    cc = sub.add_parser(
+        "compile-check", help="compile every kernel specialization for a GPU, no GPU needed",
+        description="Run the implementation on CPU tensors with every Triton launch intercepted, then compile each "
+                    "distinct specialization ahead of time for the target GPU(s) and report registers, spills, shared "
+                    "memory and the matrix instruction. Without a config: the CI subset (every scheme x fused flag x "
+                    "tile class, both order-table settings).")
+    cc.add_argument("--arch", action="append", metavar="sm_90",
+                    help="target, repeatable or comma-separated: sm_80, sm_89, sm_90 (default), sm_100")
+    _add_impl_option(cc)
+    cc.add_argument("--variant", metavar="V,...", help="the implementation's compile variants to build (default all it declares; "
+                                                       "the optimized MoE: native, safe)")
+    cc.add_argument("--tile-class", metavar="C,...", help="only configs of these CUDA tile classes: decode, mid, prefill")
+    _add_config_options(cc)
+    cc.add_argument("--sweep", action="store_true", help="the full sweep instead of the CI subset")
+    cc.add_argument("--forbid-spills", metavar="V,...", help="variants whose register spills are failures (CI: native)")
+    cc.add_argument("--jobs", type=_positive_int, metavar="N", help="compiler processes (default: the machine's cores)")
+    cc.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    cc.set_defaults(handler=cmd_compile_check)
     return parser
 
 
@@ -672,7 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: check, fuzz, plan, demo or doctor (see diffmoe --help)")
+            raise UsageError("a command is required: check, fuzz, plan, demo, doctor or compile-check (see diffmoe --help)")
         return args.handler(args)
     except UsageError as exc:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)

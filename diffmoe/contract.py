@@ -11,7 +11,11 @@ largest batch it will be asked to run. It then:
   workspace view, when its plan carves the output from ws1), under a program `Schedule`,
   reporting every kernel launch to an optional `LaunchRecorder`;
 * optionally runs one stage on given inputs (`run_stage`) so the harness can judge a stage on
-  the reference's inputs ("teacher forcing").
+  the reference's inputs ("teacher forcing");
+* optionally names the backend variants it can be compiled with (`compile_variants`, e.g. the
+  native kernels and a software-rounding fallback) for `diffmoe compile-check`, which builds
+  and runs it on CPU tensors while `compile_target()` says which GPU the launches are for
+  (diffmoe.compile_gate records each Triton launch instead of running it).
 
 What the harness holds an implementation to (diffmoe.runner reports each breach as a
 finding): T may be anything from 0 to the maximum (`problem.num_tokens`; a zero-token call
@@ -29,6 +33,8 @@ tensors.
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, runtime_checkable
 
@@ -174,3 +180,39 @@ class MoEImplementation(Protocol):
 
 
 ImplementationFactory = Callable[[MoEConfig], MoEImplementation]
+
+
+@dataclass(frozen=True)
+class CompileTarget:
+    """The GPU an implementation's launches are being captured for (`diffmoe compile-check`).
+
+    While one is set, the implementation is built and run on CPU tensors and its Triton launches
+    are recorded and compiled ahead of time, never executed: it should choose the tiles and
+    kernel switches it would choose on that GPU, without probing a device it does not have.
+    """
+
+    backend: str  # "cuda"
+    arch: int  # compute capability as major*10 + minor: 90 for sm_90 (H100/H200)
+    variant: str = "default"  # one of the implementation's `compile_variants`
+
+    @property
+    def arch_name(self) -> str:
+        return f"sm_{self.arch}"
+
+
+_COMPILE_TARGET: ContextVar[CompileTarget | None] = ContextVar("diffmoe_compile_target", default=None)
+
+
+def compile_target() -> CompileTarget | None:
+    """The target launches are captured for, or None in a normal run."""
+    return _COMPILE_TARGET.get()
+
+
+@contextmanager
+def compiling_for(target: CompileTarget):
+    """Set `compile_target()` for the duration of a capture."""
+    token = _COMPILE_TARGET.set(target)
+    try:
+        yield target
+    finally:
+        _COMPILE_TARGET.reset(token)

@@ -88,7 +88,7 @@ def run_row_stage(
         STORE_ACTIVATION=act_out is not None, SCALE_MODE=SCALE_MODES[quant],
         SOFTWARE_BF16=traits.software_bf16_cast, SOFTWARE_FP8=software_fp8,
         BLOCK_R=tiles.rows_per_program, BLOCK_C=tiles.cols_per_step,
-        BLOCK_P=triton.next_power_of_2(programs),
+        BLOCK_P=tiles.amax_partials_per_step,
     )
 
     # (3) launch: per-tensor needs the global amax first

@@ -13,6 +13,15 @@ interpreter the float32 -> e4m3fn and float32 -> bf16 casts round wrongly, bf16 
 mangled on the way to float32, and the bf16 x bf16 dot is wrong. `diffmoe doctor` runs the full
 sweep and prints what holds on the backend at hand.
 
+On CUDA a software path is a different product: correct, but compiled to scalar float32 code
+with tens of KB of register spills (measured by `diffmoe compile-check --variant safe`), orders
+of magnitude slower. So when a CUDA probe finds a defect (or cannot run), `backend_traits` refuses
+with a message naming it, unless DIFFMOE_ALLOW_SOFTWARE_FALLBACK=1 says to run slowly anyway, and
+even then it warns. The interpreter always runs the software paths; nothing is refused there.
+
+While `diffmoe compile-check` captures launches (diffmoe.contract.compile_target() is set), no
+probe runs: the capture names the trait set (COMPILE_VARIANTS) and the backend is CUDA.
+
 This module itself imports no triton (the probes are imported when traits are first asked for):
 the interpreter switch below must be settable before triton is first imported.
 """
@@ -20,9 +29,12 @@ the interpreter switch below must be settable before triton is first imported.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
+
+from diffmoe.contract import compile_target
 
 
 def interpreter_enabled() -> bool:
@@ -44,6 +56,24 @@ def safe_traits(name: str) -> BackendTraits:
     return BackendTraits(name, software_fp8_cast=True, software_bf16_cast=True, upcast_bf16_dot=True)
 
 
+# The trait sets `diffmoe compile-check` compiles for a GPU (TritonFP8MoE.compile_variants): the
+# native kernels a GPU whose probes all pass runs, and the fallback a failing probe would select.
+COMPILE_VARIANTS = {
+    "native": BackendTraits("cuda", software_fp8_cast=False, software_bf16_cast=False, upcast_bf16_dot=False),
+    "safe": safe_traits("cuda"),
+}
+
+ALLOW_FALLBACK_ENV = "DIFFMOE_ALLOW_SOFTWARE_FALLBACK"
+
+
+class SoftwareFallbackError(RuntimeError):
+    """A CUDA backend whose probes would select the (correct but very slow) software paths."""
+
+    def __init__(self, message: str, traits: BackendTraits):
+        super().__init__(message)
+        self.traits = traits  # what would have run
+
+
 # What the probes derive under triton 3.9's interpreter (every defect present); tests that drive
 # the kernels on the interpreter directly use it.
 INTERPRETER_TRAITS = safe_traits("interpreter")
@@ -51,6 +81,9 @@ INTERPRETER_TRAITS = safe_traits("interpreter")
 
 def backend_name(device: torch.device) -> str:
     """"interpreter" or "cuda" for kernels launched on `device`; raises where neither can run them."""
+    target = compile_target()
+    if target is not None:
+        return target.backend  # launches are captured and compiled for it, never run here
     if interpreter_enabled():
         return "interpreter"
     if device.type == "cuda":
@@ -61,25 +94,57 @@ def backend_name(device: torch.device) -> str:
     )
 
 
-# (backend name, device) -> traits: the probes run once per process and backend.
-_TRAITS_CACHE: dict[tuple[str, str], BackendTraits] = {}
+# (backend name, device) -> (traits, why the software paths are on: "" when none is)
+_TRAITS_CACHE: dict[tuple[str, str], tuple[BackendTraits, str]] = {}
+
+
+def software_paths(traits: BackendTraits) -> list[str]:
+    return [f for f in ("software_fp8_cast", "software_bf16_cast", "upcast_bf16_dot") if getattr(traits, f)]
+
+
+def check_no_software_fallback(traits: BackendTraits, why: str) -> None:
+    """On CUDA, refuse (or, with DIFFMOE_ALLOW_SOFTWARE_FALLBACK=1, loudly warn about) traits
+    that switch a software path on; anywhere else, nothing."""
+    on = software_paths(traits)
+    if traits.name != "cuda" or not on:
+        return
+    message = (
+        f"the CUDA backend would run the software fallback ({', '.join(on)}) because {why}: correct, but "
+        "compiled to scalar float32 code with large register spills, far too slow to be the kernel you meant "
+        "to test. Run `diffmoe doctor` for the failing primitive; set "
+        f"{ALLOW_FALLBACK_ENV}=1 to run the fallback anyway."
+    )
+    if os.environ.get(ALLOW_FALLBACK_ENV, "0") in ("", "0"):
+        raise SoftwareFallbackError(message, traits)
+    warnings.warn(message + f" ({ALLOW_FALLBACK_ENV} is set: running it)", RuntimeWarning, stacklevel=3)
 
 
 def backend_traits(device: torch.device) -> BackendTraits:
     """The workaround switches for kernels on `device`, from the backend's conformance probes
-    (cached); every workaround on if the probes cannot be run at all."""
+    (cached); every workaround on if the probes cannot be run at all. On CUDA, traits that turn a
+    software path on raise SoftwareFallbackError (see the module docstring)."""
+    target = compile_target()
+    if target is not None:
+        variant = "native" if target.variant == "default" else target.variant  # what a sound GPU runs
+        if variant not in COMPILE_VARIANTS:
+            raise ValueError(f"compile variant must be one of {sorted(COMPILE_VARIANTS)}, got {target.variant!r}")
+        return COMPILE_VARIANTS[variant]
     name = backend_name(device)
     device = normalize_device(device)
     key = (name, str(device))
-    traits = _TRAITS_CACHE.get(key)
-    if traits is None:
+    cached = _TRAITS_CACHE.get(key)
+    if cached is None:
         try:
             from .conformance import derive_traits  # imports triton: only once a kernel is wanted
 
             traits = derive_traits(name, device)
-        except Exception:  # noqa: BLE001 - no probe result: the safe choice, which is always correct
+            why = "its conformance probes found a defect (or could not check the primitive) behind each"
+        except Exception as exc:  # noqa: BLE001 - no probe result: the safe choice, which is always correct
             traits = safe_traits(name)
-        _TRAITS_CACHE[key] = traits
+            why = f"its conformance probes could not run ({type(exc).__name__}: {exc})"
+        cached = _TRAITS_CACHE[key] = (traits, why)
+    traits, why = cached
+    check_no_software_fallback(traits, why)
     return traits
 
 

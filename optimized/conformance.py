@@ -38,7 +38,14 @@ import triton.language as tl
 from diffmoe.compare import ulp_distance
 from diffmoe.contract import Schedule
 
-from .backend import BackendTraits, backend_name, backend_traits, default_device, normalize_device
+from .backend import (
+    BackendTraits,
+    SoftwareFallbackError,
+    backend_name,
+    backend_traits,
+    default_device,
+    normalize_device,
+)
 from .kernels.numerics import bf16_to_f32, to_bf16, to_e4m3
 from .launch import LaunchContext, launch
 
@@ -654,10 +661,12 @@ class DoctorReport:
     traits: BackendTraits
     rows: tuple[DoctorRow, ...]
     seconds: float
+    # why the optimized path refuses this backend (CUDA probes selecting the software fallback)
+    refusal: str | None = None
 
     @property
     def exit_code(self) -> int:
-        return 0 if all(r.trusted for r in self.rows) else 1
+        return 0 if self.refusal is None and all(r.trusted for r in self.rows) else 1
 
     def to_dict(self) -> dict:
         traits = asdict(self.traits)
@@ -670,6 +679,7 @@ class DoctorReport:
             "ok": self.exit_code == 0,
             "exit_code": self.exit_code,
             "seconds": round(self.seconds, 3),
+            "refusal": self.refusal,
             "primitives": [asdict(r) for r in self.rows],
         }
 
@@ -696,7 +706,9 @@ class DoctorReport:
             "",
         ]
         untrusted = [r.title for r in self.rows if not r.trusted]
-        if untrusted:
+        if self.refusal is not None:
+            lines.append(f"verdict: REFUSED: {self.refusal}")
+        elif untrusted:
             lines.append(f"verdict: NOT trusted: {', '.join(untrusted)} (defect or unchecked, no working workaround)")
         else:
             lines.append(f"verdict: trusted: every primitive is ok or has its workaround applied, none shown wrong here ({self.seconds:.1f} s)")
@@ -709,10 +721,14 @@ def run_doctor(device: torch.device | None = None) -> DoctorReport:
     device = normalize_device(torch.device(device) if device is not None else default_device())
     start = time.perf_counter()
     name = backend_name(device)
-    traits = backend_traits(device)
+    refusal = None
+    try:
+        traits = backend_traits(device)
+    except SoftwareFallbackError as exc:  # said loudly in the verdict, judged as the fallback it would be
+        traits, refusal = exc.traits, str(exc)
     rows = tuple(_row(run_probe(k, device, full=True), traits) for k in PRIMITIVE_KEYS)
     versions = {"triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version()}
-    return DoctorReport(name, str(device), versions, traits, rows, time.perf_counter() - start)
+    return DoctorReport(name, str(device), versions, traits, rows, time.perf_counter() - start, refusal)
 
 
 def doctor_main(as_json: bool, device: torch.device | str | None = None) -> int:

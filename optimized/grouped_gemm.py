@@ -104,7 +104,7 @@ def run_grouped_gemm(
         SCALE_MODE=SCALE_MODES[quant], MUL_ROUTER_WEIGHT=mul_router_weight, ROUTER_WEIGHT_ON_A=router_weight_on_a,
         UPCAST_BF16_DOT=traits.upcast_bf16_dot and quant == "bf16", SOFTWARE_BF16=traits.software_bf16_cast,
         # the backend whose FP8 casts need software rounding also misreads the NaN code
-        DECODE_FP8=traits.software_fp8_cast and quant != "bf16",
+        DECODE_FP8=traits.software_fp8_cast and quant != "bf16", FP8_IMPRECISE_ACC=tiles.fp8_imprecise_acc,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.gemm_warps, num_stages=tiles.gemm_stages,
     )

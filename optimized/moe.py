@@ -40,7 +40,7 @@ from diffmoe.vocabulary import (
 
 from .act_quant import row_programs, run_row_stage
 from .align import align_routed_rows, max_blocks, max_padded_rows
-from .backend import backend_traits, default_device, normalize_device
+from .backend import COMPILE_VARIANTS, backend_traits, default_device, normalize_device
 from .grouped_gemm import AlignedLayout, run_grouped_gemm
 from .launch import LaunchContext
 from .reduce import run_reduce
@@ -56,6 +56,8 @@ class TritonFP8MoE:
     """One implementation of the diffmoe plug-in contract (diffmoe.contract.MoEImplementation)."""
 
     name = "optimized"
+    # `diffmoe compile-check` compiles both trait sets (optimized.backend.COMPILE_VARIANTS)
+    compile_variants = tuple(COMPILE_VARIANTS)
 
     def __init__(self, config: MoEConfig, device: torch.device | str | None = None):
         config.validate()

@@ -36,12 +36,14 @@ PASS_QUANTIZE = tl.constexpr(2)
 # vLLM's floors: per-tensor/per-token scale >= 1 / (448 * 512); group amax >= 1e-10.
 TOKEN_SCALE_FLOOR = tl.constexpr(1.0 / (448.0 * 512.0))
 GROUP_AMAX_FLOOR = tl.constexpr(1e-10)
-NAN = tl.constexpr(float("nan"))
 # A per-tensor partial amax holding a NaN is stored as -inf, a value no amax (>= 0) takes:
 # the partials reduction then ignores slots no program wrote (NaN garbage, as the default max
 # does) and still sees a real NaN.
 NAN_PARTIAL = tl.constexpr(float("-inf"))
 E4M3_NAN_BITS = tl.constexpr(0x7F)  # the e4m3fn NaN magnitude (S.1111.111), as torch writes it
+# NaN is written inline as float("nan"), never as a constexpr global: Triton compares the copies
+# of each global a jit function uses with `!=`, NaN never equals itself, and every real (CUDA)
+# compile then fails in `cache_key` (tests/test_compile_gate.py holds every kernel module to it).
 
 
 @triton.jit
@@ -49,7 +51,7 @@ def _nan_max(x, axis: tl.constexpr):
     """max over `axis` that returns NaN where a NaN is present, as torch.amax does."""
     largest = tl.max(x, axis=axis)
     has_nan = tl.max((x != x).to(tl.int32), axis=axis) > 0
-    return tl.where(has_nan, NAN, largest)
+    return tl.where(has_nan, float("nan"), largest)
 
 
 @triton.jit
@@ -97,7 +99,7 @@ def act_quant_kernel(
     act_ptr,  # [R, C] bf16 activation out (STORE_ACTIVATION)
     q_ptr,  # [R, C] fp8 e4m3fn codes out
     scale_ptr,  # fp32 scales out: [1] tensor, [R, 1] token, [R, C / BLOCK_C] group
-    partial_amax_ptr,  # [num_programs] fp32 per-program amax, -inf for a NaN (per-tensor passes)
+    partial_amax_ptr,  # [num_programs] fp32 per-program amax (>= 0), -inf for a NaN (per-tensor passes)
     order_ptr,  # [num_programs] int32 program order (REORDER)
     # Dimensions
     R,
@@ -119,7 +121,7 @@ def act_quant_kernel(
     REORDER: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    BLOCK_P: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # amax partials reduced per step (per-tensor quantisation)
 ):
     pid = tl.program_id(0)
     if REORDER:
@@ -162,10 +164,18 @@ def act_quant_kernel(
             tl.store(partial_amax_ptr + pid, tl.where(block_amax != block_amax, NAN_PARTIAL, block_amax))
         else:
             if SCALE_MODE == SCALE_TENSOR:
+                # every program reduces all partials, BLOCK_P at a time: a fixed width, so a growing
+                # batch neither recompiles nor spills (max and min are exact in any order)
                 offs_p = tl.arange(0, BLOCK_P)
-                partials = tl.load(partial_amax_ptr + offs_p, mask=offs_p < num_programs, other=0.0)
-                saw_nan = tl.min(partials, axis=0) == NAN_PARTIAL
-                tensor_amax = tl.where(saw_nan, NAN, tl.max(partials, axis=0))
+                largest = tl.zeros([BLOCK_P], dtype=tl.float32)
+                smallest = tl.zeros([BLOCK_P], dtype=tl.float32)
+                for p0 in range(0, num_programs, BLOCK_P):
+                    p_mask = p0 + offs_p < num_programs
+                    partials = tl.load(partial_amax_ptr + p0 + offs_p, mask=p_mask, other=0.0)
+                    largest = tl.maximum(largest, partials)
+                    smallest = tl.minimum(smallest, partials)
+                saw_nan = tl.min(smallest, axis=0) == NAN_PARTIAL
+                tensor_amax = tl.where(saw_nan, float("nan"), tl.max(largest, axis=0))
                 tensor_scale = tl.maximum(tl.math.div_rn(tensor_amax, E4M3_MAX), TOKEN_SCALE_FLOOR, propagate_nan=tl.PropagateNan.ALL)
                 scale = tl.zeros([BLOCK_R], dtype=tl.float32) + tensor_scale
                 if pid == 0:

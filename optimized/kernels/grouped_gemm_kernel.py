@@ -30,7 +30,6 @@ SCALE_TENSOR = tl.constexpr(1)
 SCALE_CHANNEL = tl.constexpr(2)
 SCALE_BLOCK = tl.constexpr(3)
 WEIGHT_BLOCK = tl.constexpr(128)  # 128x128 weight blocks of fp8-block
-NAN = tl.constexpr(float("nan"))
 E4M3_EXPONENT_BIAS_DELTA = tl.constexpr(127 - 7)  # float32 bias minus e4m3 bias
 E4M3_SUBNORMAL_STEP = tl.constexpr(2.0**-9)  # e4m3 subnormals are multiples of 2^-9
 
@@ -44,7 +43,7 @@ def e4m3_to_f32(x):
     normal = (((exponent + E4M3_EXPONENT_BIAS_DELTA) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
     magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * E4M3_SUBNORMAL_STEP, normal)
     value = (magnitude.to(tl.uint32, bitcast=True) | ((bits & 0x80) << 24)).to(tl.float32, bitcast=True)
-    return tl.where((bits & 0x7F) == 0x7F, NAN, value)
+    return tl.where((bits & 0x7F) == 0x7F, float("nan"), value)
 
 
 @triton.jit
@@ -79,6 +78,7 @@ def grouped_gemm_kernel(
     UPCAST_BF16_DOT: tl.constexpr,  # bf16 x bf16 dot through float32 (interpreter defect)
     DECODE_FP8: tl.constexpr,  # fp8 x fp8 dot through float32 decoded by bits (interpreter defect)
     SOFTWARE_BF16: tl.constexpr,
+    FP8_IMPRECISE_ACC: tl.constexpr,  # K elements wgmma may accumulate before float32 (0: exact)
     REORDER: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -124,10 +124,11 @@ def grouped_gemm_kernel(
         elif DECODE_FP8:
             partial = tl.dot(e4m3_to_f32(a), e4m3_to_f32(b), input_precision="ieee")
         else:
-            # max_num_imprecise_acc=0: on sm_90 Triton otherwise lets fp8 wgmma accumulate in reduced
-            # precision (its default there is 2^30), which the float32-accumulation bounds of the
-            # tolerance table do not cover
-            partial = tl.dot(a, b, max_num_imprecise_acc=0)
+            # one BLOCK_K step per dot, added to the float32 `acc` below: with FP8_IMPRECISE_ACC =
+            # BLOCK_K = 128 Hopper's wgmma accumulates one K block in the tensor core's reduced-precision
+            # accumulator and the sum is promoted to float32 once per block (DeepSeek-V3's interval);
+            # 0 asks for exact float32 accumulation, which sm_90 grants only through mma.sync
+            partial = tl.dot(a, b, max_num_imprecise_acc=FP8_IMPRECISE_ACC)
         if SCALE_MODE == SCALE_BLOCK:
             k_block = k0 // WEIGHT_BLOCK
             a_s = tl.load(a_scale_ptr + a_rows * stride_asm + k_block * stride_ask, mask=row_mask, other=0.0)
