@@ -72,6 +72,10 @@ class Worst:
         self.rule = c.rule.describe()
 
 
+# the tolerance table's backend axis: compiled kernels on a GPU, otherwise the interpreter
+BACKEND = "interpreter" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda"
+
+
 def measure(configs: list[MoEConfig]) -> dict[tuple[str, str, str], Worst]:
     table: dict[tuple[str, str, str], Worst] = defaultdict(Worst)
     for cfg in configs:
@@ -82,12 +86,12 @@ def measure(configs: list[MoEConfig]) -> dict[tuple[str, str, str], Worst]:
         result = impl.run(problem, impl.allocate_workspaces(), recorder=log)
         got = {**log.snapshots, Buffers.OUTPUT: result.output}
         for name in materialised_buffers(cfg):
-            c = compare(name, ref[name], got[name], rule_for(cfg.quant, name, END_TO_END))
+            c = compare(name, ref[name], got[name], rule_for(cfg.quant, name, END_TO_END, backend=BACKEND))
             table[(cfg.quant, name, END_TO_END)].add(c)
         for stage in pipeline_stages(cfg):
             outputs = impl.run_stage(stage.name, {n: ref[n] for n in stage.reads if n in ref}, problem)
             for name in stage.writes:
-                rule = rule_for(cfg.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT)
+                rule = rule_for(cfg.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT, backend=BACKEND)
                 mode = FORCED + (" (fused)" if stage.name == Stages.ACT_QUANT else "")
                 table[(cfg.quant, name, mode)].add(compare(name, ref[name], outputs[name], rule))
     return table

@@ -317,6 +317,7 @@ class CompileResult:
     spill_loads: int | None = None  # bytes
     shared: int | None = None  # bytes of shared memory
     mma: str = ""  # e.g. "wgmma m64n128k32 e4m3.e4m3", "mma.sync m16n8k16 f16.f16", "none"
+    approx_divisions: int | None = None  # div.full / div.approx float32 in the PTX (a `/` not written div_rn)
     error: str = ""
 
     @property
@@ -331,6 +332,7 @@ _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.(\w+)\.(\w+)\.(\w+)")
 _TCGEN05 = re.compile(r"tcgen05\.mma\.cta_group::(\d)\.kind::(\w+)")
+_APPROX_DIV = re.compile(r"\bdiv\.(?:full|approx)(?:\.ftz)?\.f32\b")
 _MMA_SYNC = re.compile(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.(\w+)\.(\w+)\.(\w+)\.(\w+)")
 
 
@@ -368,17 +370,31 @@ def _ptxas_log(ptx: str, arch: int) -> str:
 
 
 def _error_text(exc: BaseException, spec: Specialization) -> str:
-    """The compiler's message, one line, with the kernel and the source line where known."""
-    node = getattr(exc, "node", None)
+    """The compiler's message, one line: the root cause, the kernel, file:line and the source line."""
+    node, src = getattr(exc, "node", None), getattr(exc, "src", None)
     where = spec.kernel_name
     if node is not None and hasattr(node, "lineno") and spec.fn is not None:
         start = getattr(spec.fn, "starting_line_number", None)
-        src_file = getattr(getattr(spec.fn, "fn", None), "__code__", None)
+        code = getattr(getattr(spec.fn, "fn", None), "__code__", None)
         line = node.lineno + (start - 1 if isinstance(start, int) else 0)
-        where = f"{spec.kernel_name} ({src_file.co_filename if src_file else '?'}:{line})"
-    message = getattr(exc, "error_message", None) or str(exc)
+        where = f"{spec.kernel_name} ({code.co_filename if code else '?'}:{line})"
+        if src:
+            lines = src.split("\n")
+            if 0 < node.lineno <= len(lines):
+                where += f" `{lines[node.lineno - 1].strip()}`"
+    root = exc
+    while getattr(root, "error_message", None) is None and (root.__cause__ or root.__context__) is not None:
+        root = root.__cause__ or root.__context__  # Triton wraps the real error in a CompilationError
+    message = getattr(root, "error_message", None) or str(root)
     message = " ".join(str(message).split())
-    return f"{type(exc).__name__} in {where}: {message[:600]}"
+    return f"{type(root).__name__} in {where}: {message[:600]}"
+
+
+def _globals_failing_launch_check(fn) -> list[str]:
+    """The globals `JITFunction.run` would reject before a launch (its own comparison)."""
+    missing = object()
+    used = getattr(fn, "used_global_vals", None) or {}
+    return sorted({name for (name, _), (value, scope) in used.items() if scope.get(name, missing) != value})
 
 
 _WORK: list[Specialization] = []  # set before the pool forks; workers compile by index
@@ -409,6 +425,7 @@ def compile_specialization(spec: Specialization) -> CompileResult:
             saved = knobs.nvidia.dump_ptxas_log
             knobs.nvidia.dump_ptxas_log = True
             try:
+                spec.fn.cache_key  # the first step of every JIT launch: it checks the globals the kernel uses
                 compiled = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
                                           target=GPUTarget("cuda", spec.arch, WARP_SIZE), options=spec.options)
             finally:
@@ -420,6 +437,16 @@ def compile_specialization(spec: Specialization) -> CompileResult:
             result.status = UNSUPPORTED
         result.seconds = time.perf_counter() - start
         return result
+    changed = _globals_failing_launch_check(spec.fn)
+    if changed:
+        # Triton compares every global the kernel used with `!=` before each launch: a global not
+        # equal to itself (NaN) compiles, then fails every launch on the GPU
+        result.status = FAILED
+        result.error = (f"RuntimeError in {spec.kernel_name}: global variable(s) {', '.join(changed)} fail Triton's "
+                        "pre-launch check (the value does not compare equal to the one compiled, e.g. a NaN constexpr): "
+                        "every launch on the GPU would raise")
+        result.seconds = time.perf_counter() - start
+        return result
     ptx = compiled.asm.get("ptx", "")
     text = log.getvalue()
     if "Used " not in text:  # a cache hit compiles nothing: ask ptxas itself
@@ -427,6 +454,7 @@ def compile_specialization(spec: Specialization) -> CompileResult:
     result.registers, result.spill_stores, result.spill_loads = ptxas_resources(text)
     result.shared = int(getattr(compiled.metadata, "shared", 0) or 0)
     result.mma = mma_of_ptx(ptx)
+    result.approx_divisions = len(_APPROX_DIV.findall(ptx))
     result.seconds = time.perf_counter() - start
     return result
 
@@ -535,6 +563,9 @@ def run_gate(
     start = time.perf_counter()
     arch_ids = [parse_arch(a) for a in archs]
     specs = capture_specializations(factory, configs, arch_ids, variants)
+    if configs and not specs:
+        raise CompileGateError("no Triton launch was captured: the implementation launches no @triton.jit kernel "
+                               "(or its kernels were imported under the interpreter), so there is nothing to compile")
     results = compile_all(specs, jobs, progress)
     return GateReport(results, [f"sm_{a}" for a in arch_ids], len(configs), time.perf_counter() - start,
                       tuple(forbid_spills))

@@ -324,6 +324,8 @@ class DifferentialRun:
         self.oracles = oracles
         self.schedules = schedules
         self.device = device
+        # the tolerance table's backend axis: compiled CUDA kernels, or the interpreter on any device
+        self._tolerance_backend = "cuda" if device.type == "cuda" and not interpreter_enabled() else "interpreter"
         self.name = name
         self.findings: list[Finding] = []
         self._progress = progress
@@ -494,7 +496,7 @@ class DifferentialRun:
         for name in materialised_buffers(self.config):
             if name not in run.buffers or name not in self.reference.intermediates:
                 continue
-            rule = rule_for(self.config.quant, name, END_TO_END)
+            rule = rule_for(self.config.quant, name, END_TO_END, backend=self._tolerance_backend)
             c = compare(name, self.reference.intermediates[name], run.buffers[name], rule)
             if not c.ok:
                 failed.append(c)
@@ -621,7 +623,8 @@ class DifferentialRun:
             for name in stage.writes:
                 if name not in outputs or name not in ref:
                     continue
-                rule = rule_for(self.config.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT)
+                rule = rule_for(self.config.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT,
+                                backend=self._tolerance_backend)
                 c = compare(name, ref[name], outputs[name], rule)
                 if not c.ok:
                     self.findings.append(Finding(

@@ -23,7 +23,7 @@ same float32 accumulation, so finite results do not change.
 import triton
 import triton.language as tl
 
-from .numerics import bf16_to_f32, to_bf16
+from .numerics import E4M3_SUBNORMAL_STEP, bf16_to_f32, to_bf16
 
 SCALE_BF16 = tl.constexpr(0)
 SCALE_TENSOR = tl.constexpr(1)
@@ -31,7 +31,6 @@ SCALE_CHANNEL = tl.constexpr(2)
 SCALE_BLOCK = tl.constexpr(3)
 WEIGHT_BLOCK = tl.constexpr(128)  # 128x128 weight blocks of fp8-block
 E4M3_EXPONENT_BIAS_DELTA = tl.constexpr(127 - 7)  # float32 bias minus e4m3 bias
-E4M3_SUBNORMAL_STEP = tl.constexpr(2.0**-9)  # e4m3 subnormals are multiples of 2^-9
 
 
 @triton.jit

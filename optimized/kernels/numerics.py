@@ -14,6 +14,9 @@ import triton.language as tl
 E4M3_MAX = tl.constexpr(448.0)  # largest finite float8_e4m3fn
 E4M3_MIN_NORMAL = tl.constexpr(0.015625)  # 2^-6; below it e4m3 codes are multiples of 2^-9
 E4M3_SUBNORMAL_SCALE = tl.constexpr(512.0)  # 2^9
+# Multiplying by 2^-9 is exact where dividing by 2^9 would compile to CUDA's approximate
+# div.full.f32 (the compile gate counts those in the PTX: there are none).
+E4M3_SUBNORMAL_STEP = tl.constexpr(2.0**-9)  # e4m3 subnormals are multiples of 2^-9
 # 1.5 * 2^23: adding it to |v| < 2^22 leaves no fraction bits, so float32 round-to-nearest-
 # even rounds v to an integer; subtracting it back is exact.
 ROUND_TO_INT_MAGIC = tl.constexpr(12582912.0)
@@ -38,7 +41,7 @@ def round_to_e4m3_grid(x):
     # subnormal range: multiples of 2^-9; scaling by 2^9 is exact, the magic add rounds.
     # Work on |x| and put the sign bit back, so that values rounding to zero keep it (-0.0).
     scaled = tl.abs(x) * E4M3_SUBNORMAL_SCALE
-    magnitude = ((scaled + ROUND_TO_INT_MAGIC) - ROUND_TO_INT_MAGIC) / E4M3_SUBNORMAL_SCALE
+    magnitude = ((scaled + ROUND_TO_INT_MAGIC) - ROUND_TO_INT_MAGIC) * E4M3_SUBNORMAL_STEP
     subnormal = (magnitude.to(tl.uint32, bitcast=True) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(x) < E4M3_MIN_NORMAL, subnormal, normal)
 
