@@ -102,7 +102,8 @@ def representative_configs() -> list[MoEConfig]:
 
 def sweep_configs() -> list[MoEConfig]:
     """The full sweep: the CI subset plus the router weight on the input, the output carved from
-    ws1 and a DeepSeek-sized layer (H = 7168, I = 2048)."""
+    ws1 and a DeepSeek-sized layer (H = 7168, I = 2048; E = 2, since the tiles follow T*K and
+    generating eight experts' weights on the CPU costs ~17 s a config)."""
     configs = representative_configs()
     for quant in QUANT_SCHEMES:
         for fused in ((False, True) if quant != "bf16" else (False,)):
@@ -111,7 +112,7 @@ def sweep_configs() -> list[MoEConfig]:
             configs.append(MoEConfig(num_tokens=256, num_experts=8, topk=2, hidden=2048, inter=512, quant=quant,
                                      fused=fused, output="workspace", seed=0))
             for _, tokens in TILE_CLASSES.values():
-                configs.append(MoEConfig(num_tokens=tokens, num_experts=8, topk=2, hidden=7168, inter=2048,
+                configs.append(MoEConfig(num_tokens=tokens, num_experts=2, topk=2, hidden=7168, inter=2048,
                                          quant=quant, fused=fused, seed=0))
     return configs
 
@@ -132,6 +133,8 @@ class Specialization:
     options: dict
     stage: str  # the stage of the first launch that used it
     config: str  # the first config that launched it (compact)
+    quant: str = ""  # its quant scheme
+    tile_class: str = ""  # its CUDA tile class (TILE_CLASSES)
     fn: object = field(repr=False, compare=False, default=None)  # the JITFunction
 
     @property
@@ -250,37 +253,37 @@ def capture_specializations(
     binders: dict[tuple[int, int], tuple[object, Callable]] = {}
     found: dict[str, Specialization] = {}
     configs = list(configs)
-    for arch in archs:
-        backend = make_backend(GPUTarget("cuda", arch, WARP_SIZE))
-        for variant in _variants(factory, configs, arch, variants):
-            for config in configs:
-                tracker = _StageTracker()
+    backends = {arch: make_backend(GPUTarget("cuda", arch, WARP_SIZE)) for arch in archs}
+    plan = [(arch, variant) for arch in archs for variant in _variants(factory, configs, arch, variants)]
+    for config in configs:
+        problem = make_problem(config, "cpu")  # once per config: the inputs do not depend on the target
+        for arch, variant in plan:
+            backend = backends[arch]
+            tracker = _StageTracker()
 
-                def on_launch(fn, args, kwargs, arch=arch, variant=variant, config=config, tracker=tracker, backend=backend):
-                    kwargs = dict(kwargs)
-                    kwargs.setdefault("debug", fn.debug or knobs.runtime.debug)
-                    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-                    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
-                    slot = (id(fn), arch)
-                    if slot not in binders:
-                        binders[slot] = (fn, create_function_from_signature(fn.signature, fn.params, backend))
-                    bound, specialization, options = binders[slot][1](*args, **kwargs)
-                    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
-                    spec = Specialization(
-                        kernel=f"{fn.module}:{fn.fn.__qualname__}", arch=arch, variant=variant, signature=signature,
-                        constexprs=constexprs, attrs=attrs, options=dict(options.__dict__), stage=tracker.stage,
-                        config=_short_config(config), fn=fn,
-                    )
-                    found.setdefault(spec.key, spec)
+            def on_launch(fn, args, kwargs, arch=arch, variant=variant, config=config, tracker=tracker, backend=backend):
+                kwargs = dict(kwargs)
+                kwargs.setdefault("debug", fn.debug or knobs.runtime.debug)
+                kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+                kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+                slot = (id(fn), arch)
+                if slot not in binders:
+                    binders[slot] = (fn, create_function_from_signature(fn.signature, fn.params, backend))
+                bound, specialization, options = binders[slot][1](*args, **kwargs)
+                options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+                spec = Specialization(
+                    kernel=f"{fn.module}:{fn.fn.__qualname__}", arch=arch, variant=variant, signature=signature,
+                    constexprs=constexprs, attrs=attrs, options=dict(options.__dict__), stage=tracker.stage,
+                    config=_short_config(config), quant=config.quant, tile_class=tile_class(config), fn=fn,
+                )
+                found.setdefault(spec.key, spec)
 
-                target = CompileTarget("cuda", arch, variant)
-                with compiling_for(target), _intercept_launches(on_launch):
-                    impl = factory(config)
-                    problem = make_problem(config, "cpu")
-                    shapes = impl.workspace_shapes(config.num_tokens)
-                    workspaces = tuple(torch.empty(int(n), dtype=torch.uint8) for n in shapes)
-                    for schedule in CAPTURE_SCHEDULES:
-                        impl.run(problem, workspaces, schedule=schedule, recorder=tracker)
+            with compiling_for(CompileTarget("cuda", arch, variant)), _intercept_launches(on_launch):
+                impl = factory(config)
+                shapes = impl.workspace_shapes(config.num_tokens)
+                workspaces = tuple(torch.empty(int(n), dtype=torch.uint8) for n in shapes)
+                for schedule in CAPTURE_SCHEDULES:
+                    impl.run(problem, workspaces, schedule=schedule, recorder=tracker)
     return list(found.values())
 
 
@@ -310,6 +313,8 @@ class CompileResult:
     config: str
     meta: dict
     status: str
+    quant: str = ""
+    tile_class: str = ""
     divisible: list = field(default_factory=list)  # integer arguments specialized as multiples of 16
     seconds: float = 0.0
     registers: int | None = None
@@ -412,7 +417,7 @@ def compile_specialization(spec: Specialization) -> CompileResult:
 
     arch_name = f"sm_{spec.arch}"
     result = CompileResult(spec.kernel_name, arch_name, spec.variant, spec.stage, spec.config, spec.meta(), OK,
-                           spec.divisible_ints())
+                           spec.quant, spec.tile_class, spec.divisible_ints())
     if spec.uses_fp8 and spec.arch < FP8_MIN_ARCH:
         result.status = UNSUPPORTED
         result.error = (f"{arch_name} has no float8_e4m3fn (Triton supports it from sm_89; FP8 tensor cores from "

@@ -34,6 +34,13 @@ class LaunchContext:
         return torch.tensor(order, dtype=torch.int32, device=self.device), True
 
 
+# No multiply-add contraction on CUDA: every float32 product and sum is rounded on its own, as in
+# the reference (torch) and the interpreter (numpy), so a GEMM epilogue or a scale product never
+# carries one rounding fewer. Said explicitly because Triton's default flips from on (3.9) to off
+# (3.10); the interpreter ignores the option.
+FP_FUSION = False
+
+
 def kernel_name(kernel) -> str:
     fn = getattr(kernel, "fn", kernel)  # a JITFunction wraps the Python function
     return getattr(fn, "__name__", type(kernel).__name__)
@@ -48,7 +55,7 @@ def launch(ctx: LaunchContext, kernel, grid_size: int, *, stage: str, reads: dic
     if ctx.recorder is not None:
         info = LaunchInfo(stage=stage, kernel=kernel_name(kernel), grid=(grid_size,), reads=reads, writes=writes)
         ctx.recorder.before_launch(info)
-    kernel[(grid_size,)](**kernel_args, order_ptr=order, REORDER=reorder)
+    kernel[(grid_size,)](**kernel_args, order_ptr=order, REORDER=reorder, enable_fp_fusion=FP_FUSION)
     ctx.launches += 1
     if info is not None:
         ctx.recorder.after_launch(info)

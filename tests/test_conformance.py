@@ -430,3 +430,65 @@ def test_which_rows_the_exit_code_trusts(status, traits, verified, trusted):
     # primitives without any workaround are trusted only when ok
     for key in ("fp8_dot", "fp32_div", "aliasing"):
         assert conformance._row(result(key, status), traits).trusted is (status == OK)
+
+
+# =============================================================================================
+# on CUDA a software path is refused, loudly (issue 10): correct, but it compiles to scalar
+# float32 code with kilobytes of spills (`diffmoe compile-check --variant safe` shows them)
+
+
+def as_cuda(monkeypatch, probe_results):
+    """This CPU process posing as a CUDA backend whose probes return `probe_results`."""
+    monkeypatch.setattr(backend, "backend_name", lambda device: "cuda")
+    monkeypatch.setattr(conformance, "backend_name", lambda device: "cuda")
+    monkeypatch.setattr(conformance, "probe_defects", lambda device: probe_results)
+
+
+def test_cuda_with_a_defect_refuses_the_software_fallback(own_traits_cache, monkeypatch):
+    monkeypatch.delenv(backend.ALLOW_FALLBACK_ENV, raising=False)
+    as_cuda(monkeypatch, {k: result(k, OK if k != "fp8_cast" else DEFECT) for k in INTERPRETER_DEFECTS})
+    with pytest.raises(backend.SoftwareFallbackError, match="software_fp8_cast.*DIFFMOE_ALLOW_SOFTWARE_FALLBACK=1") as err:
+        backend_traits(CPU)
+    assert err.value.traits.software_fp8_cast and not err.value.traits.software_bf16_cast
+    from optimized import TritonFP8MoE
+
+    with pytest.raises(backend.SoftwareFallbackError):  # the implementation refuses to be built, too
+        TritonFP8MoE(MoEConfig(num_tokens=4, num_experts=2, topk=1, hidden=128, inter=128, quant="fp8-token"), CPU)
+
+
+def test_cuda_whose_probes_cannot_run_refuses_and_says_why(own_traits_cache, monkeypatch):
+    monkeypatch.delenv(backend.ALLOW_FALLBACK_ENV, raising=False)
+    as_cuda(monkeypatch, {})
+
+    def fail(name, device):
+        raise RuntimeError("driver too old")
+
+    monkeypatch.setattr(conformance, "derive_traits", fail)
+    with pytest.raises(backend.SoftwareFallbackError, match="could not run .*driver too old"):
+        backend_traits(CPU)
+
+
+def test_the_fallback_runs_when_allowed_with_a_warning(own_traits_cache, monkeypatch):
+    monkeypatch.setenv(backend.ALLOW_FALLBACK_ENV, "1")
+    as_cuda(monkeypatch, {k: result(k, DEFECT) for k in INTERPRETER_DEFECTS})
+    with pytest.warns(RuntimeWarning, match="is set: running it"):
+        traits = backend_traits(CPU)
+    assert traits == safe_traits("cuda")
+
+
+def test_cuda_without_defects_and_the_interpreter_are_never_refused(own_traits_cache, monkeypatch):
+    monkeypatch.delenv(backend.ALLOW_FALLBACK_ENV, raising=False)
+    backend.check_no_software_fallback(safe_traits("interpreter"), "the interpreter's defects")  # nothing raised
+    as_cuda(monkeypatch, all_ok(CPU))
+    assert backend_traits(CPU) == BackendTraits("cuda", False, False, False)
+
+
+def test_doctor_on_cuda_with_a_defect_says_refused(own_traits_cache, monkeypatch, capsys):
+    monkeypatch.delenv(backend.ALLOW_FALLBACK_ENV, raising=False)
+    as_cuda(monkeypatch, {k: result(k, OK if k != "bf16_dot" else DEFECT) for k in INTERPRETER_DEFECTS})
+    assert conformance.doctor_main(False) == 1
+    out = capsys.readouterr().out
+    assert "verdict: REFUSED: the CUDA backend would run the software fallback (upcast_bf16_dot)" in out
+    assert conformance.doctor_main(True) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["refusal"].startswith("the CUDA backend") and data["traits"]["upcast_bf16_dot"] is True
