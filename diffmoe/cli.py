@@ -18,8 +18,9 @@ interrupted before it found anything. compile-check: 0 every specialization comp
 --forbid-spills variants spilled nothing), 1 any failure, unsupported target or spill, 2 usage
 errors (an unknown arch, a Triton without the ahead-of-time API, nothing captured).
 
---time-limit S bounds each check (each fuzz example): past it the check's worker process is
-killed and the check reports a `timeout` finding. 0 turns the limit off; without the flag
+--time-limit S bounds the silence of each check (each fuzz example): when no phase and no
+launch has started for S seconds the check's worker process is killed and the check reports a
+`timeout` finding; a slow check that keeps launching is never one. 0 turns the limit off; without the flag
 the limit is diffmoe.runner.default_time_limit(): 120 s on the Triton interpreter, none on
 CUDA. Ctrl-C or SIGTERM stops a fuzz at once: it prints the smallest failure found so far
 (exit 1) or that none was found (exit 130). --database DIR keeps Hypothesis's example
@@ -684,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--oracles", metavar="A,B", help=f"oracles to run (default all available): {', '.join(KNOWN_ORACLES)}")
     check.add_argument("--device", help="torch device (default: the implementation's)")
     check.add_argument("--time-limit", type=_time_limit, metavar="S",
-                       help="stop the check after S seconds with a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
+                       help="stop the check with a timeout finding when it makes no progress (no launch) for S seconds (0: no limit; default 120 on the interpreter, none on CUDA)")
     check.add_argument("--json", action="store_true", help="print the report as one JSON object")
     check.set_defaults(handler=cmd_check)
 
@@ -698,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default all available)")
     fz.add_argument("--device", help="torch device (default: the implementation's)")
     fz.add_argument("--time-limit", type=_time_limit, metavar="S",
-                    help="per-example limit in seconds, past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
+                    help="per-example limit on seconds without progress (no launch), past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
     fz.add_argument("--database", metavar="DIR",
                     help="Hypothesis example database: failures are saved there and replayed first next time (not with --seed)")
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")

@@ -707,8 +707,10 @@ def run_differential(
         cannot use CUDA; under spawn the factory must be picklable), which is killed, with
         everything it started, once the limit passes; the Report then has a `timeout`
         finding naming the phase and stage in flight, after the findings made so far. The
-        limit covers the whole check, reference included. `default_time_limit()` is the
-        limit the CLI applies when none is given.
+        limit bounds the silence between progress events (a phase or a launch starting), not
+        the whole check: a slow check that keeps launching is never a timeout, a launch that
+        runs `time_limit` seconds without finishing is. `default_time_limit()` is the limit
+        the CLI applies when none is given.
     """
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}")
@@ -891,17 +893,24 @@ def _run_in_worker(job: _Job, limit: float) -> Report:
             warnings.filterwarnings("ignore", message=r".*multi-threaded.*fork", category=DeprecationWarning)
             proc.start()
             sender.close()  # the worker holds the only sending end: EOF means it is gone
-        deadline = start + limit
+        # The limit bounds silence, not the check: every phase and every launch the worker starts
+        # is a progress message that restarts the clock, so a slow check that keeps launching is
+        # never a timeout (a 2-core machine under load made large checks look like hangs); a launch
+        # or a phase that goes quiet for `limit` seconds is one.
+        last_progress = start
         while True:
-            remaining = deadline - time.perf_counter()
+            remaining = last_progress + limit - time.perf_counter()
             if remaining <= 0 or not receiver.poll(remaining):
                 findings.append(Finding(
                     oracle=Oracles.TIMEOUT, stage=stage,
-                    message=f"no result within the time limit of {limit:g} s; the worker was stopped during {phase}"
-                            + (f", in a launch of stage {stage}" if stage else ""),
-                    figures={"time_limit_s": limit, "phase": phase, "worker_pid": proc.pid, "start_method": method},
+                    message=f"no progress within the time limit of {limit:g} s; the worker was stopped during {phase}"
+                            + (f", in a launch of stage {stage}" if stage else "")
+                            + f" ({time.perf_counter() - start:.1f} s into the check)",
+                    figures={"time_limit_s": limit, "phase": phase, "worker_pid": proc.pid, "start_method": method,
+                             "seconds_since_progress": round(time.perf_counter() - last_progress, 3)},
                 ))
                 break
+            last_progress = time.perf_counter()
             try:
                 message = receiver.recv()
             except EOFError:

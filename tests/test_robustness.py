@@ -15,6 +15,7 @@ import dataclasses
 import math
 import multiprocessing
 import os
+import time
 
 import pytest
 import torch
@@ -179,6 +180,25 @@ def test_a_hanging_kernel_times_out_keeps_earlier_findings_and_leaves_no_process
     assert 3 <= report.seconds < 10
     assert worker_is_gone(timeout.figures["worker_pid"])
     assert not multiprocessing.active_children()
+
+
+def test_a_slow_check_that_keeps_launching_is_not_a_timeout():
+    """The limit bounds the silence between launches, not the check: every launch here takes
+    0.6 s, the check far longer than the 2 s limit, and it passes."""
+    def factory(config):
+        impl = make_implementation(config)
+        run_stage = impl._run_stage
+
+        def slow_stage(*args, **kwargs):
+            time.sleep(0.6)
+            return run_stage(*args, **kwargs)
+
+        impl._run_stage = slow_stage
+        return impl
+
+    report = runner.run_differential(MINIMAL_CONFIG, factory, oracles=[O.DIFFERENTIAL], time_limit=2, **QUICK)
+    assert report.passed, report.render()
+    assert report.seconds > 3  # well past the limit in total
 
 
 def test_the_worker_gives_the_same_report_as_the_process():
