@@ -23,6 +23,8 @@ class Oracles:
     STATIC_ALIASING = "static-aliasing"  # the declared plan alone
     RUNTIME_ALIASING = "runtime-aliasing"  # the views each launch really used
     RACES = "races"  # per-program addresses under the interpreter
+    STORE_EXTENT = "store-extent"  # every stored byte inside the launch's declared write views (interpreter)
+    CALL_SEQUENCE = "call-sequence"  # a call does not depend on the calls before it on the same workspaces
     SCHEDULE = "schedule"  # result depends on program order
     POISON = "poison"  # result depends on workspace contents before the call
     RED_ZONE = "red-zone"  # guard bytes around a workspace changed

@@ -119,8 +119,10 @@ ALL_ORACLES = (
     Oracles.STATIC_ALIASING,
     Oracles.RUNTIME_ALIASING,
     Oracles.RACES,
+    Oracles.STORE_EXTENT,
     Oracles.SCHEDULE,
     Oracles.POISON,
+    Oracles.CALL_SEQUENCE,
     Oracles.RED_ZONE,
     Oracles.CONTRACT,
 )
@@ -379,13 +381,14 @@ class DifferentialRun:
         return plan
 
     def _execute(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, schedule: Schedule,
-                 poison: int, extra_recorder=None, problem: Problem | None = None, what: str | None = None,
+                 poison: int | None, extra_recorder=None, problem: Problem | None = None, what: str | None = None,
                  attribute_input_writes: bool = False) -> _Run:
         what = what or f"the run under schedule {schedule}"
         self._enter(what)
-        guarded.poison(poison)
-        if output is not None:
-            output.poison(poison)
+        if poison is not None:  # None: the workspaces keep what the previous call left (call-sequence)
+            guarded.poison(poison)
+            if output is not None:
+                output.poison(poison)
         log = LaunchLog(snapshot=True)
         tracker = _StageTracker(self._report_progress)
         watch = _RedZoneWatch(guarded, output)
@@ -438,12 +441,15 @@ class DifferentialRun:
             output = GuardedTensor((t, cfg.hidden), torch.bfloat16, self.device)
         runs: list[_Run] = []
         for index, schedule in enumerate(self.schedules):
-            race_recorder = self._race_recorder() if index == 0 else None
+            race_recorder = self._race_recorder(guarded, output) if index == 0 else None
             if race_recorder is not None:
                 with race_recorder:
                     run = self._execute(impl, guarded, output, schedule, POISON_PATTERNS[0], race_recorder,
                                         attribute_input_writes=True)
-                self.findings += race_recorder.findings()
+                if Oracles.RACES in self.oracles:
+                    self.findings += race_recorder.findings()
+                if Oracles.STORE_EXTENT in self.oracles:
+                    self.findings += race_recorder.store_extent_findings()
             else:
                 run = self._execute(impl, guarded, output, schedule, POISON_PATTERNS[0], attribute_input_writes=index == 0)
             runs.append(run)
@@ -453,6 +459,8 @@ class DifferentialRun:
             again = self._execute(impl, guarded, output, self.schedules[0], POISON_PATTERNS[1],
                                   what=f"the run under schedule {self.schedules[0]} and the second poison")
             self._check_poison(runs[0], again)
+        if Oracles.CALL_SEQUENCE in self.oracles and t >= 2:
+            self._check_call_sequence(impl, guarded, output, runs[0], shapes)
         if t == 0:
             return  # a zero-token call: no stage has anything to teacher-force or compare across fusion
         if Oracles.TEACHER_FORCING in self.oracles and hasattr(impl, "run_stage"):
@@ -464,13 +472,18 @@ class DifferentialRun:
                 crash.finding.message = f"metamorphic sibling (fused={not cfg.fused}): {crash.finding.message}"
                 self.findings.append(crash.finding)
 
-    def _race_recorder(self):
-        if Oracles.RACES not in self.oracles:
+    def _race_recorder(self, guarded: GuardedWorkspaces, output: GuardedTensor | None):
+        """The interpreter's address recorder, behind the races and store-extent oracles."""
+        if Oracles.RACES not in self.oracles and Oracles.STORE_EXTENT not in self.oracles:
             return None
-        from .oracles import interpreter_races  # imports triton: only when this oracle runs
+        from .oracles import interpreter_races  # imports triton: only when these oracles run
 
         supported, _why = interpreter_races.races_supported()
-        return interpreter_races.RaceRecorder() if supported else None
+        if not supported:
+            return None
+        ws1, ws2 = guarded.workspaces
+        named = {"ws1": ws1, "ws2": ws2, **({Buffers.OUTPUT: output.tensor} if output is not None else {})}
+        return interpreter_races.RaceRecorder(named)
 
     # ---- oracles ------------------------------------------------------------------------
     def _check_run(self, run: _Run, guarded: GuardedWorkspaces, output: GuardedTensor | None, first: bool) -> None:
@@ -544,6 +557,43 @@ class DifferentialRun:
                         f"read): poison 0x{POISON_PATTERNS[0]:02X} vs 0x{POISON_PATTERNS[1]:02X} differ in "
                         f"{c.differing} of {c.total} elements",
                 figures=c.figures(),
+            ))
+
+    def _check_call_sequence(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, large: _Run,
+                             shapes: tuple[int, ...]) -> None:
+        """A call must not depend on the calls before it. An engine reuses one implementation and
+        one pair of workspaces for every batch, and the seed bug lived in that reuse: a kernel that
+        reduces over the workspace capacity, or keeps a scale from an earlier call, is right on a
+        lone call. So: the T/2 call right after the T call, on the same instance and unpoisoned
+        workspaces, against the T/2 call on a fresh instance and fresh workspaces; then, on that
+        fresh pair, the T call after the T/2 call against the T call on its own. Bitwise."""
+        t_small = self.problem.num_tokens // 2
+        small = _first_tokens(self.problem, t_small)
+        schedule = self.schedules[0]
+
+        def out_for(t: int) -> GuardedTensor | None:
+            return GuardedTensor((t, self.config.hidden), torch.bfloat16, self.device) if output is not None else None
+
+        t_large = self.problem.num_tokens
+        after_large = self._execute(impl, guarded, out_for(t_small), schedule, None, problem=small,
+                                    what=f"the T={t_small} call right after the T={t_large} call (same workspaces)")
+        fresh = self._build(self.config)
+        fresh_ws = GuardedWorkspaces(shapes, self.device)
+        alone = self._execute(fresh, fresh_ws, out_for(t_small), schedule, POISON_PATTERNS[0], problem=small,
+                              what=f"the T={t_small} call on a fresh instance and fresh workspaces")
+        after_small = self._execute(fresh, fresh_ws, out_for(t_large), schedule, None,
+                                    what=f"the T={t_large} call right after the T={t_small} call (same workspaces)")
+        for run, reference, earlier in ((after_large, alone, t_large), (after_small, large, t_small)):
+            c = self._first_bitwise_divergence(reference, run, "the same call, with or without an earlier call")
+            if c is None:
+                continue
+            t_call = t_small if run is after_large else t_large
+            self.findings.append(Finding(
+                oracle=Oracles.CALL_SEQUENCE, stage=producer_stage(self.config, c.name), buffers=[c.name],
+                message=f"{c.name} of a T={t_call} call changes when a T={earlier} call ran before it on the same "
+                        f"implementation and workspaces: {c.differing} of {c.total} elements differ from the call "
+                        "made on its own (state left by the earlier call: stale rows, scales or private buffers)",
+                figures={"tokens": t_call, "earlier_tokens": earlier, **c.figures()},
             ))
 
     def _check_contract(self, run: _Run, output: GuardedTensor | None) -> None:
@@ -656,6 +706,13 @@ class DifferentialRun:
                     message=f"fused={self.config.fused} and fused={sibling_cfg.fused} disagree on {c.summary()}",
                     figures=c.figures(),
                 ))
+
+
+def _first_tokens(problem: Problem, num_tokens: int) -> Problem:
+    """The call made of the first `num_tokens` tokens of `problem` (fresh tensors, same weights),
+    as make_problem(config, num_tokens=...) builds it, for generated and given problems alike."""
+    return replace(problem, **{name: getattr(problem, name)[:num_tokens].clone()
+                               for name in ("hidden_states", "topk_ids", "topk_weights")})
 
 
 # Implementation-private buffers a launch may write besides the declared pipeline buffers.

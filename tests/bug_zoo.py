@@ -37,6 +37,9 @@ from diffmoe.config import MoEConfig
 from diffmoe.contract import RunResult
 from diffmoe.report import Finding, Oracles, Report
 from diffmoe.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
+import optimized.act_quant as act_quant_module  # noqa: E402
+from optimized.kernels.act_quant_kernel import PASS_AMAX  # noqa: E402
+from optimized.kernels.reduce_kernel import moe_reduce_kernel  # noqa: E402
 from optimized.launch import launch
 
 B = Buffers
@@ -256,6 +259,69 @@ class ReduceWaitsForAllPrograms(TritonFP8MoE):
         super()._reduce(stage, ctx, down, out)
 
 
+class ReduceOneRowTooMany(TritonFP8MoE):
+    """The reduce is launched for T + 1 tokens while it declares (and returns) the [T, H] output.
+
+    An off-by-one in the token count of the launch: the extra row is stored just past the
+    output's view, inside ws1 when the output is carved from it, on bytes no later stage reads.
+    Nothing the call returns changes and no guard byte is hit: only the launch's store extent
+    shows it (on a GPU the same store clobbers whatever an engine keeps after the output).
+    """
+
+    def run(self, *args, **kwargs):
+        # the slip is in the whole-pipeline launch path; run_stage (teacher forcing) writes into a
+        # tensor of exactly [T, H], where the extra row would corrupt the process's heap
+        self._whole_pipeline = True
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            self._whole_pipeline = False
+
+    def _reduce(self, stage, ctx, down, out):
+        if not getattr(self, "_whole_pipeline", False):
+            return super()._reduce(stage, ctx, down, out)
+        (down_name, down_t), (out_name, out_t) = down, out
+        t, h = out_t.shape
+        num_h_blocks = triton.cdiv(h, self.tiles.reduce_cols)
+        programs = triton.cdiv(t + 1, self.tiles.reduce_tokens) * num_h_blocks
+        launch(
+            ctx, moe_reduce_kernel, programs, stage=stage, reads={down_name: down_t}, writes={out_name: out_t},
+            down_ptr=down_t, out_ptr=out_t, T=t + 1, H=h, TOPK=self.config.topk, num_h_blocks=num_h_blocks,
+            stride_dm=down_t.stride(0), stride_dh=down_t.stride(1), stride_om=out_t.stride(0), stride_oh=out_t.stride(1),
+            SOFTWARE_BF16=self.traits.software_bf16_cast, BLOCK_T=self.tiles.reduce_tokens, BLOCK_H=self.tiles.reduce_cols,
+        )
+
+
+class AmaxPassCachedAcrossCalls(TritonFP8MoE):
+    """Per-tensor down-input quantisation skips its amax pass after the first call.
+
+    A "static scale after warm-up" shortcut: the per-program amax partials (a private buffer)
+    are computed once, and every later call reduces the first call's partials. A lone call,
+    and every rerun of the same call, is exactly right; a smaller call after a larger one
+    quantises with the larger call's scale.
+    """
+
+    def _act_quant(self, stage, row, source, fused, codes_out, scales_out, software_fp8=None):
+        real = act_quant_module.launch
+        cached = getattr(self, "_cached_partials", None)
+
+        def launch_once(ctx, kernel, grid_size, **kwargs):
+            if kwargs.get("PASS") != PASS_AMAX.value:
+                return real(ctx, kernel, grid_size, **kwargs)
+            if cached is not None:  # the partials of the first call stand in for this call's
+                self._amax_partials.copy_(cached)
+                return None
+            real(ctx, kernel, grid_size, **kwargs)
+            self._cached_partials = self._amax_partials.clone()
+            return None
+
+        act_quant_module.launch = launch_once
+        try:
+            super()._act_quant(stage, row, source, fused, codes_out, scales_out, software_fp8)
+        finally:
+            act_quant_module.launch = real
+
+
 # Module-level factories: the `--impl bug_zoo:<name>` entry points and run_differential's
 # `implementation` argument.
 def make_legacy_planner(config: MoEConfig) -> TritonFP8MoE:
@@ -308,6 +374,14 @@ def make_in_place_input_quant(config: MoEConfig) -> TritonFP8MoE:
 
 def make_returns_down_output(config: MoEConfig) -> TritonFP8MoE:
     return ReturnsDownOutput(config)
+
+
+def make_reduce_one_row_too_many(config: MoEConfig) -> TritonFP8MoE:
+    return ReduceOneRowTooMany(config)
+
+
+def make_amax_pass_cached_across_calls(config: MoEConfig) -> TritonFP8MoE:
+    return AmaxPassCachedAcrossCalls(config)
 
 
 def make_fused_tile_not_power_of_two(config: MoEConfig) -> TritonFP8MoE:
@@ -470,6 +544,28 @@ MUTANTS: dict[str, Mutant] = {
             config=_cfg(),
             expected_oracles=frozenset({O.CONTRACT}),
             expected_name=B.HIDDEN_STATES,
+        ),
+        Mutant(
+            name="reduce-one-row-too-many",
+            what_it_breaks="reduce launched for T+1 tokens: one row stored past the output's view, inside ws1, "
+                           "on bytes nothing reads",
+            factory=make_reduce_one_row_too_many,
+            # I=256: ws1 holds quanted_down_input (T*K*I = 1024 bytes), twice the output, so the extra
+            # row lands inside ws1 and no guard byte sees it
+            config=_cfg(num_tokens=2, inter=256, output="workspace"),
+            expected_oracles=frozenset({O.STORE_EXTENT}),
+            expected_name="ws1",
+        ),
+        Mutant(
+            name="amax-pass-cached-across-calls",
+            what_it_breaks="per-tensor down-input amax computed on the first call only: a later, smaller call "
+                           "quantises with the earlier call's scale",
+            factory=make_amax_pass_cached_across_calls,
+            # seed 1: the activation amax of the 8-token call exceeds that of its first 4 tokens, so the
+            # cached partials change the scale (seed 0 happens to have both maxima in the first half)
+            config=_cfg(num_tokens=8, quant="fp8-tensor", fused=False, seed=1),
+            expected_oracles=frozenset({O.CALL_SEQUENCE}),
+            expected_name=B.QUANTED_DOWN_INPUT,
         ),
         Mutant(
             name="returns-down-output",

@@ -392,3 +392,54 @@ def test_a_program_seen_twice_still_counts_once():
     run.add(races._READ, 0, grid, *block)
     summary, (c,) = races._analyse(run)
     assert (c.writer, c.other_program, c.nbytes) == (0, 1, 64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Store extent: the same addresses, judged against the views a launch declared it writes
+
+
+@needs_interpreter
+def test_stores_inside_the_declared_views_have_no_store_extent_finding():
+    x = torch.randn(200)
+    out = torch.empty_like(x)
+    with RaceRecorder() as rec:
+        _launch(rec, "scale", scale_kernel, (4,), {"x": x}, {"out": out}, x, out, 200, BLOCK=64)
+    assert rec.store_extent_findings() == []
+
+
+@needs_interpreter
+def test_a_store_past_the_declared_view_is_named_in_the_workspace():
+    """out is declared as the first 199 elements of a workspace; the kernel stores 200."""
+    ws = torch.zeros(256, dtype=torch.float32)
+    x = torch.randn(200)
+    declared = ws[:199]
+    with RaceRecorder({"ws1": ws}) as rec:
+        _launch(rec, "scale", scale_kernel, (4,), {"x": x}, {"out": declared}, x, ws, 200, BLOCK=64)
+    assert rec.findings() == []  # no two programs meet: not a race
+    (f,) = rec.store_extent_findings()
+    assert f.oracle == Oracles.STORE_EXTENT and f.stage == "scale" and f.buffers == ["ws1"]
+    assert f.byte_ranges == [ByteRange("ws1", 199 * 4, 200 * 4)]
+    assert f.figures["stray_bytes"] == 4 and f.figures["declared_writes"] == ["out"]
+    assert "scale_kernel stores 4 bytes outside the views it declared it writes (out)" in f.message
+
+
+@needs_interpreter
+def test_a_store_into_a_declared_read_view_is_named_by_that_view():
+    x = torch.arange(256, dtype=torch.float32)
+    with RaceRecorder() as rec:
+        # in place but declared as writing nothing: every store lands in the read view x
+        _launch(rec, "shift", shift_kernel, (4,), {"x": x}, {}, x, x, 256, BLOCK=64)
+    (f,) = rec.store_extent_findings()
+    assert f.buffers == ["x"] and f.byte_ranges == [ByteRange("x", 4, 256 * 4)]
+    assert f.figures["stray_bytes"] == 255 * 4
+
+
+@needs_interpreter
+def test_atomic_stores_count_and_unannounced_launches_are_not_judged():
+    counter = torch.zeros(1, dtype=torch.int32)
+    peek = torch.zeros(4, dtype=torch.int32)
+    with RaceRecorder() as rec:
+        _launch(rec, "count", atomic_count_kernel, (4,), {}, {"peek": peek}, counter, peek, PEEK=False)
+        atomic_count_kernel[(4,)](counter, peek, PEEK=False)  # no LaunchInfo: nothing declared to judge
+    (f,) = rec.store_extent_findings()
+    assert f.stage == "count" and f.figures["stray_bytes"] == 4  # the counter, written atomically

@@ -21,6 +21,11 @@ the program ends, and the whole launch is then checked in one sweep over the ele
 segments between all interval and buffer boundaries. Memory and time scale with the number
 of runs, not the number of bytes.
 
+The same addresses give the store-extent oracle: every byte an announced launch stores must
+lie inside a view it declared it writes (`LaunchInfo.writes`). A stray store into workspace
+bytes nobody reads yet changes no value, so no other oracle sees it; this one names the stage,
+the kernel and where the bytes landed (a workspace, a declared read view, a kernel argument).
+
 Kernel launches are the unit of concurrency. A `LaunchInfo` announced through
 `before_launch` / `after_launch` names the views (reads, writes) and the stage of the
 interpreter launches made in between; if an implementation makes several interpreter
@@ -475,6 +480,75 @@ def _analyse(run: _Run) -> tuple[RunSummary, list[_Conflict]]:
     return summary, conflicts
 
 
+@dataclass
+class _StrayStores:
+    """Bytes one announced launch stored outside every view it declared it writes."""
+
+    launch: _Launch
+    kernel: str
+    nbytes: int
+    span: tuple[int, int]  # absolute addresses of the first stray run
+    label: str  # the named region (or launch view, or kernel argument) the first run falls in
+    base: int  # that region's first address
+    declared: tuple[str, ...]
+
+
+def _stray_stores(run: _Run, named: tuple[_Region, ...]) -> _StrayStores | None:
+    """Store extent: every byte a launch stores must lie in a view it declared as written.
+
+    Order-free like the race analysis: a sweep over the boundaries of the stored intervals and
+    the declared write views. Unannounced launches declared nothing and are not judged here."""
+    launch = run.launch
+    if launch is None:
+        return None
+    parts = [run.kind_arrays(k) for k in (_WRITE, _ATOMIC_WRITE)]
+    starts = np.concatenate([p[1] for p in parts])
+    ends = np.concatenate([p[2] for p in parts])
+    if starts.size == 0:
+        return None
+    ss, se = _union(starts, ends)
+    declared = launch.writes
+    ds = np.array([r.start for r in declared], dtype=np.int64)
+    de = np.array([r.end for r in declared], dtype=np.int64)
+    bounds = np.unique(np.concatenate([ss, se, ds, de]))
+    n = bounds.size
+
+    def covered(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+        c = np.bincount(np.searchsorted(bounds, s), minlength=n) - np.bincount(np.searchsorted(bounds, e), minlength=n)
+        return np.cumsum(c)[:-1] > 0
+
+    stray = covered(ss, se) & ~covered(ds, de) if ds.size else covered(ss, se)
+    if not stray.any():
+        return None
+    seg = np.flatnonzero(stray)
+    lengths = np.diff(bounds)
+    last = 0
+    while last + 1 < seg.size and seg[last + 1] == seg[last] + 1:
+        last += 1
+    span = (int(bounds[seg[0]]), int(bounds[seg[last] + 1]))
+    label, base = f"unnamed@0x{span[0]:x}", span[0]
+    for r in (*named, *launch.reads, *run.args):
+        if r.start <= span[0] < r.end:
+            label, base = r.label, r.start
+            break
+    return _StrayStores(launch, run.kernel, int(lengths[seg].sum()), span, label, base,
+                        tuple(sorted({r.label for r in declared})))
+
+
+def _stray_finding(s: _StrayStores) -> Finding:
+    where = ByteRange(s.label, s.span[0] - s.base, s.span[1] - s.base)
+    declared = ", ".join(s.declared) or "nothing"
+    return Finding(
+        oracle=Oracles.STORE_EXTENT,
+        stage=s.launch.stage,
+        buffers=[s.label],
+        byte_ranges=[where],
+        message=(f"launch {s.kernel} stores {s.nbytes} byte{'s' if s.nbytes != 1 else ''} outside the views it "
+                 f"declared it writes ({declared}), first at {where}"),
+        figures={"kernel": s.kernel, "launch": s.launch.index, "stray_bytes": s.nbytes, "declared_writes": list(s.declared)},
+    )
+
+
 def _finding(c: _Conflict, launch_index: int | None, runs: int) -> Finding:
     w_range = ByteRange(c.written, c.span[0] - c.written_base, c.span[1] - c.written_base)
     o_range = ByteRange(c.other, c.span[0] - c.other_base, c.span[1] - c.other_base)
@@ -653,7 +727,15 @@ class RaceRecorder:
     the hooks are removed when the last one exits.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, named: Mapping[str, Any] | None = None) -> None:
+        # Regions to name stray stores by (the harness passes ws1, ws2 and the output), beside
+        # each launch's own views and kernel arguments.
+        self._named = tuple(
+            _Region(str(label), ext[0], ext[0] + ext[1])
+            for label, tensor in (named or {}).items()
+            if (ext := _view_extent(tensor)) is not None
+        )
+        self._stray: list[_StrayStores] = []
         self._depth = 0
         self._launches: list[_Launch] = []
         self._stack: list[_Launch] = []
@@ -753,6 +835,12 @@ class RaceRecorder:
             out.append(_finding(c, index, runs))
         return out
 
+    def store_extent_findings(self) -> list[Finding]:
+        """One STORE_EXTENT finding per announced launch that stored a byte outside its declared
+        write views, in launch order."""
+        self._close_implicit_run()
+        return [_stray_finding(s) for s in self._stray]
+
     # -- called by the hooks
 
     def _run_begin(self, kernel: str, args: tuple[_Region, ...]) -> None:
@@ -785,6 +873,9 @@ class RaceRecorder:
         summary, conflicts = _analyse(run)
         self.runs.append(summary)
         self._conflicts.extend(conflicts)
+        stray = _stray_stores(run, self._named)
+        if stray is not None:
+            self._stray.append(stray)
 
 
 __all__ = [
