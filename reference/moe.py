@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from diffmoe.config import QUANT_BLOCK
 from diffmoe.contract import RunResult
 from diffmoe.problem import Problem
-from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, materialised_buffers
+from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages, materialised_buffers, pipeline_stages
 
 TOKEN_SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # per-tensor and per-token scale floor (vLLM)
 GROUP_AMAX_FLOOR = 1e-10  # 1x128 group amax floor (vLLM)
@@ -108,54 +108,65 @@ def local_expert_ids(problem: Problem) -> torch.Tensor:
     return problem.expert_map.long()[ids]  # [TK]
 
 
-def reference_moe(problem: Problem) -> RunResult:
-    """Run the whole pipeline; every stage writes a fresh tensor."""
+def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Problem) -> dict[str, torch.Tensor]:
+    """One stage of the pipeline on given inputs: the buffers it reads (vocabulary names; what
+    `inputs` lacks comes from the problem), into fresh tensors. The harness runs it on a
+    candidate's own intermediates, so each stage is judged without carrying error forward."""
     cfg = problem.config
     q = cfg.quant
+    b = Buffers
     t, k = problem.topk_ids.shape  # T, K
-    local = local_expert_ids(problem)  # [TK]
-    stages: dict[str, torch.Tensor] = {}
-
-    x = problem.hidden_states  # [T, H] bf16
-    if cfg.router_weight == "input":
-        x = (x.float() * problem.topk_weights).to(torch.bfloat16)  # [T, H] (K == 1)
-    if cfg.is_fp8:
+    given = {**problem.inputs(), **inputs}
+    if stage == Stages.QUANT_INPUT:
+        x = given[b.HIDDEN_STATES]  # [T, H] bf16
+        if cfg.router_weight == "input":
+            x = (x.float() * given[b.TOPK_WEIGHTS]).to(torch.bfloat16)  # [T, H] (K == 1)
         codes, scale = quantize_activation(x, q)  # [T, H] fp8, scales
-        stages[Buffers.QUANTED_GATE_UP_INPUT] = codes
-        stages[Buffers.QUANTED_GATE_UP_INPUT_SCALES] = scale
-        a1 = dequantize_activation(codes, scale, q)  # [T, H] fp32
-    else:
-        a1 = x.float()  # [T, H] fp32
-    a1 = a1.repeat_interleave(k, dim=0)  # [TK, H]: routed row t*K + k reads token t
-
-    w1 = dequantize_weight(problem.w1, problem.w1_scale, q)  # [L, 2I, H] fp32
-    gate_up = expert_gemm(a1, local, w1).to(torch.bfloat16)  # [TK, 2I] bf16
-    stages[Buffers.GATE_UP_OUTPUT] = gate_up
-
-    act = silu_and_mul(gate_up)  # [TK, I] bf16
-    stages[Buffers.ACTIVATION_OUTPUT] = act
-    if cfg.is_fp8:
+        return {b.QUANTED_GATE_UP_INPUT: codes, b.QUANTED_GATE_UP_INPUT_SCALES: scale}
+    if stage == Stages.GATE_UP_GEMM:
+        if cfg.is_fp8:
+            a1 = dequantize_activation(given[b.QUANTED_GATE_UP_INPUT], given[b.QUANTED_GATE_UP_INPUT_SCALES], q)
+        else:
+            x = given[b.HIDDEN_STATES]  # [T, H] bf16
+            if cfg.router_weight == "input":
+                x = (x.float() * given[b.TOPK_WEIGHTS]).to(torch.bfloat16)
+            a1 = x.float()  # [T, H] fp32
+        a1 = a1.repeat_interleave(k, dim=0)  # [TK, H]: routed row t*K + k reads token t
+        w1 = dequantize_weight(problem.w1, problem.w1_scale, q)  # [L, 2I, H] fp32
+        return {b.GATE_UP_OUTPUT: expert_gemm(a1, local_expert_ids(problem), w1).to(torch.bfloat16)}  # [TK, 2I]
+    if stage == Stages.ACTIVATION:
+        return {b.ACTIVATION_OUTPUT: silu_and_mul(given[b.GATE_UP_OUTPUT])}  # [TK, I] bf16
+    if stage in (Stages.QUANT_DOWN_INPUT, Stages.ACT_QUANT):
+        # fused or not, the activation is a bf16 tensor first: the same codes either way
+        act = given[b.ACTIVATION_OUTPUT] if stage == Stages.QUANT_DOWN_INPUT else silu_and_mul(given[b.GATE_UP_OUTPUT])
         codes, scale = quantize_activation(act, q)  # [TK, I] fp8, scales
-        stages[Buffers.QUANTED_DOWN_INPUT] = codes
-        stages[Buffers.QUANTED_DOWN_INPUT_SCALES] = scale
-        a2 = dequantize_activation(codes, scale, q)  # [TK, I] fp32
-    else:
-        a2 = act.float()  # [TK, I] fp32
+        return {b.QUANTED_DOWN_INPUT: codes, b.QUANTED_DOWN_INPUT_SCALES: scale}
+    if stage == Stages.DOWN_GEMM:
+        if cfg.is_fp8:
+            a2 = dequantize_activation(given[b.QUANTED_DOWN_INPUT], given[b.QUANTED_DOWN_INPUT_SCALES], q)
+        else:
+            a2 = given[b.ACTIVATION_OUTPUT].float()  # [TK, I] fp32
+        w2 = dequantize_weight(problem.w2, problem.w2_scale, q)  # [L, H, I] fp32
+        down = expert_gemm(a2, local_expert_ids(problem), w2)  # [TK, H] fp32
+        if cfg.router_weight == "down":
+            down = down * given[b.TOPK_WEIGHTS].reshape(-1, 1)  # [TK, H] weighted, before the rounding
+        return {b.DOWN_OUTPUT: down.to(torch.bfloat16)}  # [TK, H] bf16
+    if stage == Stages.REDUCE:
+        per_token = given[b.DOWN_OUTPUT].view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous at T = 0
+        acc = per_token[:, 0].float()  # [T, H] fp32
+        for j in range(1, k):
+            acc = acc + per_token[:, j].float()  # summed in k order, as the reduce kernel does
+        return {b.OUTPUT: acc.to(torch.bfloat16)}  # [T, H] bf16
+    raise ValueError(f"stage must be one of {[s.name for s in pipeline_stages(cfg)]}, got {stage!r}")
 
-    w2 = dequantize_weight(problem.w2, problem.w2_scale, q)  # [L, H, I] fp32
-    down = expert_gemm(a2, local, w2)  # [TK, H] fp32
-    if cfg.router_weight == "down":
-        down = down * problem.topk_weights.reshape(-1, 1)  # [TK, H] weighted
-    down = down.to(torch.bfloat16)  # [TK, H] bf16
-    stages[Buffers.DOWN_OUTPUT] = down
 
-    per_token = down.view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous when T = 0
-    acc = per_token[:, 0].float()  # [T, H] fp32
-    for j in range(1, k):
-        acc = acc + per_token[:, j].float()  # summed in k order, as the reduce kernel does
-    output = acc.to(torch.bfloat16)  # [T, H] bf16
-    stages[Buffers.OUTPUT] = output
-
+def reference_moe(problem: Problem) -> RunResult:
+    """Run the whole pipeline, stage by stage; every stage writes fresh tensors. The reference
+    computes the activation even when the config fuses it away (it is the same bf16 tensor)."""
+    cfg = problem.config
+    stages: dict[str, torch.Tensor] = {}
+    for spec in pipeline_stages(cfg.replace(fused=False)):  # the unfused chain holds every buffer
+        stages.update(reference_stage(spec.name, stages, problem))
     # The reference computes everything; it reports what the config's pipeline materialises.
     reported = {name: stages[name] for name in materialised_buffers(cfg)}
-    return RunResult(output=output, intermediates=reported)
+    return RunResult(output=stages[Buffers.OUTPUT], intermediates=reported)
