@@ -27,7 +27,8 @@ BITWISE = "bitwise"
 ULP = "ulp"
 TOLERANCE = "tolerance"
 FP8_STEP = "fp8-step"
-RULE_MODES = (BITWISE, ULP, TOLERANCE, FP8_STEP)
+DERIVED = "derived"
+RULE_MODES = (BITWISE, ULP, TOLERANCE, FP8_STEP, DERIVED)
 
 # ulp_distance's value for a NaN facing a number: no finite distance means anything there.
 NAN_VS_NUMBER_DISTANCE = torch.iinfo(torch.int64).max
@@ -76,6 +77,8 @@ class Rule:
         fp8-step:  FP8 codes at most one code step apart (adjacent codes), or |diff| <= `atol`
                    in code units; for codes computed from a transcendental upstream.
         tolerance: |diff| <= atol + rtol * |reference|.
+        derived:   |diff| <= a per-element bound computed for this comparison (`compare(...,
+                   bound=)`), e.g. the effect of the differences a candidate legitimately has.
     reason: one line saying where the bound comes from.
     """
 
@@ -113,6 +116,10 @@ class Rule:
     def tolerance(cls, atol: float, rtol: float, reason: str = "") -> Rule:
         return cls(TOLERANCE, atol=atol, rtol=rtol, reason=reason)
 
+    @classmethod
+    def derived(cls, reason: str = "") -> Rule:
+        return cls(DERIVED, reason=reason)
+
     def describe(self) -> str:
         """The bound in a few words, e.g. '<= 2 ulp or |diff| <= 0.000977'."""
         if self.mode == BITWISE:
@@ -122,6 +129,8 @@ class Rule:
             return f"<= {self.max_ulp} ulp{floor}"
         if self.mode == FP8_STEP:
             return f"<= 1 fp8 code step{floor}"
+        if self.mode == DERIVED:
+            return "|diff| <= the derived per-element bound"
         return f"|diff| <= {self.atol:.3g} + {self.rtol:.3g} * |reference|"
 
 
@@ -297,10 +306,16 @@ def _unravel(position: int, shape: tuple[int, ...]) -> list[int]:
     return index[::-1]
 
 
-def compare(name: str, reference: torch.Tensor, candidate: torch.Tensor, rule: Rule) -> Comparison:
-    """Judge `candidate` against `reference` under `rule`. Never raises on mismatched tensors:
-    a shape, dtype or rule problem comes back as ok=False with `problem` set."""
+def compare(name: str, reference: torch.Tensor, candidate: torch.Tensor, rule: Rule,
+            bound: torch.Tensor | None = None) -> Comparison:
+    """Judge `candidate` against `reference` under `rule` (a derived rule takes its per-element
+    `bound`, the reference's shape). Never raises on mismatched tensors: a shape, dtype or rule
+    problem comes back as ok=False with `problem` set."""
     problem = _problem(reference, candidate, rule)
+    if problem is None and (rule.mode == DERIVED) != (bound is not None):
+        problem = "a derived rule needs its bound tensor, and only a derived rule takes one"
+    if problem is None and bound is not None and tuple(bound.shape) != tuple(reference.shape):
+        problem = f"derived bound of shape {tuple(bound.shape)} for a reference of shape {tuple(reference.shape)}"
     total = reference.numel() if isinstance(reference, torch.Tensor) else 0
     if problem:
         return Comparison(name, False, rule, mismatches=0, total=total, max_ulp=0, max_abs=0.0, problem=problem)
@@ -331,7 +346,10 @@ def compare(name: str, reference: torch.Tensor, candidate: torch.Tensor, rule: R
     elif rule.mode in (ULP, FP8_STEP):
         fail = nonfinite_bad | ((distance > rule.max_ulp) & (abs_diff > rule.atol))
     else:
-        bound = rule.atol + rule.rtol * ref_values.abs()
+        if rule.mode == TOLERANCE:
+            bound = rule.atol + rule.rtol * ref_values.abs()
+        else:
+            bound = bound.detach().to(device=ref_values.device, dtype=torch.float64)
         fail = nonfinite_bad | (finite & ~(abs_diff <= bound))
 
     mismatches = int(fail.sum())

@@ -1,9 +1,15 @@
 """The one tolerance table: how close each buffer must be, per quant scheme and judging mode.
 
 Two judging modes:
-  end_to_end: the buffer after a full run, where every upstream difference has propagated.
-  forced:     the buffer produced by one stage fed the reference's exact inputs (teacher
-              forcing), so the stage is judged on its own.
+  forced:     one stage judged on its own: the candidate's stage fed the reference's exact
+              inputs (teacher forcing), or the reference's stage fed the candidate's own inputs
+              (the differential oracle). Tight, and they compose: no upstream difference is in it.
+  end_to_end: the buffer after a full run, where every upstream difference has propagated. The
+              differential no longer judges intermediates this way (its rules did not compose:
+              legitimate one-code flips carried past an elementwise bound); the rows document
+              and measure the propagated differences (bench/measure_tolerances.py). The output
+              is judged end to end by a bound derived per check from the candidate's own
+              down-GEMM input (diffmoe.runner.DERIVED_OUTPUT_REASON).
 
 Every bound is derived from a step size of the formats involved and comes with a one-line
 reason: adjacent e4m3 codes are at most 2^-3 apart relative (round-to-nearest moves a value

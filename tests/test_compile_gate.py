@@ -274,6 +274,14 @@ def test_sm80_fp8_is_unsupported_and_bf16_compiles():
     assert bf16.returncode == 0, bf16.stdout[-2000:]
 
 
+def test_sm89_compiles_fp8_with_mma_sync():
+    # Ada has float8_e4m3fn but no wgmma: the decode tile's fp8 dot stays on mma.sync there too
+    proc = compile_check("--arch", "sm_89", "--variant", "native", "--tokens", "8", "--quant", "fp8-token", "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    gemms = [r for r in rows(proc) if r["kernel"] == "grouped_gemm_kernel"]
+    assert gemms and all(r["mma"].startswith("mma.sync") for r in gemms)
+
+
 def test_sm100_fp8_gemm_uses_tcgen05():
     proc = compile_check("--arch", "sm_100", "--variant", "native", "--tokens", "1024", "--quant", "fp8-block",
                          "--fused", "--json")
