@@ -114,13 +114,12 @@ def check_time_limit(time_limit: object) -> float | None:
 
 DEFAULT_SCHEDULES = ("identity", "reversed", "random:1")
 # The end-to-end output's derived bound (DifferentialRun._derived_output_bound): the effect of the
-# candidate's own down-GEMM input, plus the per-stage slack of the down GEMM (its forced row in the
-# tolerance table: 2 bf16 ulp, 2^-10 floor) per routed row and the output's own rounding.
-DERIVED_GEMM_FLOOR = 2.0**-10
+# candidate's own down-GEMM input, plus the down GEMM's per-stage slack (its forced row in the
+# tolerance table) per routed row and the output's own rounding.
 DERIVED_OUTPUT_REASON = (
     "the reference's down GEMM and reduce run on the candidate's own down-GEMM input give the exact effect of every "
-    "upstream difference (moved e4m3 codes, silu ulps); plus 2 bf16 ulp + 2^-10 per routed row for the down GEMM "
-    "(its per-stage rule) and 1 ulp for the output's rounding"
+    "upstream difference (moved e4m3 codes, silu ulps); plus the down GEMM's per-stage rule (ulps and floor) per "
+    "routed row and 1 ulp for the output's rounding"
 )
 DEFAULT_IMPLEMENTATION = "optimized:make_implementation"
 ALL_ORACLES = (
@@ -577,9 +576,10 @@ class DifferentialRun:
         Every upstream difference a candidate may legitimately have (a silu ulp, a moved e4m3
         code) reaches the output only through the down GEMM's input, so the reference's down GEMM
         and reduce are run on the candidate's down-GEMM input: |that output - the reference's|
-        is exactly the effect of those differences. On top: what the down GEMM's and the reduce's
-        per-stage rules allow (2 bf16 ulp + 2^-10 per routed row, summed over K) and the output's
-        own bf16 rounding (1 ulp). None when the candidate did not report the buffers."""
+        is exactly the effect of those differences. On top: what the down GEMM's per-stage rule
+        allows (on the interpreter 2 bf16 ulp + 2^-10 per routed row, summed over K; the reduce's is
+        bitwise) and the output's own bf16 rounding (1 ulp). None when the candidate did not
+        report the buffers."""
         cfg = self.config
         down_in = ((Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES) if cfg.is_fp8
                    else (Buffers.ACTIVATION_OUTPUT,))
@@ -595,7 +595,8 @@ class DifferentialRun:
         down_v = down[Buffers.DOWN_OUTPUT].double().view(t, k, h)  # [T, K, H]
         via_v = via[Buffers.OUTPUT].double()  # [T, H]
         effect = (via_v - self.reference.output.double()).abs()  # [T, H] what the candidate's inputs change
-        slack = (2.0 * _bf16_ulp(down_v) + DERIVED_GEMM_FLOOR).sum(dim=1) + _bf16_ulp(via_v)  # [T, H]
+        down_rule = rule_for(cfg.quant, Buffers.DOWN_OUTPUT, FORCED, backend=self._tolerance_backend)
+        slack = (down_rule.max_ulp * _bf16_ulp(down_v) + down_rule.atol).sum(dim=1) + _bf16_ulp(via_v)  # [T, H]
         bound = torch.nan_to_num(effect + slack, nan=math.inf)  # a NaN input is judged per stage, not here
         figures: dict[str, Any] = {"max_effect_of_inputs": float(torch.nan_to_num(effect, nan=0.0).max()) if effect.numel() else 0.0}
         if cfg.is_fp8 and Buffers.QUANTED_DOWN_INPUT in self.reference.intermediates:
