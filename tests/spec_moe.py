@@ -135,7 +135,8 @@ def e4m3_encode(v) -> np.ndarray:
     """
     v = np.ascontiguousarray(v, dtype=np.float32)
     nan = np.isnan(v)
-    magnitude = np.where(nan, 0.0, np.abs(v).astype(np.float64))
+    magnitude = np.where(nan, np.float32(0), np.abs(v)).astype(np.float64)  # NaNs out before the cast:
+    # widening a signalling NaN raises numpy's invalid-value warning
     if np.any(magnitude > FP8_MAX):
         raise ValueError(f"e4m3_encode needs values saturated to +-448, got {magnitude.max()}")
     _, exp = np.frexp(magnitude)  # magnitude = m * 2^exp, m in [0.5, 1): binade b = exp - 1

@@ -44,7 +44,7 @@ from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.contract import RunResult
 from diffmoe.edge_cases import edge_cases
 from diffmoe.problem import Problem, make_problem
-from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers
+from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages
 
 SCHEMES = ("bf16", "fp8-tensor", "fp8-token", "fp8-block")
 
@@ -122,11 +122,9 @@ def build_problem(case: Case) -> Problem:
 
 
 def _float_bits_equal(ref: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """Bitwise equality of float arrays, any NaN equal to any NaN."""
-    same = ref.view(np.uint32 if ref.dtype == np.float32 else np.uint64) == want.view(
-        np.uint32 if want.dtype == np.float32 else np.uint64
-    )
-    return same | (np.isnan(ref) & np.isnan(want))
+    """Bitwise equality of float32 arrays (bf16 values included), any NaN equal to any NaN."""
+    ref, want = np.ascontiguousarray(ref, np.float32), np.ascontiguousarray(want, np.float32)
+    return (ref.view(np.uint32) == want.view(np.uint32)) | (np.isnan(ref) & np.isnan(want))
 
 
 def _first(bad: np.ndarray) -> tuple[int, ...]:
@@ -150,7 +148,7 @@ def check_codes(name: str, ref: np.ndarray, want: np.ndarray) -> list[str]:
 def check_bitwise(name: str, ref: np.ndarray, want: np.ndarray) -> list[str]:
     if (msg := _shape_problem(name, ref, want.shape)) is not None:
         return [msg]
-    bad = ~_float_bits_equal(ref.astype(want.dtype), want)
+    bad = ~_float_bits_equal(ref, want)
     if not bad.any():
         return []
     at = _first(bad)
@@ -205,13 +203,12 @@ def spec_mismatches(problem: Problem, result: RunResult) -> list[str]:
         return spec.dequantize(codes, scales, q)
 
     def bounded_stage(name: str, ref: np.ndarray | None, want: spec.Bounded) -> np.ndarray:
-        """Checks ref against the interval; returns what the next stage reads."""
-        if ref is None or ref.shape != want.nearest.shape:
-            if ref is not None:
-                problems.extend(check_bounded(name, ref, want, remote))
+        """Checks ref against the interval; returns what the next stage reads (the spec's own
+        answer where the reference's is missing or misshapen)."""
+        if ref is None:
             return want.nearest
         problems.extend(check_bounded(name, ref, want, remote))
-        return ref
+        return ref if ref.shape == want.nearest.shape else want.nearest
 
     # input weighting and quantisation
     x = p.hidden_states
@@ -229,13 +226,15 @@ def spec_mismatches(problem: Problem, result: RunResult) -> list[str]:
         Buffers.GATE_UP_OUTPUT, _reported(result, Buffers.GATE_UP_OUTPUT, problems), spec.expert_gemm(a1, w1, p.local)
     )
 
-    # activation: a fused pipeline does not report it, but the reference still computes it
-    # (silu_and_mul, then the quantisation); it is recomputed with the reference's own
-    # function so that its quantisation can be checked bit for bit, and checked like the rest.
+    # activation: a fused pipeline does not report it, but the reference still computes it and
+    # quantises it; it is recomputed with the reference's own stage (reference_stage on the
+    # reference's gate_up_output) so that its quantisation can be checked bit for bit, and
+    # checked against the spec like the rest.
     want_act = spec.silu_and_mul(gate_up)
     if problem.config.fused:
-        gu = torch.from_numpy(gate_up.copy()).to(torch.bfloat16)  # exact: bf16 values
-        act = bounded_stage(f"{Buffers.ACTIVATION_OUTPUT} (recomputed)", spec.to_numpy(moe.silu_and_mul(gu)), want_act)
+        gu = torch.from_numpy(gate_up.copy()).to(torch.bfloat16)  # exact: the values are bf16 already
+        recomputed = moe.reference_stage(Stages.ACTIVATION, {Buffers.GATE_UP_OUTPUT: gu}, problem)[Buffers.ACTIVATION_OUTPUT]
+        act = bounded_stage(f"{Buffers.ACTIVATION_OUTPUT} (recomputed)", spec.to_numpy(recomputed), want_act)
     else:
         act = bounded_stage(Buffers.ACTIVATION_OUTPUT, _reported(result, Buffers.ACTIVATION_OUTPUT, problems), want_act)
 
@@ -402,43 +401,46 @@ def _group_scale_from_first_group(mp):
     return moe.reference_moe
 
 
-def _input_router_weight_ignored(mp):
-    def run(problem):
-        if problem.config.router_weight == "input":
-            problem = dataclasses.replace(problem, topk_weights=torch.ones_like(problem.topk_weights))  # x * 1 == x
-        return moe.reference_moe(problem)
-
-    return run
-
-
-def _router_weight_after_rounding(mp):
-    # reference_moe calls expert_gemm twice, gate-up then down; returning the down GEMM's
-    # float32 result already rounded to bf16 makes the weight multiply a bf16 value, then
-    # round again: the weight applied after the bf16 rounding.
-    orig = moe.expert_gemm
-    calls = []
-
-    def bad(a, local, w):
-        out = orig(a, local, w)
-        calls.append(None)
-        return out.to(torch.bfloat16).float() if len(calls) % 2 == 0 else out
-
-    mp.setattr(moe, "expert_gemm", bad)
+def _stage_wrapper(mp, bad_stage):
+    """reference_moe runs every stage through moe.reference_stage: replace it with
+    bad_stage(orig, stage, inputs, problem), which recomputes chosen stages wrongly."""
+    orig = moe.reference_stage
+    mp.setattr(moe, "reference_stage", lambda stage, inputs, problem: bad_stage(orig, stage, inputs, problem))
     return moe.reference_moe
 
 
+def _input_router_weight_ignored(mp):
+    def bad(orig, stage, inputs, problem):
+        if problem.config.router_weight == "input" and stage in (Stages.QUANT_INPUT, Stages.GATE_UP_GEMM):
+            inputs = {**inputs, Buffers.TOPK_WEIGHTS: torch.ones_like(problem.topk_weights)}  # x * 1 == x
+        return orig(stage, inputs, problem)
+
+    return _stage_wrapper(mp, bad)
+
+
+def _router_weight_after_rounding(mp):
+    def bad(orig, stage, inputs, problem):
+        if stage != Stages.DOWN_GEMM or problem.config.router_weight != "down":
+            return orig(stage, inputs, problem)
+        ones = torch.ones_like(problem.topk_weights)
+        down = orig(stage, {**inputs, Buffers.TOPK_WEIGHTS: ones}, problem)[Buffers.DOWN_OUTPUT]  # bf16, unweighted
+        weighted = down.float() * problem.topk_weights.reshape(-1, 1)  # the weight after the rounding
+        return {Buffers.DOWN_OUTPUT: weighted.to(torch.bfloat16)}
+
+    return _stage_wrapper(mp, bad)
+
+
 def _reduce_in_bf16(mp):
-    def run(problem):
-        result = moe.reference_moe(problem)
-        down = result.intermediates[Buffers.DOWN_OUTPUT]
-        per_token = down.view(problem.num_tokens, problem.config.topk, problem.config.hidden)  # [T, K, H]
-        acc = per_token[:, 0]
+    def bad(orig, stage, inputs, problem):
+        if stage != Stages.REDUCE:
+            return orig(stage, inputs, problem)
+        per_token = inputs[Buffers.DOWN_OUTPUT].view(problem.num_tokens, problem.config.topk, problem.config.hidden)
+        acc = per_token[:, 0]  # [T, H] bf16
         for j in range(1, problem.config.topk):
             acc = acc + per_token[:, j]  # bf16 + bf16: rounded to bf16 after every add
-        intermediates = {**result.intermediates, Buffers.OUTPUT: acc}
-        return RunResult(output=acc, intermediates=intermediates)
+        return {Buffers.OUTPUT: acc}
 
-    return run
+    return _stage_wrapper(mp, bad)
 
 
 def _token_floor_is_group_floor(mp):
