@@ -171,9 +171,13 @@ def oracle_table(benchmarks: list[dict], stat: str) -> list[str]:
     ]
     for variant, b in by_variant.items():
         s = b["stats"][stat]
-        label = "none (baseline)" if variant == "none" else ("all (default run)" if variant == "all" else variant)
+        label = {"none": "none (baseline)", "all": "all (default run)",
+                 "previous": "previous default (2026-12-02)"}.get(variant, variant)
         overhead = "-" if variant == "none" else f"{s - t0:+.2f} s"
         lines.append(f"| {label} | {', '.join(b['extra_info']['schedules'])} | {s:.2f} | {s / t0:.2f} | {overhead} |")
+    if "previous" in by_variant and "all" in by_variant:
+        prev, now = by_variant["previous"]["stats"][stat], by_variant["all"]["stats"][stat]
+        lines += ["", f"The default run against the previous default: {now / prev:.2f}x ({(now / prev - 1) * 100:+.0f} %)."]
     if any(b["stats"][stat] < t0 for b in by_variant.values()):
         lines += ["", "A negative overhead is run-to-run noise, not a saving."]
     return lines

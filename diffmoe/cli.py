@@ -45,7 +45,10 @@ import time
 import warnings
 from typing import Any, Sequence, TextIO
 
-from .config import MAX_CONFIG_JSON_CHARS, MAX_SEED, MAX_TOKENS, OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ALL_ROUTING_SKEWS, MoEConfig
+from .config import (
+    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, OUTPUT_PLACEMENTS, PLANNERS,
+    QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig,
+)
 from .contract import Schedule, WorkspacePlan
 from .report import DEFAULT_IMPLEMENTATION, Oracles, Report, check_command
 
@@ -72,6 +75,15 @@ CONFIG_FLAGS = {
     "skew": "skew",
     "expert_map": "expert_map",
     "seed": "seed",
+    "call_tokens": "call_tokens",
+    "router": "router",
+    "renormalize": "renormalize",
+    "expert_scale_spread": "expert_scale_spread",
+    "zero_rows": "zero_rows",
+    "nan_rows": "nan_rows",
+    "inf_rows": "inf_rows",
+    "tie_heavy": "tie_heavy",
+    "random_orders": "random_orders",
 }
 
 # crash and timeout are outcomes, not checks one can select.
@@ -208,6 +220,16 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--skew", choices=ALL_ROUTING_SKEWS, help=f"routing distribution (default {d.skew})")
     g.add_argument("--expert-map", metavar="A,B,...", help="global -> local expert map, -1 for remote (write --expert-map=0,-1,1)")
     g.add_argument("--seed", type=_non_negative_int, metavar="S", help=f"problem seed (default {d.seed})")
+    i = p.add_argument_group("inputs (opt-in; each changes only its own part of the problem)")
+    i.add_argument("--call-tokens", type=_int, metavar="N", help="T of the call, 0..--tokens: workspaces are built for --tokens, the call carries N (default: --tokens)")
+    i.add_argument("--router", choices=ROUTERS, help=f"how router weights are made (default {d.router}; softmax-topk: softmax over all E, then top-K)")
+    i.add_argument("--renormalize", action="store_const", const=True, help="softmax-topk: divide the K weights by their sum")
+    i.add_argument("--expert-scale-spread", type=_int, metavar="OCTAVES", help=f"per-expert weight scale spread, 0..{MAX_EXPERT_SCALE_SPREAD} octaves (default 0)")
+    i.add_argument("--zero-rows", type=_int, metavar="N", help="all-zero tokens in the call (default 0)")
+    i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 0)")
+    i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")
+    i.add_argument("--tie-heavy", action="store_const", const=True, help="hidden states with many values on e4m3 rounding midpoints")
+    g.add_argument("--random-orders", type=_int, metavar="N", help=f"random program orders beside identity and reversed, 0..{MAX_RANDOM_ORDERS} (default {d.random_orders}; seeds --seed+1..--seed+N)")
     g.add_argument("--config", metavar="FILE.json", help="read the whole config from a JSON file instead")
 
 
@@ -393,6 +415,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             device=device,
             database=args.database,
             time_limit=limit,
+            **({"special_rows": True} if args.special_rows else {}),
         )
     finally:
         printer.finish()
@@ -681,7 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
     _add_impl_option(check)
-    check.add_argument("--schedule", action="append", metavar="identity|reversed|random:SEED", help="program order (repeatable; default identity, reversed, random:1)")
+    check.add_argument("--schedule", action="append", metavar="identity|reversed|random:SEED", help="program order (repeatable; default identity, reversed and --random-orders random ones)")
     check.add_argument("--oracles", metavar="A,B", help=f"oracles to run (default all available): {', '.join(KNOWN_ORACLES)}")
     check.add_argument("--device", help="torch device (default: the implementation's)")
     check.add_argument("--time-limit", type=_time_limit, metavar="S",
@@ -697,6 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--max-tokens", type=_positive_int, default=96, metavar="T", help="largest T drawn (default 96)")
     fz.add_argument("--max-experts", type=_positive_int, default=64, metavar="E", help="largest E drawn (default 64)")
     fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default all available)")
+    fz.add_argument("--special-rows", action="store_true", help="also draw all-zero, NaN and Inf token rows")
     fz.add_argument("--device", help="torch device (default: the implementation's)")
     fz.add_argument("--time-limit", type=_time_limit, metavar="S",
                     help="per-example limit on seconds without progress (no launch), past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")

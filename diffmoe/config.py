@@ -29,6 +29,22 @@ ROUTING_SKEWS = ("uniform", "one-expert", "empty-experts")
 # output is exactly zero; with fewer, the remaining picks fall on local experts; without a
 # map it is the uniform draw. It is valid for every config.
 ALL_ROUTING_SKEWS = (*ROUTING_SKEWS, "all-remote")
+# How the router weights are made. random-k: K logits per token, softmaxed over those K (rows
+# sum to 1; at K = 1 the weight is exactly 1.0). softmax-topk: as serving engines route, E
+# logits per token, a softmax over all E, the K largest probabilities kept (each below 1,
+# at K = 1 too), divided by their sum when `renormalize` is set.
+ROUTERS = ("random-k", "softmax-topk")
+# Per-expert weight scale spread, in octaves: each local expert's w1 and w2 are multiplied by
+# 2^u, u uniform in [-spread, spread], so per-tensor weight scales differ across experts (with
+# equal amaxes, using one expert's scale for all of them is invisible). 4 octaves keep every
+# intermediate far from bf16 overflow (weights at most 16x their unscaled bound).
+MAX_EXPERT_SCALE_SPREAD = 4
+# Random program orders a check runs beside identity and reversed (each one more run of the
+# implementation, judged bitwise against the first). Two by default: one random order found
+# every program-order mutant of the bug zoo, a second one is cheap insurance for races that
+# need two particular programs swapped.
+DEFAULT_RANDOM_ORDERS = 2
+MAX_RANDOM_ORDERS = 16
 
 # fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.
 QUANT_BLOCK = 128
@@ -105,6 +121,11 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+# Fields beyond the problem's core description, named in summaries and commands only when set.
+_OPT_IN_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "zero_rows", "nan_rows", "inf_rows",
+                  "tie_heavy", "random_orders")
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     """One MoE problem and the optimized path's switches.
@@ -127,7 +148,22 @@ class MoEConfig:
             (expert parallelism); the local indices must be exactly 0..L-1.
         skew: routing distribution, one of ALL_ROUTING_SKEWS ("all-remote" routes every token
             away from this rank when the expert map has at least K remote experts).
+        call_tokens: T of the call, 0..num_tokens, or None for num_tokens: the workspaces and
+            the implementation are built for num_tokens (the largest batch), the call carries
+            the first call_tokens tokens, as an engine's smaller batches do.
+        router: one of ROUTERS (see there); renormalize divides softmax-topk's K weights by
+            their sum (softmax-topk only).
+        expert_scale_spread: octaves of per-expert weight scale spread, 0..MAX_EXPERT_SCALE_SPREAD.
+        zero_rows, nan_rows, inf_rows: tokens of the call made all-zero, holding one NaN, or
+            holding one +-Inf (distinct tokens, together at most the call's T); opt-in inputs
+            whose propagation reference/moe.py specifies.
+        tie_heavy: hidden states with 4 significant bits and an amax of 3.5 = 448 * 2^-7 in
+            every row and every 128-group, so the activation scale is exactly 2^-7 and about
+            half the values land on e4m3 rounding midpoints (ties): a rounding-mode bug shows
+            on every seed.
         seed: problem seed; the same config gives bitwise the same problem.
+        random_orders: random program orders the schedule oracle runs beside identity and
+            reversed, 0..MAX_RANDOM_ORDERS; their seeds are seed+1 .. seed+random_orders.
     """
 
     num_tokens: int = 8
@@ -144,6 +180,15 @@ class MoEConfig:
     expert_map: tuple[int, ...] | None = None
     skew: str = "uniform"
     seed: int = 0
+    call_tokens: int | None = None
+    router: str = "random-k"
+    renormalize: bool = False
+    expert_scale_spread: int = 0
+    zero_rows: int = 0
+    nan_rows: int = 0
+    inf_rows: int = 0
+    tie_heavy: bool = False
+    random_orders: int = DEFAULT_RANDOM_ORDERS
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_map, list):  # accept a list from callers; store the hashable tuple
@@ -155,6 +200,16 @@ class MoEConfig:
     def routed_rows(self) -> int:
         """TK: rows after routing (each token once per chosen expert)."""
         return self.num_tokens * self.topk
+
+    @property
+    def call_num_tokens(self) -> int:
+        """T of the call: call_tokens, or num_tokens when it is None."""
+        return self.num_tokens if self.call_tokens is None else self.call_tokens
+
+    @property
+    def special_rows(self) -> int:
+        """Tokens of the call that are all-zero, NaN or Inf rows."""
+        return self.zero_rows + self.nan_rows + self.inf_rows
 
     @property
     def estimated_bytes(self) -> int:
@@ -202,6 +257,7 @@ class MoEConfig:
             "planner": PLANNERS,
             "output": OUTPUT_PLACEMENTS,
             "skew": ALL_ROUTING_SKEWS,
+            "router": ROUTERS,
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -209,8 +265,9 @@ class MoEConfig:
                 raise TypeError(f"{name} must be a string, one of {list(allowed)}, got {quoted(value)}")
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {quoted(value)}")
-        if not isinstance(self.fused, bool):
-            raise TypeError(f"fused must be a bool, got {quoted(self.fused)}")
+        for name in ("fused", "renormalize", "tie_heavy"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {quoted(getattr(self, name))}")
         if self.fused and not self.is_fp8:
             raise ValueError("fused must be false for quant='bf16': fusion joins the activation with an FP8 quantisation")
         if self.quant == "fp8-block":
@@ -222,6 +279,7 @@ class MoEConfig:
         if self.router_weight == "input" and self.topk != 1:
             raise ValueError(f"topk must be 1 when router_weight='input' (the weight scales the token itself), got {self.topk}")
         self._validate_expert_map()
+        self._validate_inputs()
         if self.estimated_bytes > MAX_PROBLEM_BYTES:
             raise ValueError(
                 f"num_tokens, num_experts, topk, hidden and inter describe {self.estimated_bytes / 2**30:.1f} GiB of float32 "
@@ -229,6 +287,22 @@ class MoEConfig:
                 f"{MAX_PROBLEM_BYTES // 2**30} GiB (MAX_PROBLEM_BYTES) is allowed"
             )
         return self
+
+    def _validate_inputs(self) -> None:
+        if self.call_tokens is not None:
+            check_int("call_tokens", self.call_tokens, 0, self.num_tokens)
+        if self.renormalize and self.router != "softmax-topk":
+            raise ValueError(f"renormalize applies to router='softmax-topk' only, got router={quoted(self.router)}")
+        check_int("expert_scale_spread", self.expert_scale_spread, 0, MAX_EXPERT_SCALE_SPREAD)
+        check_int("random_orders", self.random_orders, 0, MAX_RANDOM_ORDERS)
+        t = self.call_num_tokens
+        for name in ("zero_rows", "nan_rows", "inf_rows"):
+            check_int(name, getattr(self, name), 0, t)
+        if self.special_rows > t:
+            raise ValueError(
+                f"zero_rows + nan_rows + inf_rows must be at most the call's tokens ({t}), got "
+                f"{self.zero_rows} + {self.nan_rows} + {self.inf_rows}"
+            )
 
     def _validate_expert_map(self) -> None:
         m = self.expert_map
@@ -296,6 +370,16 @@ class MoEConfig:
             raise ValueError(f"config is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
+    def opt_in_fields(self) -> list[tuple[str, Any]]:
+        """(field, value) of every opt-in input and the schedule count that differs from its
+        default, in declaration order (True for a switch that is on): what a summary or a
+        replay command must add to the always-present fields."""
+        defaults = MoEConfig.__dataclass_fields__
+        return [
+            (name, getattr(self, name)) for name in _OPT_IN_FIELDS
+            if getattr(self, name) != defaults[name].default
+        ]
+
     def short(self) -> str:
         """A one-line human summary, e.g. for progress output."""
         parts = [
@@ -311,5 +395,6 @@ class MoEConfig:
             parts.append(f"expert_map={list(self.expert_map)}")
         if self.skew != "uniform":
             parts.append(f"skew={self.skew}")
+        parts += [name if value is True else f"{name}={value}" for name, value in self.opt_in_fields()]
         parts.append(f"seed={self.seed}")
         return " ".join(parts)

@@ -24,7 +24,17 @@ def edge_cases(quant: str, *, fused: bool = False, planner: str = "fixed") -> di
         "all-tokens-one-expert": dict(num_tokens=12, num_experts=5, topk=2, skew="one-expert"),
         "empty-experts": dict(num_tokens=6, num_experts=8, topk=2, skew="empty-experts"),
         "expert-map-with-minus-1": dict(num_tokens=7, num_experts=6, topk=2, expert_map=(0, -1, 1, -1, 2, -1)),
-        "router-weight-on-input": dict(num_tokens=5, num_experts=4, topk=1, router_weight="input"),
+        # softmax over all E logits: at K = 1 the weight is below 1, so dropping or doubling it shows
+        "router-weight-on-input": dict(num_tokens=5, num_experts=4, topk=1, router_weight="input", router="softmax-topk"),
         "output-in-workspace": dict(num_tokens=6, num_experts=4, topk=2, output="workspace"),
+        # the inputs (see MoEConfig): a smaller call on workspaces built for 40 tokens
+        "call-below-maximum": dict(num_tokens=40, call_tokens=5, num_experts=4, topk=2),
+        "expert-scale-spread": dict(num_tokens=6, num_experts=4, topk=2, expert_scale_spread=4),
+        "zero-rows": dict(num_tokens=5, num_experts=4, topk=2, zero_rows=2),
+        "nan-rows": dict(num_tokens=4, num_experts=4, topk=2, nan_rows=1),
+        "inf-rows": dict(num_tokens=4, num_experts=4, topk=2, inf_rows=1),
+        "softmax-topk-K=1": dict(num_tokens=5, num_experts=4, topk=1, router="softmax-topk"),
+        "softmax-topk-renormalized": dict(num_tokens=6, num_experts=5, topk=2, router="softmax-topk", renormalize=True),
+        "tie-heavy": dict(num_tokens=4, num_experts=3, topk=2, tie_heavy=True),
     }
     return {label: MoEConfig(**{**base, **fields}) for label, fields in cases.items()}

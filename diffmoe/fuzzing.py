@@ -137,6 +137,7 @@ def fuzz(
     schedules: Sequence[Schedule | str] | None = None,
     device: str | None = None,
     time_limit: float | None = None,
+    special_rows: bool = False,
 ) -> FuzzOutcome:
     """Run up to `max_examples` drawn configs; stop at the first failure and shrink it.
 
@@ -146,7 +147,8 @@ def fuzz(
     interpreter's cost grows with both). database: None (nothing stored), a directory, or an ExampleDatabase:
     failures are stored there and replayed first on the next run. A seeded run replays
     nothing by design (Hypothesis's @seed turns the database off), so seed and database
-    are exclusive. oracles, schedules, device, time_limit: passed to `run_differential`
+    are exclusive. special_rows: also draw all-zero, NaN and Inf rows (the
+    `moe_configs(special_rows=True)` profile). oracles, schedules, device, time_limit: passed to `run_differential`
     unchanged (None: its defaults; time_limit None runs each example in this process).
     """
     check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)
@@ -164,7 +166,9 @@ def fuzz(
     db = _database(database)
     if seed is not None and db is not None:
         raise ValueError("seed and database are exclusive: a seeded run is reproducible and replays no stored failure")
-    strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts)
+    if not isinstance(special_rows, bool):
+        raise TypeError(f"special_rows must be a bool, got {special_rows!r}")
+    strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts, special_rows=special_rows)
     # Imported here, not at module import: tests replace the module, and importing the
     # runner pulls in the optimized implementation only when a fuzz actually starts.
     runner = importlib.import_module("diffmoe.runner")

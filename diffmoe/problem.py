@@ -9,6 +9,12 @@ implementation is built for: `make_problem(config, num_tokens=n)` gives the firs
 of the config's problem (n = 0 included: an engine may call with an empty batch), with the
 same weights; `Problem.num_tokens` is the T of the call.
 
+Inputs a config opts into (each drawn from its own generator, seeded from `config.seed` and
+the input's name, so a config without them is bitwise the problem it always was):
+`router="softmax-topk"` (softmax over E logits, top-K, optional renormalisation),
+`expert_scale_spread` (per-expert weight scales), `tie_heavy` hidden states, and the
+all-zero / NaN / Inf rows (`zero_rows`, `nan_rows`, `inf_rows`) among the call's tokens.
+
 Value bounds (why quantisation never overflows): hidden states are standard normal clamped
 to [-4, 4]; weights are normal with std 1/sqrt(fan_in) clamped to 4 std. Every scale is
 derived from the amax (dynamic for activations, static for weights), so codes stay within
@@ -93,6 +99,73 @@ def _route(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch
     return ids, weights
 
 
+# Streams of the opt-in inputs: each has its own generator, so turning one on changes nothing else.
+_STREAMS = {"router": 1, "expert_scale_spread": 2, "tie_heavy": 3, "special_rows": 4}
+# Tie-heavy amax: 448 * 2^-7, so scale = amax / 448 is exactly 2^-7 and a code is x * 128 exactly.
+TIE_HEAVY_AMAX = 3.5
+# Significant bits of a tie-heavy value: e4m3 keeps 4 (1 + 3 mantissa bits), so with 5 about
+# half the values sit exactly halfway between two codes.
+TIE_HEAVY_BITS = 5
+
+
+def _stream(config: MoEConfig, name: str) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed((config.seed * 8 + _STREAMS[name]) % 2**63)
+
+
+def _softmax_topk(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Engine-style routing: E logits, softmax over all E, the K most probable experts."""
+    t, e, k = config.num_tokens, config.num_experts, config.topk
+    logits = torch.randn(t, e, generator=gen) * 2.0  # [T, E]
+    if config.skew == "one-expert":
+        logits[:, 0] = 30.0  # expert 0 wins every token
+    elif config.skew == "empty-experts":
+        logits[:, max(k, math.ceil(e / 2)):] = -30.0  # never among the top K, probability ~1e-13
+    elif config.skew == "all-remote" and config.expert_map is not None:
+        local = torch.tensor([v >= 0 for v in config.expert_map])
+        logits[:, local] -= 60.0
+    probs = torch.softmax(logits, dim=1)  # [T, E]
+    weights, ids = probs.topk(k, dim=1)  # [T, K] each
+    if config.renormalize:
+        weights = weights / weights.sum(dim=1, keepdim=True)
+    return ids.to(torch.int32), weights.to(torch.float32).contiguous()
+
+
+def _spread_experts(config: MoEConfig, w: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Each expert's weight times 2^u, u uniform in [-spread, spread] octaves."""
+    s = config.expert_scale_spread
+    factors = torch.pow(2.0, torch.rand(w.shape[0], generator=gen) * 2 * s - s)  # [L]
+    return (w.float() * factors[:, None, None]).to(torch.bfloat16)
+
+
+def _tie_heavy(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """[T, H] bf16 -> values of TIE_HEAVY_BITS significant bits in [-3.5, 3.5], with +-3.5 at the
+    start of every 128-wide group (hence in every row and every group: the amax of every scheme)."""
+    mantissa, exponent = torch.frexp(x.float())  # x = mantissa * 2^exponent, |mantissa| in [0.5, 1)
+    step = 2.0**TIE_HEAVY_BITS
+    y = torch.ldexp(torch.round(mantissa * step) / step, exponent).clamp(-TIE_HEAVY_AMAX, TIE_HEAVY_AMAX)
+    signs = torch.where(torch.rand(x.shape[0], 1, generator=gen) < 0.5, -1.0, 1.0)  # [T, 1]
+    y[:, ::QUANT_BLOCK] = TIE_HEAVY_AMAX * signs
+    return y.to(torch.bfloat16)
+
+
+def _special_rows(config: MoEConfig, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """zero_rows all-zero tokens, nan_rows tokens with one NaN, inf_rows with one +-Inf, distinct,
+    among the call's first T tokens."""
+    t, h = config.call_num_tokens, config.hidden
+    rows = torch.randperm(t, generator=gen)[: config.special_rows].tolist()
+    cols = torch.randint(0, h, (len(rows),), generator=gen).tolist()
+    signs = torch.where(torch.rand(len(rows), generator=gen) < 0.5, -1.0, 1.0).tolist()
+    x = x.clone()
+    for n, (row, col, sign) in enumerate(zip(rows, cols, signs)):
+        if n < config.zero_rows:
+            x[row] = 0.0
+        elif n < config.zero_rows + config.nan_rows:
+            x[row, col] = float("nan")
+        else:
+            x[row, col] = sign * float("inf")
+    return x
+
+
 def _normal(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
     return (torch.randn(shape, generator=gen) * std).clamp(-4 * std, 4 * std).to(torch.bfloat16)
 
@@ -126,7 +199,7 @@ def quantize_weight(config: MoEConfig, w: torch.Tensor) -> tuple[torch.Tensor, t
 def make_problem(config: MoEConfig, device: torch.device | str = "cpu", *, num_tokens: int | None = None) -> Problem:
     """Build every input of `config` deterministically from `config.seed`.
 
-    num_tokens: the T of the call, 0..config.num_tokens (default config.num_tokens); the
+    num_tokens: the T of the call, 0..config.num_tokens (default config.call_num_tokens); the
     problem is then the first num_tokens tokens of the config's problem, same weights.
     """
     config.validate()
@@ -141,6 +214,15 @@ def make_problem(config: MoEConfig, device: torch.device | str = "cpu", *, num_t
     topk_ids, topk_weights = _route(config, gen)
     w1_master = _normal((n_local, 2 * i, h), 1.0 / math.sqrt(h), gen)  # [L, 2I, H]
     w2_master = _normal((n_local, h, i), 1.0 / math.sqrt(i), gen)  # [L, H, I]
+    if config.router == "softmax-topk":
+        topk_ids, topk_weights = _softmax_topk(config, _stream(config, "router"))
+    if config.expert_scale_spread:
+        spread = _stream(config, "expert_scale_spread")
+        w1_master, w2_master = _spread_experts(config, w1_master, spread), _spread_experts(config, w2_master, spread)
+    if config.tie_heavy:
+        hidden = _tie_heavy(hidden, _stream(config, "tie_heavy"))
+    if config.special_rows:
+        hidden = _special_rows(config, hidden, _stream(config, "special_rows"))
     if config.is_fp8:
         w1, w1_scale = quantize_weight(config, w1_master)
         w2, w2_scale = quantize_weight(config, w2_master)
@@ -160,7 +242,9 @@ def make_problem(config: MoEConfig, device: torch.device | str = "cpu", *, num_t
         w2_scale=w2_scale,
         expert_map=expert_map,
     )
-    if num_tokens is not None and num_tokens != t:
+    if num_tokens is None:
+        num_tokens = config.call_num_tokens
+    if num_tokens != t:
         # fresh tensors, not views: an implementation writing past the call's rows must not
         # land in bytes that are still part of an input
         for name in ("hidden_states", "topk_ids", "topk_weights"):

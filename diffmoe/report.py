@@ -49,6 +49,10 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
     if c.expert_map is not None:
         parts.append("--expert-map=" + ",".join(str(v) for v in c.expert_map))
     parts.append(f"--seed {c.seed}")
+    # the opt-in inputs, only where set: a default config's command stays as it always was
+    for name, value in c.opt_in_fields():
+        flag = "--" + name.replace("_", "-")
+        parts.append(flag if value is True else f"{flag} {value}")
     if implementation and implementation != DEFAULT_IMPLEMENTATION:
         parts.append(f"--impl {implementation}")
     return " ".join(parts)

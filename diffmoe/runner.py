@@ -112,7 +112,21 @@ def check_time_limit(time_limit: object) -> float | None:
     return float(time_limit)
 
 
-DEFAULT_SCHEDULES = ("identity", "reversed", "random:1")
+FIXED_SCHEDULES = ("identity", "reversed")
+# The call-sequence oracle's smaller call has T // 16 tokens (at least 1): a decode-sized call
+# beside a prefill-sized one, as an engine makes them. The interpreter's cost of a call is mostly
+# per launch and per expert block, not per token: measured at E=8 K=2 H=I=128 fp8-token fused,
+# a T=16 call takes 0.48 s, T=8 0.42 s, T=2 0.24 s, T=1 0.19 s, so T // 2 would make the oracle's
+# two small calls cost nearly two full runs.
+SMALL_CALL_DIVISOR = 16
+
+
+def default_schedules(config: MoEConfig) -> tuple[str, ...]:
+    """identity, reversed, then config.random_orders random orders seeded seed+1, seed+2, ...:
+    different configs of a fuzz campaign get different orders, one config always the same."""
+    return (*FIXED_SCHEDULES, *(f"random:{config.seed + 1 + i}" for i in range(config.random_orders)))
+
+
 # The end-to-end output's derived bound (DifferentialRun._derived_output_bound): the effect of the
 # candidate's own down-GEMM input, plus the down GEMM's per-stage slack (its forced row in the
 # tolerance table) per routed row and the output's own rounding.
@@ -162,8 +176,10 @@ def resolve_oracles(oracles: Collection[str] | None) -> list[str]:
     return [o for o in ALL_ORACLES if o in oracles]
 
 
-def resolve_schedules(schedules: Sequence[Schedule | str] | None) -> list[Schedule]:
-    items = DEFAULT_SCHEDULES if schedules is None else schedules
+def resolve_schedules(schedules: Sequence[Schedule | str] | None, config: MoEConfig | None = None) -> list[Schedule]:
+    """The schedules to run: the given ones, or default_schedules(config) (config=None: the
+    default config's)."""
+    items = default_schedules(config or MoEConfig()) if schedules is None else schedules
     parsed = [s if isinstance(s, Schedule) else Schedule.parse(s) for s in items]
     if not parsed:
         raise ValueError("schedules must name at least one schedule")
@@ -367,7 +383,12 @@ class DifferentialRun:
             raise _Crash(_crash_finding(exc, None, what)) from exc
 
     def _build(self, config: MoEConfig):
-        return self._call(f"building the implementation for {config.short()}", self.factory, config)
+        """A new instance, its private buffers poisoned: every torch.empty it makes while being
+        built is filled (NaN floats, the largest integers), so a run that reads a private
+        buffer (a scale, sorted ids) before writing it computes on poison, not on zeros or
+        on what an earlier instance happened to leave in the allocator."""
+        with _allocations_poisoned():
+            return self._call(f"building the implementation for {config.short()}", self.factory, config)
 
     def _shapes(self, impl, max_tokens: int) -> tuple[int, ...]:
         shapes = self._call(f"workspace_shapes({max_tokens})", impl.workspace_shapes, max_tokens)
@@ -393,22 +414,25 @@ class DifferentialRun:
 
     def _execute(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, schedule: Schedule,
                  poison: int | None, extra_recorder=None, problem: Problem | None = None, what: str | None = None,
-                 attribute_input_writes: bool = False) -> _Run:
+                 attribute_input_writes: bool = False, poison_workspaces: int | None = None) -> _Run:
+        """One call. poison: the pattern for the workspaces and the output, or None to keep what
+        the previous call left (call-sequence); poison_workspaces: a pattern for the workspaces
+        alone (the output keeps its own)."""
         what = what or f"the run under schedule {schedule}"
         self._enter(what)
-        if poison is not None:  # None: the workspaces keep what the previous call left (call-sequence)
+        if poison is not None:
             guarded.poison(poison)
             if output is not None:
                 output.poison(poison)
+        elif poison_workspaces is not None:
+            guarded.poison(poison_workspaces)
         log = LaunchLog(snapshot=True)
         tracker = _StageTracker(self._report_progress)
         watch = _RedZoneWatch(guarded, output)
         self.inputs.start(attribute_input_writes)
         recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, extra_recorder)
         try:
-            # Poisoned workspaces are NaN on purpose; the interpreter computes on them with numpy,
-            # whose floating-point warnings would only bury the findings.
-            with np.errstate(all="ignore"):
+            with _numpy_quiet():
                 result = impl.run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
                                   schedule=schedule, recorder=recorder)
         except Exception as exc:  # noqa: BLE001
@@ -451,27 +475,38 @@ class DifferentialRun:
         if cfg.output == "separate":
             output = GuardedTensor((t, cfg.hidden), torch.bfloat16, self.device)
         runs: list[_Run] = []
-        for index, schedule in enumerate(self.schedules):
+        # With call-sequence selected, the last order's run is made by that oracle, on a fresh
+        # instance right after a smaller call (see _check_call_sequence): one run serves both.
+        sequenced = Oracles.CALL_SEQUENCE in self.oracles and t >= 2
+        merged_order = self.schedules[-1] if sequenced and len(self.schedules) >= 2 else None
+        for index, schedule in enumerate(self.schedules[:-1] if merged_order is not None else self.schedules):
+            # every order after the first on a fresh instance: state the first run left in a
+            # private buffer must not mask a wrong order in the next
+            instance = impl if index == 0 else self._build(cfg)
             race_recorder = self._race_recorder(guarded, output) if index == 0 else None
             if race_recorder is not None:
                 with race_recorder:
-                    run = self._execute(impl, guarded, output, schedule, POISON_PATTERNS[0], race_recorder,
+                    run = self._execute(instance, guarded, output, schedule, POISON_PATTERNS[0], race_recorder,
                                         attribute_input_writes=True)
                 if Oracles.RACES in self.oracles:
                     self.findings += race_recorder.findings()
                 if Oracles.STORE_EXTENT in self.oracles:
                     self.findings += race_recorder.store_extent_findings()
             else:
-                run = self._execute(impl, guarded, output, schedule, POISON_PATTERNS[0], attribute_input_writes=index == 0)
+                run = self._execute(instance, guarded, output, schedule, POISON_PATTERNS[0],
+                                    attribute_input_writes=index == 0)
             runs.append(run)
             self._check_run(run, guarded, output, first=index == 0)
+        if sequenced:
+            self._check_call_sequence(impl, guarded, output, runs, shapes, poison=Oracles.POISON in self.oracles,
+                                      merged_order=merged_order)
         self._check_schedules(runs)
-        if Oracles.POISON in self.oracles:
-            again = self._execute(impl, guarded, output, self.schedules[0], POISON_PATTERNS[1],
+        if sequenced:
+            pass  # the poison oracle's second run was call-sequence's T call on a fresh pair
+        elif Oracles.POISON in self.oracles:
+            again = self._execute(self._build(cfg), guarded, output, self.schedules[0], POISON_PATTERNS[1],
                                   what=f"the run under schedule {self.schedules[0]} and the second poison")
             self._check_poison(runs[0], again)
-        if Oracles.CALL_SEQUENCE in self.oracles and t >= 2:
-            self._check_call_sequence(impl, guarded, output, runs[0], shapes)
         if t == 0:
             return  # a zero-token call: no stage has anything to teacher-force or compare across fusion
         if Oracles.TEACHER_FORCING in self.oracles and hasattr(impl, "run_stage"):
@@ -498,6 +533,10 @@ class DifferentialRun:
 
     # ---- oracles ------------------------------------------------------------------------
     def _check_run(self, run: _Run, guarded: GuardedWorkspaces, output: GuardedTensor | None, first: bool) -> None:
+        """The checks of one run. The differential, the contract and runtime aliasing judge the
+        first order's run; every later order is judged against it, bitwise, by the schedule
+        oracle (a later order that computes something else is an order dependence, reported as
+        one, not a second differential finding)."""
         if Oracles.RED_ZONE in self.oracles:
             for f in run.red_zones:
                 f.figures["schedule"] = str(run.schedule)
@@ -511,7 +550,7 @@ class DifferentialRun:
             for name, tensor in self.problem.inputs().items():
                 names[tensor.untyped_storage().data_ptr()] = name
             self.findings += check_runtime_aliasing(run.log, names)
-        if Oracles.DIFFERENTIAL in self.oracles:
+        if Oracles.DIFFERENTIAL in self.oracles and first:
             self._differential(run)
 
     def _differential(self, run: _Run) -> None:
@@ -565,7 +604,7 @@ class DifferentialRun:
     def _reference_stage(self, stage: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | str:
         """The reference's stage on the candidate's buffers, or why it cannot run on them."""
         try:
-            with np.errstate(all="ignore"):
+            with _numpy_quiet():
                 return reference_stage(stage, inputs, self.problem)
         except Exception as exc:  # noqa: BLE001 - a malformed candidate buffer is the candidate's fault
             return f"the reference cannot run stage {stage} on the candidate's buffers ({type(exc).__name__}: {exc})"
@@ -628,46 +667,104 @@ class DifferentialRun:
                     return c
         return None
 
-    def _check_poison(self, first: _Run, again: _Run) -> None:
+    def _check_poison(self, first: _Run, again: _Run, tokens: int | None = None) -> None:
         c = self._first_bitwise_divergence(first, again, "the same call under another poison")
         if c is not None:
+            call = "" if tokens is None else f" (the T={tokens} call)"
             self.findings.append(Finding(
                 oracle=Oracles.POISON, stage=producer_stage(self.config, c.name), buffers=[c.name],
-                message=f"{c.name} depends on workspace bytes written before this call (stale or uninitialised "
+                message=f"{c.name}{call} depends on workspace bytes written before this call (stale or uninitialised "
                         f"read): poison 0x{POISON_PATTERNS[0]:02X} vs 0x{POISON_PATTERNS[1]:02X} differ in "
                         f"{c.differing} of {c.total} elements",
-                figures=c.figures(),
+                figures={**({"tokens": tokens} if tokens is not None else {}), **c.figures()},
             ))
 
-    def _check_call_sequence(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, large: _Run,
-                             shapes: tuple[int, ...]) -> None:
+    def _check_call_sequence(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, runs: list[_Run],
+                             shapes: tuple[int, ...], poison: bool, merged_order: Schedule | None) -> None:
         """A call must not depend on the calls before it. An engine reuses one implementation and
         one pair of workspaces for every batch, and the seed bug lived in that reuse: a kernel that
         reduces over the workspace capacity, or keeps a scale from an earlier call, is right on a
-        lone call. So: the T/2 call right after the T call, on the same instance and unpoisoned
-        workspaces, against the T/2 call on a fresh instance and fresh workspaces; then, on that
-        fresh pair, the T call after the T/2 call against the T call on its own. Bitwise."""
-        t_small = self.problem.num_tokens // 2
-        small = _first_tokens(self.problem, t_small)
-        schedule = self.schedules[0]
+        lone call. So, bitwise:
 
-        def out_for(t: int) -> GuardedTensor | None:
-            return GuardedTensor((t, self.config.hidden), torch.bfloat16, self.device) if output is not None else None
+        1. a small call (T // SMALL_CALL_DIVISOR tokens, at least 1) right after the T call
+           (runs[0]), on the same instance and unpoisoned workspaces, against the small call on
+           a fresh instance and fresh workspaces;
+        2. on that fresh pair, the T call right after the small call, against the T call on its own.
 
+        The T call of (2) does three jobs, so a passing check pays for two small runs and no
+        extra T run: it runs under `merged_order` (the last program order, whose run the
+        schedule oracle then judges, appended to `runs`), and with the poison oracle selected
+        the fresh pair is poisoned with the second pattern, making it the poison oracle's second
+        run too (a T call that reads bytes written before it sees the first pattern in runs[0],
+        and the small call's bytes or the second pattern here). Only when it diverges from runs[0]
+        are the runs made that tell the causes apart: the T call on its own under that order
+        (the schedule oracle's run, judged by the differential), then under the second pattern
+        (the poison oracle's), each on a fresh instance and fresh workspaces."""
+        large = runs[0]
         t_large = self.problem.num_tokens
-        after_large = self._execute(impl, guarded, out_for(t_small), schedule, None, problem=small,
+        t_small = max(1, t_large // SMALL_CALL_DIVISOR)
+        small = _first_tokens(self.problem, t_small)
+        first_order = self.schedules[0]
+        order = merged_order or first_order
+        fresh_poison = POISON_PATTERNS[1] if poison else POISON_PATTERNS[0]
+
+        def out_for(t: int, pattern: int) -> GuardedTensor | None:
+            """A caller's fresh output for a call, poisoned: the workspaces carry state from call to
+            call, the output is the caller's new tensor each time."""
+            if output is None:
+                return None
+            out = GuardedTensor((t, self.config.hidden), torch.bfloat16, self.device)
+            out.poison(pattern)
+            return out
+
+        def alone(problem: Problem | None, t: int, pattern: int, schedule: Schedule) -> _Run:
+            return self._execute(self._build(self.config), GuardedWorkspaces(shapes, self.device), out_for(t, pattern), schedule,
+                                 pattern, problem=problem,
+                                 what=f"the T={t} call under schedule {schedule} on a fresh instance and fresh "
+                                      f"workspaces, poison 0x{pattern:02X}")
+
+        def diverges(a: _Run, b: _Run) -> bool:
+            return self._first_bitwise_divergence(a, b, "") is not None
+
+        after_large = self._execute(impl, guarded, out_for(t_small, POISON_PATTERNS[0]), first_order, None, problem=small,
                                     what=f"the T={t_small} call right after the T={t_large} call (same workspaces)")
         fresh = self._build(self.config)
         fresh_ws = GuardedWorkspaces(shapes, self.device)
-        alone = self._execute(fresh, fresh_ws, out_for(t_small), schedule, POISON_PATTERNS[0], problem=small,
-                              what=f"the T={t_small} call on a fresh instance and fresh workspaces")
-        after_small = self._execute(fresh, fresh_ws, out_for(t_large), schedule, None,
-                                    what=f"the T={t_large} call right after the T={t_small} call (same workspaces)")
-        for run, reference, earlier in ((after_large, alone, t_large), (after_small, large, t_small)):
+        # the small call's output under the first pattern, as after_large's: its comparison is
+        # about the workspaces' state, not the output's
+        small_alone = self._execute(fresh, fresh_ws, out_for(t_small, POISON_PATTERNS[0]), first_order, None,
+                                    problem=small, poison_workspaces=fresh_poison,
+                                    what=f"the T={t_small} call on a fresh instance and fresh workspaces")
+        after_small = self._execute(fresh, fresh_ws, out_for(t_large, fresh_poison), order, None,
+                                    what=f"the T={t_large} call under schedule {order} right after the T={t_small} "
+                                         "call (same workspaces)")
+        diverged = diverges(large, after_small)
+
+        # (2)'s T call on its own, under the order of after_small and the first pattern
+        large_alone = large
+        if merged_order is not None:
+            ordered = alone(None, t_large, POISON_PATTERNS[0], order) if diverged else after_small
+            self._check_run(ordered, guarded, output, first=False)
+            runs.append(ordered)
+            large_alone = ordered
+        if diverged and poison:
+            second = alone(None, t_large, fresh_poison, order)
+            self._check_poison(large_alone, second)
+            large_alone = second
+        elif not diverged:
+            large_alone = after_small  # bitwise the T call on its own: nothing to report
+        # (1)'s small call on its own under the first pattern (the earlier T call ran on it), when
+        # the one under the second pattern differs
+        if poison and diverges(small_alone, after_large):
+            small_first = alone(small, t_small, POISON_PATTERNS[0], first_order)
+            if not any(f.oracle == Oracles.POISON for f in self.findings):
+                self._check_poison(small_first, small_alone, tokens=t_small)
+            small_alone = small_first
+        for run, reference, earlier, t_call in ((after_large, small_alone, t_large, t_small),
+                                                (after_small, large_alone, t_small, t_large)):
             c = self._first_bitwise_divergence(reference, run, "the same call, with or without an earlier call")
             if c is None:
                 continue
-            t_call = t_small if run is after_large else t_large
             self.findings.append(Finding(
                 oracle=Oracles.CALL_SEQUENCE, stage=producer_stage(self.config, c.name), buffers=[c.name],
                 message=f"{c.name} of a T={t_call} call changes when a T={earlier} call ran before it on the same "
@@ -737,7 +834,7 @@ class DifferentialRun:
             what = f"teacher-forced stage {stage.name}"
             self.inputs.start(False)
             try:
-                with np.errstate(all="ignore"):
+                with _numpy_quiet():
                     outputs = impl.run_stage(stage.name, inputs, self.problem)
             except Exception as exc:  # noqa: BLE001
                 self.findings += self.inputs.finish(what)
@@ -860,7 +957,7 @@ def run_differential(
     config.validate()
     limit = check_time_limit(time_limit)
     chosen = resolve_oracles(oracles)
-    parsed = resolve_schedules(schedules)
+    parsed = resolve_schedules(schedules, config)
     if problem is not None:
         _check_problem_argument(problem, config)
     if implementation is not None and not callable(implementation):
@@ -931,6 +1028,38 @@ def worker_start_method(device: torch.device) -> str:
 
 
 _DEFERRED_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _allocations_poisoned() -> Iterator[None]:
+    """torch's fill_uninitialized_memory, which needs deterministic mode (warn_only: an op
+    without a deterministic kernel still runs); both restored afterwards.
+
+    The mode is set through torch._C: the public torch.use_deterministic_algorithms also
+    imports torch._inductor to mirror the flag there, which costs 4.3 s on first use (measured,
+    torch 2.13 CPU, `python -X importtime`), once per check process; nothing here compiles."""
+    set_mode = getattr(torch._C, "_set_deterministic_algorithms", None) or torch.use_deterministic_algorithms
+    mode, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    set_mode(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation.*")
+            yield
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        set_mode(mode, warn_only=warn_only)
+
+
+@contextmanager
+def _numpy_quiet() -> Iterator[None]:
+    """Poisoned workspaces and NaN/Inf input rows are NaN on purpose; the interpreter computes on
+    them with numpy, whose floating-point warnings (and nanmax's "All-NaN slice") would only bury
+    the findings."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
+        yield
 
 
 @contextmanager

@@ -29,6 +29,16 @@ Domains of `moe_configs()` (draw order, which is also shrink priority):
 * planner: fixed by default; a parameter (None draws fixed or legacy).
 * seed: 0..2**32-1.
 
+The opt-in inputs (drawn after the seed, so they shrink away first; each shrinks to off):
+
+* call_tokens: about half the draws call with 1..T-1 tokens on workspaces built for T
+  (None when T = 1), the smaller batches an engine sends between its largest ones.
+* router: random-k or softmax-topk (``ROUTERS`` order); renormalize drawn for softmax-topk.
+* expert_scale_spread: 0..MAX_EXPERT_SCALE_SPREAD octaves of per-expert weight scale.
+* tie_heavy: False/True.
+* zero_rows, nan_rows, inf_rows: only with `special_rows=True`, each 0..MAX_SPECIAL_ROWS,
+  cut to what the call's T holds (zero rows first, then NaN, then Inf).
+
 Budgets (enforced by construction: each size is drawn with an upper bound derived from the
 sizes already drawn, so nothing is filtered out):
 
@@ -51,7 +61,9 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from .config import MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTING_SKEWS, MoEConfig, check_int
+from .config import (
+    MAX_EXPERT_SCALE_SPREAD, MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS, MoEConfig, check_int,
+)
 from .contract import SCHEDULE_KINDS, Schedule
 
 QUANT_ORDER = ("fp8-tensor", "fp8-token", "bf16", "fp8-block")
@@ -63,6 +75,9 @@ MAX_SIZE = 512  # H and I for every scheme
 MAX_EXPERTS = 64
 DEFAULT_MAX_TOKENS = 96
 MAX_DRAWN_SEED = 2**32 - 1
+# Special rows of each kind per draw: one shows a kind's propagation, two show that it stays
+# in its own token; more only costs time.
+MAX_SPECIAL_ROWS = 2
 
 TOKEN_BUDGET = 2**16  # T * K * max(H, I)
 WEIGHT_BUDGET = 2**22  # E * 2I * H
@@ -184,12 +199,16 @@ def moe_configs(
     expert_map: bool = True,
     token_budget: int = TOKEN_BUDGET,
     weight_budget: int = WEIGHT_BUDGET,
+    inputs: bool = True,
+    special_rows: bool = False,
 ) -> SearchStrategy[MoEConfig]:
     """Valid MoEConfigs within the module's documented domains.
 
     planner: "fixed"/"legacy" pins it; None draws either. quant: pins a scheme or a list of
     schemes (kept in QUANT_ORDER). fused: None draws it for FP8 schemes; True/False pins it.
     expert_map: False never draws a map. The budgets bound T*K*max(H, I) and E*2I*H.
+    inputs: False never draws the opt-in inputs (call_tokens, router, spread, tie_heavy).
+    special_rows: True also draws all-zero, NaN and Inf rows.
     """
     if planner is not None and planner not in PLANNERS:
         raise ValueError(f"planner must be None or one of {list(PLANNERS)}, got {planner!r}")
@@ -197,8 +216,9 @@ def moe_configs(
     check_int("max_experts", max_experts, 1, MAX_EXPERTS)
     if fused is not None and not isinstance(fused, bool):
         raise TypeError(f"fused must be None or a bool, got {fused!r}")
-    if not isinstance(expert_map, bool):
-        raise TypeError(f"expert_map must be a bool, got {expert_map!r}")
+    for name, value in (("expert_map", expert_map), ("inputs", inputs), ("special_rows", special_rows)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
     quants = _quant_choices(quant, fused)
     floor = max(size_floor(q) for q in quants)
     # The smallest config of every allowed scheme must fit, or construction could dead-end.
@@ -225,6 +245,13 @@ def moe_configs(
         f = False if q == "bf16" else (drawn_fused if fused is None else fused)
         rw = drawn_rw if k == 1 else "down"
         em = draw(st.one_of(st.none(), expert_maps(e))) if expert_map else None
+        skew = draw(st.sampled_from(ROUTING_SKEWS))
+        output = draw(st.sampled_from(OUTPUT_ORDER))
+        chosen_planner = draw(st.sampled_from(planners))
+        seed = draw(st.integers(0, MAX_DRAWN_SEED))
+        extra = draw(_input_fields(t)) if inputs else {}
+        if special_rows:
+            extra.update(draw(_special_row_fields(t if extra.get("call_tokens") is None else extra["call_tokens"])))
         return MoEConfig(
             num_tokens=t,
             num_experts=e,
@@ -235,13 +262,50 @@ def moe_configs(
             fused=f,
             router_weight=rw,
             expert_map=em,
-            skew=draw(st.sampled_from(ROUTING_SKEWS)),
-            output=draw(st.sampled_from(OUTPUT_ORDER)),
-            planner=draw(st.sampled_from(planners)),
-            seed=draw(st.integers(0, MAX_DRAWN_SEED)),
+            skew=skew,
+            output=output,
+            planner=chosen_planner,
+            seed=seed,
+            **extra,
         )
 
     return build()
+
+
+def _input_fields(num_tokens: int) -> SearchStrategy[dict]:
+    """call_tokens, router, renormalize, expert_scale_spread, tie_heavy (fixed shape of choices)."""
+    choices = st.tuples(
+        st.booleans(), st.integers(1, max(1, num_tokens - 1)),  # a call below the maximum? with how many
+        st.sampled_from(ROUTERS), st.booleans(),
+        st.integers(0, MAX_EXPERT_SCALE_SPREAD),
+        st.booleans(),
+    )
+
+    def to_fields(c: tuple) -> dict:
+        below, call, router, renormalize, spread, tie_heavy = c
+        return dict(
+            call_tokens=call if below and num_tokens > 1 else None,
+            router=router,
+            renormalize=renormalize and router == "softmax-topk",
+            expert_scale_spread=spread,
+            tie_heavy=tie_heavy,
+        )
+
+    return choices.map(to_fields)
+
+
+def _special_row_fields(call_tokens: int) -> SearchStrategy[dict]:
+    """zero_rows, nan_rows, inf_rows, each 0..MAX_SPECIAL_ROWS, cut to the call's tokens."""
+    counts = st.tuples(*(st.integers(0, MAX_SPECIAL_ROWS) for _ in range(3)))
+
+    def to_fields(c: tuple[int, int, int]) -> dict:
+        left, fields = call_tokens, {}
+        for name, wanted in zip(("zero_rows", "nan_rows", "inf_rows"), c):
+            fields[name] = min(wanted, left)
+            left -= fields[name]
+        return fields
+
+    return counts.map(to_fields)
 
 
 def schedules(max_seed: int = 2**16) -> SearchStrategy[Schedule]:

@@ -21,6 +21,7 @@ live apart from `MUTANTS` (whose expected oracles are checks one can select).
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -38,9 +39,13 @@ from diffmoe.contract import RunResult
 from diffmoe.report import Finding, Oracles, Report
 from diffmoe.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
 import optimized.act_quant as act_quant_module  # noqa: E402
-from optimized.kernels.act_quant_kernel import PASS_AMAX  # noqa: E402
+import optimized.kernels.act_quant_kernel as act_quant_kernel_module  # noqa: E402
+import optimized.kernels.numerics as numerics_module  # noqa: E402
+from optimized.kernels.act_quant_kernel import PASS_AMAX, PASS_QUANTIZE  # noqa: E402
+from optimized.kernels.numerics import bf16_to_f32, to_bf16  # noqa: E402
 from optimized.kernels.reduce_kernel import moe_reduce_kernel  # noqa: E402
 from optimized.launch import launch
+from optimized.workspace_planner import plan_workspaces
 
 B = Buffers
 
@@ -322,6 +327,334 @@ class AmaxPassCachedAcrossCalls(TritonFP8MoE):
             act_quant_module.launch = real
 
 
+# ---- mutants of the opt-in input classes: each is invisible on the default inputs ---------
+
+
+class ExpertZeroWeightScale(TritonFP8MoE):
+    """Both GEMMs dequantise every expert's weights with expert 0's per-tensor scale (a
+    `w_scale[0]` where `w_scale[expert]` was meant). With equal weight amaxes the scales are
+    equal and the bug is invisible; a per-expert scale spread shows it."""
+
+    def _gemm(self, stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, **kwargs):
+        name, scales = w_scale
+        if scales.dim() == 1:  # [L] per-tensor weight scales
+            scales = scales[:1].expand_as(scales).contiguous()
+        super()._gemm(stage, ctx, problem, layout, a, a_scale, w, (name, scales), out, weights, **kwargs)
+
+
+class NaNSquashedOnInput(TritonFP8MoE):
+    """The input quantisation reads `torch.nan_to_num(hidden_states)`: a defensive copy made
+    by the launcher, so a NaN token comes out finite where the reference propagates NaN."""
+
+    def _run_stage(self, stage, bufs, problem, layout, ctx):
+        if stage == Stages.QUANT_INPUT:
+            problem = dataclasses.replace(problem, hidden_states=torch.nan_to_num(problem.hidden_states))
+        super()._run_stage(stage, bufs, problem, layout, ctx)
+
+
+class ScaleFloorDropped(TritonFP8MoE):
+    """The per-token scale is amax / 448 with no floor: an all-zero token gets scale 0 and
+    codes 0 / 0 = NaN, where the reference floors the scale and keeps the token zero."""
+
+    def _run_stage(self, stage, bufs, problem, layout, ctx):
+        with _patched(act_quant_kernel_module, TOKEN_SCALE_FLOOR=tl.constexpr(0.0)):
+            super()._run_stage(stage, bufs, problem, layout, ctx)
+
+
+class InputRouterWeightDropped(TritonFP8MoE):
+    """router_weight="input" (K = 1): the gate-up GEMM no longer scales the token by its router
+    weight. With weights from a softmax over K = 1 logit (exactly 1.0) nothing changes; the
+    softmax-over-E router of a serving engine gives weights below 1 and shows it."""
+
+    def _gemm(self, stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, **kwargs):
+        super()._gemm(stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights,
+                      **{**kwargs, "router_weight_on_a": False})
+
+
+@triton.jit
+def _round_to_e4m3_grid_ties_away(x):
+    """float32 -> nearest e4m3fn value, ties away from zero (the bug: half-up on the magnitude)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    normal = ((bits + 0x80000) & 0xFFF00000).to(tl.float32, bitcast=True)
+    scaled = tl.abs(x) * 512.0
+    magnitude = tl.floor(scaled + 0.5) * (2.0**-9)
+    subnormal = (magnitude.to(tl.uint32, bitcast=True) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(x) < 0.015625, subnormal, normal)
+
+
+class TiesRoundedAwayFromZero(TritonFP8MoE):
+    """The software e4m3 rounding rounds ties away from zero instead of to even (the rule of
+    `round()` in many languages). A random input puts few values exactly on a midpoint;
+    tie-heavy inputs put about half of them there."""
+
+    def _run_stage(self, stage, bufs, problem, layout, ctx):
+        with _patched(numerics_module, round_to_e4m3_grid=_round_to_e4m3_grid_ties_away):
+            super()._run_stage(stage, bufs, problem, layout, ctx)
+
+
+class AmaxOverCapacityRows(TritonFP8MoE):
+    """The per-tensor amax of the down input is taken over every row the workspaces were
+    sized for (the largest batch's TK), not over this call's rows: a call below the maximum
+    folds in workspace bytes beyond its buffer, poison or an earlier call's rows. A call at
+    the maximum is exactly right."""
+
+    def _act_quant(self, stage, row, source, fused, codes_out, scales_out, software_fp8=None):
+        capacity_rows = self.config.routed_rows
+        capacity_programs = act_quant_module.row_programs(capacity_rows, self.tiles)
+        real = act_quant_module.launch
+
+        def over_capacity(ctx, kernel, grid_size, **kwargs):
+            x = kwargs["x_ptr"]
+            needed = (x.storage_offset() + (capacity_rows - 1) * x.stride(0) + x.shape[1]) * x.element_size()
+            if x.untyped_storage().nbytes() < needed:  # a stage run on a tensor of exactly TK rows
+                return real(ctx, kernel, grid_size, **kwargs)
+            if kwargs.get("PASS") == PASS_AMAX.value:
+                kwargs["x_ptr"] = torch.as_strided(x, (capacity_rows, x.shape[1]), x.stride(), x.storage_offset())
+                kwargs["R"], grid_size = capacity_rows, capacity_programs
+            elif kwargs.get("PASS") == PASS_QUANTIZE.value:
+                kwargs["num_programs"] = capacity_programs
+            return real(ctx, kernel, grid_size, **kwargs)
+
+        act_quant_module.launch = over_capacity
+        try:
+            super()._act_quant(stage, row, source, fused, codes_out, scales_out, software_fp8)
+        finally:
+            act_quant_module.launch = real
+
+
+# ---- mutants that exactly one oracle sees --------------------------------------------------
+
+
+class PlanDriftsFromCarving(TritonFP8MoE):
+    """The declared plan is the legacy one (gate_up_output and quanted_down_input on the same
+    ws2 bytes) while the carving and the workspace sizes follow the fixed planner: the plan an
+    engine sizes and audits its workspaces by is not what runs. Only the declared plan shows it."""
+
+    def workspace_plan(self, num_tokens):
+        return plan_workspaces(self.config, num_tokens, planner="legacy")
+
+    def workspace_shapes(self, max_tokens=None):
+        t = max_tokens or self.max_tokens
+        # room for both, so that the declared plan fits the workspaces as well as the carving does
+        return tuple(max(a, b) for a, b in zip(plan_workspaces(self.config, t, planner="fixed").workspace_bytes,
+                                               plan_workspaces(self.config, t, planner="legacy").workspace_bytes))
+
+    def _carve(self, plan, workspaces, num_tokens):
+        return super()._carve(plan_workspaces(self.config, num_tokens, planner="fixed"), workspaces, num_tokens)
+
+
+class InPlaceActivation(TritonFP8MoE):
+    """The unfused activation writes activation_output over the first bytes of its own input,
+    gate_up_output ("the input is dead once read"). A program loads its rows before storing,
+    so with one program (TK <= 32 on the interpreter) every value is right; on a GPU, with
+    programs running at once, one program's stores land on rows another has still to read."""
+
+    def _carve(self, plan, workspaces, num_tokens):
+        bufs = super()._carve(plan, workspaces, num_tokens)
+        if B.ACTIVATION_OUTPUT in bufs:
+            act, gate_up = bufs[B.ACTIVATION_OUTPUT], bufs[B.GATE_UP_OUTPUT]
+            bufs[B.ACTIVATION_OUTPUT] = gate_up.view(-1)[: act.numel()].view(act.shape)
+        return bufs
+
+
+class _RouterWeightDroppedOnOnePath(TritonFP8MoE):
+    """The down GEMM loses its router-weight multiply on one entry point only (ENTRY: "run",
+    the whole pipeline, or "run_stage", one stage on its own): two call paths that drifted apart."""
+
+    ENTRY = ""
+
+    def _on_entry(self, method, *args, **kwargs):
+        self._broken_path = True
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self._broken_path = False
+
+    def run(self, *args, **kwargs):
+        if self.ENTRY == "run":
+            return self._on_entry(super().run, *args, **kwargs)
+        return super().run(*args, **kwargs)
+
+    def run_stage(self, *args, **kwargs):
+        if self.ENTRY == "run_stage":
+            return self._on_entry(super().run_stage, *args, **kwargs)
+        return super().run_stage(*args, **kwargs)
+
+    def _gemm(self, stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, *, mul_router_weight, **kwargs):
+        super()._gemm(stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights,
+                      mul_router_weight=mul_router_weight and not getattr(self, "_broken_path", False), **kwargs)
+
+
+class StageEntryDropsRouterWeight(_RouterWeightDroppedOnOnePath):
+    """The per-stage entry point (`run_stage`, what teacher forcing and a stage-by-stage
+    debugger call) builds the down GEMM without the router-weight multiply; the whole-pipeline
+    path is right."""
+
+    ENTRY = "run_stage"
+
+
+class PipelineDropsRouterWeight(_RouterWeightDroppedOnOnePath):
+    """The whole pipeline moved the router-weight multiply from the down GEMM to the reduce,
+    switching it off in the GEMM and never on in the reduce; the per-stage entry point kept the
+    old path, so every stage run on its own is right. Only the pipeline's own run shows it."""
+
+    ENTRY = "run"
+
+
+class OutputMemsetRoundedUp(TritonFP8MoE):
+    """Before the launches the caller's output is zeroed by a host-side memset whose length is
+    rounded up to 512 bytes: with H = 128 (256-byte rows) and an odd T the memset runs past the
+    output. The reduce then writes every real element, so no value changes."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        if output is not None and output.numel():
+            nbytes = -(-output.numel() * output.element_size() // 512) * 512
+            torch.as_strided(output, (nbytes // output.element_size(),), (1,), output.storage_offset()).zero_()
+        return super().run(problem, workspaces, output=output, **kwargs)
+
+
+class UnfusedActivationTruncates(TritonFP8MoE):
+    """The unfused activation kernel stores silu(g) * u with the backend's native bf16 cast,
+    which truncates under the interpreter, where the fused path rounds to nearest even: the two
+    paths quantise different activations. A check of the fused config runs only the fused
+    path; its unfused sibling shows the difference."""
+
+    def _run_stage(self, stage, bufs, problem, layout, ctx):
+        if stage != Stages.ACTIVATION:
+            return super()._run_stage(stage, bufs, problem, layout, ctx)
+        traits = self.traits
+        self.traits = dataclasses.replace(traits, software_bf16_cast=False)
+        try:
+            super()._run_stage(stage, bufs, problem, layout, ctx)
+        finally:
+            self.traits = traits
+
+
+_ZOO_ZERO, _ZOO_LOAD_ADD_STORE, _ZOO_PREFIX_EXCHANGE, _ZOO_FINITE_ONLY = 0, 1, 2, 3
+
+
+@triton.jit
+def _zoo_reduce_kernel(
+    # Pointers
+    down_ptr,  # [TK, H] bf16, row t*K + k
+    out_ptr,  # [T, H] bf16
+    order_ptr,  # [num_programs] int32 program order (REORDER)
+    # Dimensions
+    H,
+    TOPK,
+    num_h_blocks,
+    # Strides
+    stride_dm, stride_om,
+    # Meta-parameters
+    MODE: tl.constexpr,
+    REORDER: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """Grid: (rows * num_h_blocks,), rows = T for _ZOO_ZERO and _ZOO_FINITE_ONLY, TK otherwise;
+    each program owns one row and BLOCK_H columns. The broken reduces of the bug zoo, which
+    all sum in float32 in k order and round once, as the real one does:
+
+    _ZOO_ZERO: out[t] = 0.
+    _ZOO_LOAD_ADD_STORE: routed row r adds itself into out[r // K] by a plain load-add-store
+        (no atomic): two programs of one token read-modify-write the same bytes.
+    _ZOO_PREFIX_EXCHANGE: routed row r = t*K + k sums rows t*K .. r and publishes the prefix
+        sum with an atomic exchange, trusting programs to finish in launch order.
+    _ZOO_FINITE_ONLY: token t sums its K rows and stores only the finite sums (a NaN sum is
+        left unwritten: whatever the output held before stays there).
+    """
+    pid = tl.program_id(0)
+    if REORDER:
+        pid = tl.load(order_ptr + pid)
+    row = pid // num_h_blocks
+    cols = (pid % num_h_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = cols < H
+    if MODE == 0:
+        tl.store(out_ptr + row * stride_om + cols, tl.zeros((BLOCK_H,), dtype=tl.float32).to(tl.bfloat16), mask=mask)
+    elif MODE == 1:
+        token = row // TOPK
+        acc = bf16_to_f32(tl.load(out_ptr + token * stride_om + cols, mask=mask, other=0.0), True)
+        acc += bf16_to_f32(tl.load(down_ptr + row * stride_dm + cols, mask=mask, other=0.0), True)
+        tl.store(out_ptr + token * stride_om + cols, to_bf16(acc, True), mask=mask)
+    elif MODE == 2:
+        # The interpreter has no 16-bit atomics: exchange 32-bit words holding two bf16 columns
+        # (even | odd << 16); H is even, a word never straddles a row.
+        token = row // TOPK
+        pairs = (pid % num_h_blocks) * (BLOCK_H // 2) + tl.arange(0, BLOCK_H // 2)
+        pair_mask = 2 * pairs < H
+        first = down_ptr + token * TOPK * stride_dm + 2 * pairs
+        even = bf16_to_f32(tl.load(first, mask=pair_mask, other=0.0), True)
+        odd = bf16_to_f32(tl.load(first + 1, mask=pair_mask, other=0.0), True)
+        for j in range(token * TOPK + 1, row + 1):
+            even += bf16_to_f32(tl.load(down_ptr + j * stride_dm + 2 * pairs, mask=pair_mask, other=0.0), True)
+            odd += bf16_to_f32(tl.load(down_ptr + j * stride_dm + 2 * pairs + 1, mask=pair_mask, other=0.0), True)
+        lo = to_bf16(even, True).to(tl.uint16, bitcast=True).to(tl.uint32)
+        hi = to_bf16(odd, True).to(tl.uint16, bitcast=True).to(tl.uint32)
+        word = (lo | (hi << 16)).to(tl.int32, bitcast=True)
+        tl.atomic_xchg(out_ptr.to(tl.pointer_type(tl.int32)) + token * (stride_om // 2) + pairs, word, mask=pair_mask)
+    else:
+        acc = bf16_to_f32(tl.load(down_ptr + row * TOPK * stride_dm + cols, mask=mask, other=0.0), True)
+        for k in range(1, TOPK):
+            acc += bf16_to_f32(tl.load(down_ptr + (row * TOPK + k) * stride_dm + cols, mask=mask, other=0.0), True)
+        tl.store(out_ptr + row * stride_om + cols, to_bf16(acc, True), mask=mask & (acc == acc))
+
+
+class _ZooReduce(TritonFP8MoE):
+    """A reduce stage made of _zoo_reduce_kernel launches (MODES, in order)."""
+
+    MODES: tuple[int, ...] = ()
+
+    def _reduce(self, stage, ctx, down, out):
+        (down_name, down_t), (out_name, out_t) = down, out
+        t, h = out_t.shape
+        block_h = 256
+        num_h_blocks = triton.cdiv(h, block_h)
+        for mode in self.MODES:
+            rows = t if mode in (_ZOO_ZERO, _ZOO_FINITE_ONLY) else t * self.config.topk
+            launch(ctx, _zoo_reduce_kernel, rows * num_h_blocks, stage=stage, reads={down_name: down_t},
+                   writes={out_name: out_t}, down_ptr=down_t, out_ptr=out_t, H=h, TOPK=self.config.topk,
+                   num_h_blocks=num_h_blocks, stride_dm=down_t.stride(0), stride_om=out_t.stride(0), MODE=mode,
+                   BLOCK_H=block_h)
+
+
+class ReduceWithoutAtomics(_ZooReduce):
+    """A scatter reduce: each routed row adds itself into its token's output row by a plain
+    load, add and store, after a zeroing launch. Sequentially every order gives the same bits
+    (with K = 2, 0 + a + b and 0 + b + a round alike), so no value and no program order shows
+    it; on a GPU the two programs of a token race and one addition is lost."""
+
+    MODES = (_ZOO_ZERO, _ZOO_LOAD_ADD_STORE)
+
+
+class ReduceTrustsLaunchOrder(_ZooReduce):
+    """Each routed row publishes its token's prefix sum (rows 0..k) with an atomic exchange,
+    trusting the program of the last expert to finish last. Atomics do not race, and in launch
+    order the last writer is the full sum; in another order a partial sum is left."""
+
+    MODES = (_ZOO_PREFIX_EXCHANGE,)
+
+
+class ReduceSkipsNonFiniteSums(_ZooReduce):
+    """The reduce stores only finite sums ("do not write NaN"): a NaN token's output row keeps
+    whatever the caller's tensor held. Under a NaN poison that is NaN, as the reference's row,
+    so the values agree; under any other fill the row is garbage."""
+
+    MODES = (_ZOO_FINITE_ONLY,)
+
+
+@contextmanager
+def _patched(module, **names):
+    """Module globals replaced for the duration (the interpreter resolves a kernel's globals at
+    call time, so a patched constant or helper reaches the kernel)."""
+    saved = {name: getattr(module, name) for name in names}
+    for name, value in names.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
 # Module-level factories: the `--impl bug_zoo:<name>` entry points and run_differential's
 # `implementation` argument.
 def make_legacy_planner(config: MoEConfig) -> TritonFP8MoE:
@@ -384,6 +717,66 @@ def make_amax_pass_cached_across_calls(config: MoEConfig) -> TritonFP8MoE:
     return AmaxPassCachedAcrossCalls(config)
 
 
+def make_expert_zero_weight_scale(config: MoEConfig) -> TritonFP8MoE:
+    return ExpertZeroWeightScale(config)
+
+
+def make_nan_squashed_on_input(config: MoEConfig) -> TritonFP8MoE:
+    return NaNSquashedOnInput(config)
+
+
+def make_scale_floor_dropped(config: MoEConfig) -> TritonFP8MoE:
+    return ScaleFloorDropped(config)
+
+
+def make_input_router_weight_dropped(config: MoEConfig) -> TritonFP8MoE:
+    return InputRouterWeightDropped(config)
+
+
+def make_ties_rounded_away_from_zero(config: MoEConfig) -> TritonFP8MoE:
+    return TiesRoundedAwayFromZero(config)
+
+
+def make_amax_over_capacity_rows(config: MoEConfig) -> TritonFP8MoE:
+    return AmaxOverCapacityRows(config)
+
+
+def make_plan_drifts_from_carving(config: MoEConfig) -> TritonFP8MoE:
+    return PlanDriftsFromCarving(config)
+
+
+def make_in_place_activation(config: MoEConfig) -> TritonFP8MoE:
+    return InPlaceActivation(config)
+
+
+def make_stage_entry_drops_router_weight(config: MoEConfig) -> TritonFP8MoE:
+    return StageEntryDropsRouterWeight(config)
+
+
+def make_pipeline_drops_router_weight(config: MoEConfig) -> TritonFP8MoE:
+    return PipelineDropsRouterWeight(config)
+
+
+def make_output_memset_rounded_up(config: MoEConfig) -> TritonFP8MoE:
+    return OutputMemsetRoundedUp(config)
+
+
+def make_unfused_activation_truncates(config: MoEConfig) -> TritonFP8MoE:
+    return UnfusedActivationTruncates(config)
+
+
+def make_reduce_without_atomics(config: MoEConfig) -> TritonFP8MoE:
+    return ReduceWithoutAtomics(config)
+
+
+def make_reduce_trusts_launch_order(config: MoEConfig) -> TritonFP8MoE:
+    return ReduceTrustsLaunchOrder(config)
+
+
+def make_reduce_skips_non_finite_sums(config: MoEConfig) -> TritonFP8MoE:
+    return ReduceSkipsNonFiniteSums(config)
+
+
 def make_fused_tile_not_power_of_two(config: MoEConfig) -> TritonFP8MoE:
     return FusedTileNotPowerOfTwo(config)
 
@@ -404,6 +797,9 @@ class Mutant:
     expected_oracles: frozenset[str]  # each must report at least one finding
     expected_name: str  # a buffer, stage or workspace some expected oracle's finding names
     baseline_config: MoEConfig | None = None  # what the unmodified implementation runs (default: config)
+    # For a mutant of an opt-in input class: the same config without that input, which the
+    # mutant passes (the input class is what makes the bug visible)
+    unseen_without: MoEConfig | None = None
 
     @property
     def impl(self) -> str:
@@ -448,7 +844,8 @@ MUTANTS: dict[str, Mutant] = {
             factory=make_legacy_planner,
             # 17 tokens x K=2 = 34 rows: two act_quant programs, so the alias also shows as a race
             config=_cfg(num_tokens=17, planner="legacy"),
-            expected_oracles=frozenset({O.STATIC_ALIASING, O.RUNTIME_ALIASING, O.RACES, O.SCHEDULE, O.DIFFERENTIAL}),
+            # the wrong values show only under another program order: the schedule oracle's to report
+            expected_oracles=frozenset({O.STATIC_ALIASING, O.RUNTIME_ALIASING, O.RACES, O.SCHEDULE}),
             expected_name=B.QUANTED_DOWN_INPUT,
             baseline_config=_cfg(num_tokens=17, planner="fixed"),
         ),
@@ -465,7 +862,7 @@ MUTANTS: dict[str, Mutant] = {
             what_it_breaks="align pads expert segments with TK-1 (a real row) instead of the sentinel TK",
             factory=make_sentinel_off_by_one,
             config=_cfg(),
-            expected_oracles=frozenset({O.DIFFERENTIAL, O.RACES, O.SCHEDULE}),
+            expected_oracles=frozenset({O.RACES, O.SCHEDULE}),  # in launch order the last writer is right
             expected_name=Stages.GATE_UP_GEMM,
         ),
         Mutant(
@@ -573,6 +970,145 @@ MUTANTS: dict[str, Mutant] = {
             factory=make_returns_down_output,
             config=_cfg(),
             expected_oracles=frozenset({O.CONTRACT, O.DIFFERENTIAL}),
+            expected_name=B.OUTPUT,
+        ),
+        # ---- the opt-in input classes: each mutant is invisible without its input ----
+        Mutant(
+            name="expert-zero-weight-scale",
+            what_it_breaks="both GEMMs dequantise every expert with expert 0's per-tensor weight scale",
+            factory=make_expert_zero_weight_scale,
+            # H=I=256: without a spread every expert's weight amax is the clamp, 4 std, so the
+            # scales are equal and the bug invisible (unseen_without)
+            config=_cfg(num_tokens=2, hidden=256, inter=256, quant="fp8-tensor", expert_scale_spread=2),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=Stages.GATE_UP_GEMM,
+            unseen_without=_cfg(num_tokens=2, hidden=256, inter=256, quant="fp8-tensor"),
+        ),
+        Mutant(
+            name="nan-squashed-on-input",
+            what_it_breaks="input quant reads nan_to_num(hidden_states): a NaN token comes out finite",
+            factory=make_nan_squashed_on_input,
+            config=_cfg(num_tokens=2, nan_rows=1),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=B.QUANTED_GATE_UP_INPUT,
+            unseen_without=_cfg(num_tokens=2),
+        ),
+        Mutant(
+            name="scale-floor-dropped",
+            what_it_breaks="per-token scale amax / 448 without its floor: an all-zero token becomes 0 / 0 = NaN",
+            factory=make_scale_floor_dropped,
+            config=_cfg(num_tokens=2, zero_rows=1),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=B.QUANTED_GATE_UP_INPUT,
+            unseen_without=_cfg(num_tokens=2),
+        ),
+        Mutant(
+            name="input-router-weight-dropped",
+            what_it_breaks="router_weight=input (K = 1): the gate-up GEMM no longer scales the token by its weight",
+            factory=make_input_router_weight_dropped,
+            # random-k at K = 1 gives weight 1.0 exactly (unseen_without); softmax over E does not
+            config=_cfg(quant="bf16", fused=False, topk=1, router_weight="input", router="softmax-topk"),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=Stages.GATE_UP_GEMM,
+            unseen_without=_cfg(quant="bf16", fused=False, topk=1, router_weight="input"),
+        ),
+        Mutant(
+            name="ties-rounded-away-from-zero",
+            what_it_breaks="software e4m3 rounding takes ties away from zero instead of to even",
+            factory=make_ties_rounded_away_from_zero,
+            config=_cfg(tie_heavy=True),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=B.QUANTED_GATE_UP_INPUT,
+            unseen_without=_cfg(),  # seed 0 puts no value on a midpoint; other seeds may
+        ),
+        Mutant(
+            name="amax-over-capacity-rows",
+            what_it_breaks="per-tensor down-input amax over the workspaces' capacity rows, not the call's: "
+                           "a call below the maximum folds in bytes beyond its buffer",
+            factory=make_amax_over_capacity_rows,
+            # 40 tokens x K=2 = 80 capacity rows (3 row programs); the call carries 5 (1 program)
+            config=_cfg(num_tokens=40, quant="fp8-tensor", fused=False, call_tokens=5),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.POISON, O.STORE_EXTENT}),
+            expected_name=B.QUANTED_DOWN_INPUT,
+            unseen_without=_cfg(num_tokens=40, quant="fp8-tensor", fused=False),
+        ),
+        Mutant(
+            name="reduce-skips-non-finite-sums",
+            what_it_breaks="reduce stores only finite sums: a NaN token's output row keeps what the caller's "
+                           "tensor held (NaN under a NaN poison, so the values agree)",
+            factory=make_reduce_skips_non_finite_sums,
+            config=_cfg(quant="bf16", fused=False, num_tokens=2, nan_rows=1),
+            expected_oracles=frozenset({O.POISON}),
+            expected_name=B.OUTPUT,
+            unseen_without=_cfg(quant="bf16", fused=False, num_tokens=2),
+        ),
+        # ---- one oracle alone sees each of these ----
+        Mutant(
+            name="plan-drifts-from-carving",
+            what_it_breaks="the declared plan is the legacy one while carving and sizes follow the fixed planner",
+            factory=make_plan_drifts_from_carving,
+            config=_cfg(),
+            expected_oracles=frozenset({O.STATIC_ALIASING}),
+            expected_name=B.QUANTED_DOWN_INPUT,
+        ),
+        Mutant(
+            name="in-place-activation",
+            what_it_breaks="unfused activation writes over its own input's bytes: right with one program, a race "
+                           "on a GPU",
+            factory=make_in_place_activation,
+            config=_cfg(fused=False),  # TK = 2: one activation program
+            expected_oracles=frozenset({O.RUNTIME_ALIASING}),
+            expected_name=B.ACTIVATION_OUTPUT,
+        ),
+        Mutant(
+            name="stage-entry-drops-router-weight",
+            what_it_breaks="run_stage builds the down GEMM without the router weight; the whole pipeline is right",
+            factory=make_stage_entry_drops_router_weight,
+            config=_cfg(quant="bf16", fused=False),
+            expected_oracles=frozenset({O.TEACHER_FORCING}),
+            expected_name=Stages.DOWN_GEMM,
+        ),
+        Mutant(
+            name="pipeline-drops-router-weight",
+            what_it_breaks="the pipeline moved the router-weight multiply to the reduce and lost it; each stage "
+                           "on its own is right",
+            factory=make_pipeline_drops_router_weight,
+            config=_cfg(quant="bf16", fused=False),
+            expected_oracles=frozenset({O.DIFFERENTIAL}),
+            expected_name=Stages.DOWN_GEMM,
+        ),
+        Mutant(
+            name="output-memset-rounded-up",
+            what_it_breaks="host-side memset of the caller's output rounded up to 512 bytes: runs past the output",
+            factory=make_output_memset_rounded_up,
+            config=_cfg(quant="bf16", fused=False),  # one 256-byte row: 256 bytes past the end
+            expected_oracles=frozenset({O.RED_ZONE}),
+            expected_name=B.OUTPUT,
+        ),
+        Mutant(
+            name="unfused-activation-truncates",
+            what_it_breaks="only the unfused activation stores with the native (truncating) bf16 cast: fused and "
+                           "unfused paths quantise different activations",
+            factory=make_unfused_activation_truncates,
+            config=_cfg(num_tokens=2, inter=256),  # the fused config: its unfused sibling is the broken path
+            expected_oracles=frozenset({O.METAMORPHIC}),
+            expected_name=B.QUANTED_DOWN_INPUT,
+        ),
+        Mutant(
+            name="reduce-without-atomics",
+            what_it_breaks="scatter reduce by plain load-add-store: every order gives the same bits, programs race",
+            factory=make_reduce_without_atomics,
+            config=_cfg(quant="bf16", fused=False),
+            expected_oracles=frozenset({O.RACES}),
+            expected_name=Stages.REDUCE,
+        ),
+        Mutant(
+            name="reduce-trusts-launch-order",
+            what_it_breaks="each routed row publishes its token's prefix sum by atomic exchange, trusting the last "
+                           "expert's program to finish last",
+            factory=make_reduce_trusts_launch_order,
+            config=_cfg(quant="bf16", fused=False),
+            expected_oracles=frozenset({O.SCHEDULE}),
             expected_name=B.OUTPUT,
         ),
     )

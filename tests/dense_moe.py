@@ -19,7 +19,7 @@ def dense_moe_float64(problem) -> torch.Tensor:
     w2 = dequantize_weight(problem.w2, problem.w2_scale, cfg.quant).double()  # [L, H, I]
     x = problem.hidden_states.double()  # [T, H]
     out = torch.zeros_like(x)  # [T, H]
-    for t in range(cfg.num_tokens):
+    for t in range(problem.num_tokens):
         for k in range(cfg.topk):
             e = int(problem.topk_ids[t, k])
             local = e if problem.expert_map is None else int(problem.expert_map[e])

@@ -91,3 +91,28 @@ def test_registry_is_consistent():
 
             module, attr = impl.split(":")
             assert getattr(importlib.import_module(module), attr) is mutant.factory, mutant.name
+
+
+@pytest.mark.slow
+def test_every_oracle_has_a_mutant_that_it_alone_catches():
+    # Each oracle earns its place: some bug is seen by it and by no other oracle.
+    alone = {o: [] for o in ALL_ORACLES}
+    for name in NAMES:
+        seen = set(mutant_report(MUTANTS[name]).oracles_with_findings())
+        if len(seen) == 1:
+            alone.setdefault(seen.pop(), []).append(name)
+    lonely = sorted(o for o in ALL_ORACLES if not alone[o])
+    assert not lonely, f"no mutant is caught by these oracles alone: {lonely}"
+
+
+INPUT_CLASS_MUTANTS = sorted(n for n, m in MUTANTS.items() if m.unseen_without is not None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", INPUT_CLASS_MUTANTS)
+def test_input_class_mutant_is_unseen_without_its_input(name):
+    # The opt-in input is what makes the bug visible: without it the same mutant passes, so a
+    # campaign that never draws the input would never see the bug.
+    mutant = MUTANTS[name]
+    report = run_differential(mutant.unseen_without, mutant.factory, implementation_name=mutant.impl)
+    assert report.passed, f"{name} is already caught without its input class:\n{report.render()}"

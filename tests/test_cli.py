@@ -110,6 +110,32 @@ def test_every_replay_command_parses_back(fake_runner, capsys):
     assert fake_runner.calls[0]["config"] == config
 
 
+def test_replay_commands_carry_the_opt_in_inputs(fake_runner, capsys):
+    config = MoEConfig(num_tokens=9, num_experts=5, topk=2, hidden=128, inter=128, call_tokens=4, router="softmax-topk",
+                       renormalize=True, expert_scale_spread=3, zero_rows=1, nan_rows=1, inf_rows=1, tie_heavy=True,
+                       random_orders=4, seed=3)
+    command = check_command(config)
+    for flag in ("--call-tokens 4", "--router softmax-topk --renormalize", "--expert-scale-spread 3", "--zero-rows 1",
+                 "--nan-rows 1", "--inf-rows 1", "--tie-heavy", "--random-orders 4"):
+        assert flag in command
+    run_cli(capsys, "check", *command.split()[2:])
+    assert fake_runner.calls[0]["config"] == config
+    # a default config's command names none of them
+    assert "--call-tokens" not in check_command(MoEConfig()) and "--random-orders" not in check_command(MoEConfig())
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--call-tokens", "9", "--tokens", "8"], "call_tokens"),
+    (["--nan-rows", "x"], "--nan-rows"),
+    (["--expert-scale-spread", "9"], "expert_scale_spread"),
+    (["--random-orders", "99"], "random_orders"),
+    (["--renormalize"], "renormalize"),
+])
+def test_bad_input_flags_exit_2_with_one_line(capsys, argv, needle):
+    code, _, err = run_cli(capsys, "check", *argv)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 def test_check_config_file(fake_runner, capsys, tmp_path):
     path = tmp_path / "c.json"
     path.write_text(MINIMAL_FUSED_CONFIG.to_json())

@@ -34,6 +34,23 @@ INVALID = [
     ("expert_map", dict(num_experts=2, expert_map=(-1, -1)), ValueError),
     ("expert_map", dict(num_experts=2, expert_map=("a", 0)), TypeError),
     ("num_tokens * topk", dict(num_tokens=65536, num_experts=8, topk=8), ValueError),
+    # the opt-in inputs and the schedule count
+    ("call_tokens", dict(num_tokens=4, call_tokens=5), ValueError),
+    ("call_tokens", dict(call_tokens=-1), ValueError),
+    ("call_tokens", dict(call_tokens=2.0), TypeError),
+    ("router", dict(router="top-p"), ValueError),
+    ("renormalize", dict(renormalize=True), ValueError),  # random-k weights are already normalised
+    ("renormalize", dict(router="softmax-topk", renormalize="yes"), TypeError),
+    ("expert_scale_spread", dict(expert_scale_spread=5), ValueError),
+    ("expert_scale_spread", dict(expert_scale_spread=-1), ValueError),
+    ("nan_rows", dict(num_tokens=2, nan_rows=3), ValueError),
+    ("zero_rows", dict(zero_rows=1.5), TypeError),
+    ("inf_rows", dict(num_tokens=4, call_tokens=1, inf_rows=2), ValueError),
+    ("zero_rows + nan_rows + inf_rows", dict(num_tokens=2, zero_rows=1, nan_rows=1, inf_rows=1), ValueError),
+    ("tie_heavy", dict(tie_heavy=1), TypeError),
+    ("random_orders", dict(random_orders=17), ValueError),
+    ("random_orders", dict(random_orders=-1), ValueError),
+    ("random_orders", dict(random_orders=None), TypeError),
 ]
 
 
@@ -57,6 +74,8 @@ def test_valid_configs_construct():
         MoEConfig(num_tokens=1, num_experts=1, topk=1, quant="bf16", output="workspace"),
         MoEConfig(quant="fp8-block", fused=True, planner="legacy", seed=2**40),
         MoEConfig(num_experts=3, topk=1, expert_map=(1, -1, 0), router_weight="input", skew="one-expert"),
+        MoEConfig(num_tokens=9, call_tokens=4, router="softmax-topk", renormalize=True, expert_scale_spread=3,
+                  zero_rows=1, nan_rows=1, inf_rows=1, tie_heavy=True, random_orders=5),
     ],
 )
 def test_json_round_trip_is_exact(config):

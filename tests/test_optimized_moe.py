@@ -118,7 +118,7 @@ def own_upstream_expectations(problem, snaps: dict[str, torch.Tensor]) -> dict[s
     if cfg.router_weight == "down":
         down = down * problem.topk_weights.reshape(-1, 1)
     want[B.DOWN_OUTPUT] = (down.to(torch.bfloat16), rule_for(q, B.DOWN_OUTPUT, "forced"))
-    per_token = snaps[B.DOWN_OUTPUT].view(cfg.num_tokens, k, -1)
+    per_token = snaps[B.DOWN_OUTPUT].view(problem.num_tokens, k, -1)
     acc = per_token[:, 0].float()
     for j in range(1, k):
         acc = acc + per_token[:, j].float()

@@ -4,8 +4,8 @@ both fused flags (bf16 has no fused path), no oracle reports anything.
 This is the other half of the bug zoo: a mutant caught by an oracle only means something if
 the same oracle stays silent on a correct implementation across the shapes kernels get wrong.
 
-Cost: 84 interpreter runs. The race oracle is order-free and runs on every case; the schedule
-oracle needs a second program order, which costs a whole extra pipeline run, so every case
+Cost: 140 checks (20 labels x 7 scheme/fused combinations). The race oracle is order-free and
+runs on every case; the schedule oracle needs a second program order, which costs a whole extra pipeline run, so every case
 runs under the identity order and a rotating quarter of them also under the reversed order,
 chosen so that every label and every scheme gets the reversed order at least once.
 """

@@ -35,7 +35,7 @@ CASES = {f"{q}/{label}": cfg for q in SCHEMES for label, cfg in edge_cases(q).it
 @pytest.mark.parametrize("config", CASES.values(), ids=CASES.keys())
 def test_routing_invariants(config):
     p = make_problem(config)
-    t, e, k = config.num_tokens, config.num_experts, config.topk
+    t, e, k = p.num_tokens, config.num_experts, config.topk
     assert p.topk_ids.shape == (t, k) and p.topk_ids.dtype == torch.int32
     assert p.topk_weights.shape == (t, k) and p.topk_weights.dtype == torch.float32
     assert int(p.topk_ids.min()) >= 0 and int(p.topk_ids.max()) < e

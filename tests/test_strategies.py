@@ -5,11 +5,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from diffmoe.config import QUANT_BLOCK, MoEConfig
+from diffmoe.config import MAX_EXPERT_SCALE_SPREAD, QUANT_BLOCK, MoEConfig
 from diffmoe.contract import Schedule
 from diffmoe.strategies import (
     MAX_EXPERTS,
     MAX_SIZE,
+    MAX_SPECIAL_ROWS,
     MIN_SIZE,
     MINIMAL_CONFIG,
     MINIMAL_FUSED_CONFIG,
@@ -49,6 +50,12 @@ def assert_in_domains(c: MoEConfig, max_tokens: int = 96) -> None:
         local = sorted(v for v in c.expert_map if v >= 0)
         assert local == list(range(len(local))) and local
         assert len(c.expert_map) == c.num_experts
+    assert c.call_tokens is None or 1 <= c.call_tokens < c.num_tokens
+    assert 0 <= c.expert_scale_spread <= MAX_EXPERT_SCALE_SPREAD
+    assert not c.renormalize or c.router == "softmax-topk"
+    for count in (c.zero_rows, c.nan_rows, c.inf_rows):
+        assert 0 <= count <= MAX_SPECIAL_ROWS
+    assert c.special_rows <= c.call_num_tokens
 
 
 @MANY
@@ -89,7 +96,10 @@ def test_minimal_fused_draw_is_the_smallest_fp8_config():
 def test_a_failure_needing_more_shrinks_to_the_smallest_that_still_fails():
     # e.g. a bug that needs two row blocks of routed rows with the legacy planner
     found = find(moe_configs(planner=None), lambda c: c.fused and c.planner == "legacy" and c.routed_rows > 32, settings=FIND)
-    assert found == MINIMAL_FUSED_CONFIG.replace(planner="legacy", num_tokens=33)
+    # 33 routed rows exactly, by T=33 or by K=E=33 at T=1 (which one depends on how far the
+    # shrinker gets); everything else at the minimal config's values
+    assert found.routed_rows == 33
+    assert found.replace(num_tokens=1, num_experts=1, topk=1) == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 17, 32, 64, 65])
@@ -97,6 +107,48 @@ def test_block_boundaries_are_reachable(tokens):
     # reachability by search, not draw statistics: which values a fixed number of draws hits
     # depends on Hypothesis internals (e.g. constants it collects from loaded modules)
     assert find(moe_configs(), lambda c: c.num_tokens == tokens, settings=FIND).num_tokens == tokens
+
+
+@MANY
+@given(moe_configs(special_rows=True))
+def test_special_row_draws_are_valid_and_in_domain(config):
+    assert_in_domains(config)
+
+
+def test_inputs_off_draws_none_of_them():
+    @MANY
+    @given(moe_configs(inputs=False))
+    def plain(c):
+        assert (c.call_tokens, c.router, c.expert_scale_spread, c.tie_heavy, c.special_rows) == (None, "random-k", 0, False, 0)
+
+    plain()
+
+
+def test_special_rows_are_off_unless_asked():
+    @MANY
+    @given(moe_configs())
+    def none(c):
+        assert c.special_rows == 0
+
+    none()
+
+
+@pytest.mark.parametrize(
+    "label,wanted",
+    [
+        ("a call below the workspace maximum", lambda c: c.call_tokens is not None),
+        ("softmax-topk renormalized", lambda c: c.renormalize),
+        ("softmax-topk at K=1", lambda c: c.router == "softmax-topk" and c.topk == 1),
+        ("the widest expert scale spread", lambda c: c.expert_scale_spread == MAX_EXPERT_SCALE_SPREAD),
+        ("tie-heavy", lambda c: c.tie_heavy),
+        ("NaN, Inf and zero rows together", lambda c: c.nan_rows and c.inf_rows and c.zero_rows),
+    ],
+)
+def test_every_input_class_is_reachable_and_shrinks_to_one_change(label, wanted):
+    found = find(moe_configs(special_rows=True), wanted, settings=FIND)
+    assert wanted(found)
+    # everything the predicate does not need shrinks to the minimal config's values
+    assert found.quant == MINIMAL_CONFIG.quant and found.seed == 0 and not found.fused, label
 
 
 @pytest.mark.parametrize("experts", [p for p in PRIMES if p <= MAX_EXPERTS][:6])
@@ -140,6 +192,8 @@ def test_schedules_shrink_to_identity_and_stay_valid():
         (dict(quant="int4"), ValueError, "quant"),
         (dict(quant="bf16", fused=True), ValueError, "fused"),
         (dict(fused="yes"), TypeError, "fused"),
+        (dict(inputs=1), TypeError, "inputs"),
+        (dict(special_rows="yes"), TypeError, "special_rows"),
         (dict(token_budget=8, quant="fp8-block"), ValueError, "token_budget"),
     ],
 )

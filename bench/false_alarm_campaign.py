@@ -1,0 +1,94 @@
+"""The false-alarm campaign (diffmoe/campaign.py): sampled serving configs plus the per-axis
+corners, every oracle, the shipped implementation with the fixed planner. Every finding is a
+false alarm; the exit status is 1 if there is any.
+
+    .venv/bin/python bench/false_alarm_campaign.py --configs 300 --seed 0 --jobs 2 --json-out CAMPAIGN.json
+
+One line per config as it finishes (index, seconds, PASS or the findings and a replay
+command), then a summary: configs run, false alarms, wall time, and how far each axis of the
+profile was covered. A reduced campaign runs in the test suite (tests/test_false_alarm_campaign.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from diffmoe.campaign import DEFAULT_COST_CAP, CampaignResult, corner_configs, cost_units, run_campaign, sampled_configs  # noqa: E402
+from diffmoe.config import MoEConfig  # noqa: E402
+
+
+def _one(config: MoEConfig) -> CampaignResult:
+    return next(run_campaign([config]))
+
+
+def _coverage(configs: list[MoEConfig]) -> dict:
+    return {
+        "max_T": max(c.num_tokens for c in configs), "max_E": max(c.num_experts for c in configs),
+        "max_K": max(c.topk for c in configs), "max_H": max(c.hidden for c in configs),
+        "max_I": max(c.inter for c in configs),
+        "schemes": sorted({c.quant for c in configs}),
+        "fused": sum(c.fused for c in configs), "output_workspace": sum(c.output == "workspace" for c in configs),
+        "below_maximum": sum(c.call_tokens is not None for c in configs),
+        "special_rows": sum(c.special_rows > 0 for c in configs),
+        "expert_scale_spread": sum(c.expert_scale_spread > 0 for c in configs),
+        "softmax_topk": sum(c.router == "softmax-topk" for c in configs),
+        "expert_map": sum(c.expert_map is not None for c in configs),
+        "tie_heavy": sum(c.tie_heavy for c in configs),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", type=int, default=300, help="sampled configs (default 300)")
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
+    p.add_argument("--cost-cap", type=int, default=DEFAULT_COST_CAP, help=f"cost units per config (default {DEFAULT_COST_CAP})")
+    p.add_argument("--no-corners", action="store_true", help="skip the per-axis corner configs")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--json-out", metavar="FILE", help="write every result as JSON")
+    args = p.parse_args(argv)
+    try:
+        configs = sampled_configs(args.configs, args.seed, args.cost_cap) + ([] if args.no_corners else corner_configs())
+    except (TypeError, ValueError) as exc:
+        print(f"false_alarm_campaign: {exc}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    results: list[CampaignResult] = []
+    ctx = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
+    with ctx.Pool(max(1, args.jobs)) as pool:
+        for index, result in enumerate(pool.imap(_one, configs)):
+            results.append(result)
+            status = "PASS" if result.passed else f"FALSE ALARM ({len(result.findings)} findings)"
+            print(f"[{index + 1}/{len(configs)}] {result.seconds:6.1f} s  {status}  {result.config.short()}  "
+                  f"({cost_units(result.config)} units)", flush=True)
+            for line in result.findings[:5]:
+                print(f"    {line[:300]}", flush=True)
+            if result.findings:
+                print(f"    replay: {result.replay}", flush=True)
+    wall = time.perf_counter() - start
+    alarms = [r for r in results if not r.passed]
+    summary = {
+        "configs": len(results), "sampled": args.configs, "corners": 0 if args.no_corners else len(corner_configs()),
+        "seed": args.seed, "cost_cap": args.cost_cap, "false_alarms": len(alarms), "wall_s": round(wall, 1),
+        "check_s_total": round(sum(r.seconds for r in results), 1),
+        "check_s_max": round(max((r.seconds for r in results), default=0.0), 1),
+        "coverage": _coverage([r.config for r in results]) if results else {},
+    }
+    print(json.dumps(summary), flush=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({
+            "summary": summary,
+            "results": [{"config": r.config.to_dict(), "seconds": round(r.seconds, 2), "findings": r.findings,
+                         "replay": r.replay} for r in results],
+        }, indent=1))
+    return 1 if alarms else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

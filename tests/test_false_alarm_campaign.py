@@ -1,0 +1,80 @@
+"""The false-alarm campaign, reduced for the suite: the profile covers what it promises, the
+cost cap holds, the same seed draws the same configs, a correct implementation raises nothing
+on a sample of them, and the campaign does report a broken one (so a quiet campaign means
+something). The full campaign is bench/false_alarm_campaign.py (README, "False alarms")."""
+
+from __future__ import annotations
+
+import pytest
+
+from bug_zoo import make_dropped_router_weight
+from diffmoe.campaign import (
+    PROFILE_MAX_EXPERTS,
+    PROFILE_MAX_TOKENS,
+    PROFILE_MAX_TOPK,
+    PROFILE_MAX_WIDTH,
+    corner_configs,
+    cost_units,
+    run_campaign,
+    sampled_configs,
+)
+from diffmoe.config import QUANT_SCHEMES
+from diffmoe.runner import run_differential
+
+# A reduced campaign's sample: cheap configs only (about 5 s each on the interpreter).
+CI_CONFIGS, CI_SEED, CI_COST_CAP = 6, 2026, 30
+
+
+def test_the_profile_reaches_every_axis_and_input_class():
+    configs = sampled_configs(2000, seed=0)
+    assert all(cost_units(c) <= 120 for c in configs)
+    assert max(c.num_tokens for c in configs) >= PROFILE_MAX_TOKENS // 2
+    assert max(c.num_experts for c in configs) >= PROFILE_MAX_EXPERTS - 8
+    assert max(c.topk for c in configs) == PROFILE_MAX_TOPK
+    assert max(c.hidden for c in configs) == PROFILE_MAX_WIDTH and max(c.inter for c in configs) == PROFILE_MAX_WIDTH
+    assert {c.quant for c in configs} == set(QUANT_SCHEMES)
+    for present in (
+        lambda c: c.fused, lambda c: not c.fused and c.is_fp8, lambda c: c.output == "workspace",
+        lambda c: c.output == "separate", lambda c: c.call_tokens is not None, lambda c: c.nan_rows,
+        lambda c: c.inf_rows, lambda c: c.zero_rows, lambda c: c.expert_scale_spread, lambda c: c.renormalize,
+        lambda c: c.router == "softmax-topk" and c.topk == 1, lambda c: c.expert_map is not None,
+        lambda c: c.tie_heavy, lambda c: c.router_weight == "input", lambda c: c.hidden % 128,
+    ):
+        assert any(present(c) for c in configs)
+
+
+def test_the_same_seed_draws_the_same_configs_and_the_cap_holds():
+    assert sampled_configs(50, seed=3, cost_cap=40) == sampled_configs(50, seed=3, cost_cap=40)
+    assert sampled_configs(50, seed=3) != sampled_configs(50, seed=4)
+    assert all(cost_units(c) <= 40 for c in sampled_configs(50, seed=3, cost_cap=40))
+
+
+def test_corners_put_each_axis_at_its_maximum_for_every_scheme():
+    corners = corner_configs()
+    for field, top in (("num_tokens", PROFILE_MAX_TOKENS), ("num_experts", PROFILE_MAX_EXPERTS),
+                       ("topk", PROFILE_MAX_TOPK), ("hidden", PROFILE_MAX_WIDTH), ("inter", PROFILE_MAX_WIDTH)):
+        assert {c.quant for c in corners if getattr(c, field) == top} == set(QUANT_SCHEMES), field
+
+
+@pytest.mark.parametrize("bad", [dict(count=-1), dict(seed=-2), dict(cost_cap=0), dict(count=1.5)])
+def test_bad_campaign_parameters_are_refused(bad):
+    with pytest.raises((TypeError, ValueError), match=next(iter(bad))):
+        sampled_configs(**{"count": 1, **bad})
+
+
+@pytest.mark.slow
+def test_a_reduced_campaign_raises_no_false_alarm_on_the_shipped_implementation():
+    configs = sampled_configs(CI_CONFIGS, CI_SEED, CI_COST_CAP)
+    results = list(run_campaign(configs))
+    alarms = [f"{r.config.short()}: {r.findings[0]}\n  replay: {r.replay}" for r in results if not r.passed]
+    assert not alarms, "false alarms on the fixed implementation:\n" + "\n".join(alarms)
+
+
+@pytest.mark.slow
+def test_the_campaign_reports_a_broken_implementation():
+    # configs where the router weight is on the down GEMM and not exactly 1.0 (random-k at K = 1)
+    configs = [c for c in sampled_configs(30, CI_SEED, CI_COST_CAP)
+               if c.router_weight == "down" and (c.router == "softmax-topk" or c.topk > 1)][:2]
+    assert len(configs) == 2
+    results = list(run_campaign(configs, check=lambda c: run_differential(c, make_dropped_router_weight)))
+    assert all(not r.passed and r.replay for r in results)
