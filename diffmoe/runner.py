@@ -501,9 +501,8 @@ class DifferentialRun:
             self._check_call_sequence(impl, guarded, output, runs, shapes, poison=Oracles.POISON in self.oracles,
                                       merged_order=merged_order)
         self._check_schedules(runs)
-        if sequenced:
-            pass  # the poison oracle's second run was call-sequence's T call on a fresh pair
-        elif Oracles.POISON in self.oracles:
+        # with call-sequence selected, the poison oracle's second run was its T call on a fresh pair
+        if Oracles.POISON in self.oracles and not sequenced:
             again = self._execute(self._build(cfg), guarded, output, self.schedules[0], POISON_PATTERNS[1],
                                   what=f"the run under schedule {self.schedules[0]} and the second poison")
             self._check_poison(runs[0], again)
@@ -698,7 +697,7 @@ class DifferentialRun:
         run too (a T call that reads bytes written before it sees the first pattern in runs[0],
         and the small call's bytes or the second pattern here). Only when it diverges from runs[0]
         are the runs made that tell the causes apart: the T call on its own under that order
-        (the schedule oracle's run, judged by the differential), then under the second pattern
+        (the schedule oracle's run, judged bitwise against runs[0]), then under the second pattern
         (the poison oracle's), each on a fresh instance and fresh workspaces."""
         large = runs[0]
         t_large = self.problem.num_tokens
@@ -751,8 +750,6 @@ class DifferentialRun:
             second = alone(None, t_large, fresh_poison, order)
             self._check_poison(large_alone, second)
             large_alone = second
-        elif not diverged:
-            large_alone = after_small  # bitwise the T call on its own: nothing to report
         # (1)'s small call on its own under the first pattern (the earlier T call ran on it), when
         # the one under the second pattern differs
         if poison and diverges(small_alone, after_large):
@@ -760,8 +757,10 @@ class DifferentialRun:
             if not any(f.oracle == Oracles.POISON for f in self.findings):
                 self._check_poison(small_first, small_alone, tokens=t_small)
             small_alone = small_first
-        for run, reference, earlier, t_call in ((after_large, small_alone, t_large, t_small),
-                                                (after_small, large_alone, t_small, t_large)):
+        comparisons = [(after_large, small_alone, t_large, t_small)]
+        if diverged:  # otherwise after_small is bitwise the T call on its own (runs[0])
+            comparisons.append((after_small, large_alone, t_small, t_large))
+        for run, reference, earlier, t_call in comparisons:
             c = self._first_bitwise_divergence(reference, run, "the same call, with or without an earlier call")
             if c is None:
                 continue
