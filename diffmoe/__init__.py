@@ -2,6 +2,8 @@
 
 The harness imports no Triton. Entry points: `MoEConfig`, `make_problem`, the plug-in
 contract in `diffmoe.contract`, and `run_differential` (diffmoe.runner).
+
+Owns the public re-exports only.
 """
 
 from .config import MoEConfig

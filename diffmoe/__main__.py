@@ -1,4 +1,7 @@
-"""`python -m diffmoe`: the same as the `diffmoe` command."""
+"""`python -m diffmoe`: the same as the `diffmoe` command.
+
+Must not hold logic of its own: it calls diffmoe.cli.main.
+"""
 
 import sys
 

@@ -30,6 +30,8 @@ The interpreter's cost of a config grows with its GEMM programs (row blocks time
 times K-steps), so a draw whose `cost_units` exceed the cap is drawn again, and the corners
 (`corner_configs`: each axis at its profile maximum, the others small, for every scheme)
 are run beside the sampled configs so the extremes are covered whatever the cap.
+
+Owns the profile, the cost model and the corners.
 """
 
 from __future__ import annotations

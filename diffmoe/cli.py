@@ -28,8 +28,13 @@ database there: a failure found (even by an interrupted run) is replayed first b
 run with the same DIR. A seeded run replays nothing (Hypothesis's @seed turns the database
 off), so --seed and --database exclude each other.
 
-The runner, the optimized implementation and matplotlib are imported inside the commands
-that need them, so `--help` and argument errors answer at once.
+The runner, the implementation under test (reached only through diffmoe.contract) and
+matplotlib are imported inside the commands that need them, so `--help` and argument errors answer at once.
+
+Longer than 400 lines because it holds the argument parser and one handler per command (six),
+with the argument checks each needs; a handler only turns arguments into calls of the modules
+that do the work (runner, fuzzing, plan_view, conformance, compile_gate) and prints their
+result. It must not judge anything itself.
 """
 
 from __future__ import annotations
@@ -49,8 +54,12 @@ from .config import (
     ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, OUTPUT_PLACEMENTS, PLANNERS,
     QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig,
 )
-from .contract import Schedule, WorkspacePlan
-from .report import DEFAULT_IMPLEMENTATION, Oracles, Report, check_command
+from .contract import (
+    CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, Schedule, WorkspacePlan, factory_attribute,
+    factory_plan,
+)
+from .oracles import registry
+from .report import Report, check_command
 
 PROG = "diffmoe"
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -86,11 +95,9 @@ CONFIG_FLAGS = {
     "random_orders": "random_orders",
 }
 
+# The one table of oracles (diffmoe/oracles/registry.py; its names cost no torch import).
 # crash and timeout are outcomes, not checks one can select.
-KNOWN_ORACLES = tuple(
-    v for k, v in vars(Oracles).items()
-    if not k.startswith("_") and isinstance(v, str) and v not in (Oracles.CRASH, Oracles.TIMEOUT)
-)
+KNOWN_ORACLES = registry.ALL_ORACLES
 
 # The demo: small enough for the interpreter, with more routed rows (T*K = 48) than one
 # row block, so the legacy alias is visible to the race and schedule oracles as well as
@@ -187,9 +194,10 @@ def parse_oracles(text: str | None) -> list[str] | None:
     if text is None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in KNOWN_ORACLES]
+    known = registry.names()
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise UsageError(f"--oracles must be a comma-separated list from {list(KNOWN_ORACLES)}, got {text!r}")
+        raise UsageError(f"--oracles must be a comma-separated list from {known}, got {text!r}")
     return names
 
 
@@ -279,7 +287,7 @@ def _runner():
 def load_implementation(spec: str | None):
     """(factory or None for the default, the name reports and replay commands use)."""
     if spec is None:
-        return None, DEFAULT_IMPLEMENTATION
+        return None, DEFAULT_IMPLEMENTATION_NAME
     try:
         return _runner().load_factory(spec), spec
     except (ImportError, TypeError, ValueError) as exc:
@@ -470,116 +478,25 @@ def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> st
 # ---- plan -------------------------------------------------------------------------------
 
 
+def default_factory():
+    """The default implementation's factory (contract.DEFAULT_IMPLEMENTATION), loaded on use."""
+    return _runner().load_factory(DEFAULT_IMPLEMENTATION)
+
+
 def workspace_plan_for(config: MoEConfig, spec: str | None) -> WorkspacePlan:
-    if spec is None:
-        from optimized.workspace_planner import plan_workspaces  # the default implementation's planner
-
-        return plan_workspaces(config, config.num_tokens)
+    """The plan the implementation (the default, or --impl's) declares for the config's T, asked
+    through the contract: its factory's cheap `plan_workspaces` where it has one, else built."""
     factory, _ = load_implementation(spec)
-    return factory(config).workspace_plan(config.num_tokens)
-
-
-def _live_ranges(plan: WorkspacePlan):
-    from .oracles.static_aliasing import live_ranges
-
-    return live_ranges(plan)
-
-
-def _aliasing(plan: WorkspacePlan):
-    from .oracles.static_aliasing import check_static_aliasing
-
-    return check_static_aliasing(plan)
-
-
-def _ws(index: int) -> str:
-    return f"ws{index + 1}"
-
-
-def render_plan(plan: WorkspacePlan, findings) -> str:
-    """The plan as a table, one row per placed buffer, aliasing overlaps marked."""
-    ranges = _live_ranges(plan)
-    partners: dict[str, list[str]] = {}
-    for f in findings:
-        if len(f.buffers) == 2:
-            a, b = f.buffers
-            partners.setdefault(a, []).append(b)
-            partners.setdefault(b, []).append(a)
-    rows = [("buffer", "workspace", "offset", "bytes", "live stages", "overlap")]
-    for p in plan.placements:
-        r = ranges.get(p.buffer)
-        live = "never written" if r is None else (
-            plan.stages[r.first].name if r.first == r.last else f"{plan.stages[r.first].name}..{plan.stages[r.last].name}"
-        )
-        overlap = "ALIASES " + ", ".join(partners[p.buffer]) if p.buffer in partners else ""
-        rows.append((p.buffer, _ws(p.workspace), str(p.offset), str(p.nbytes), live, overlap))
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    lines = [
-        f"workspace plan: planner={plan.planner}  ws1={plan.workspace_bytes[0]} bytes  ws2={plan.workspace_bytes[1]} bytes",
-        f"buffer list: {', '.join(plan.buffer_list)}",
-        f"stages: {' -> '.join(s.name for s in plan.stages)}",
-        "",
-    ]
-    for n, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    lines.append("")
-    if findings:
-        lines.append(f"{len(findings)} aliasing overlap{'s' if len(findings) != 1 else ''}:")
-        lines.extend(f"  {f.headline()}" for f in findings)
-    else:
-        lines.append("no overlap: buffers live at the same stage never share bytes")
-    return "\n".join(lines)
-
-
-def draw_plan_png(plan: WorkspacePlan, findings, path: str) -> None:
-    """Two panels (ws1, ws2): bytes across, stages down, each buffer a block over its live
-    stages, overlaps of live buffers in red."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    ranges = _live_ranges(plan)
-    stages = [s.name for s in plan.stages]
-    tab10 = plt.get_cmap("tab10")
-    palette = [tab10(i) for i in range(10) if i != 3]  # tab10's red is kept for overlaps
-    fig, axes = plt.subplots(1, 2, figsize=(12, 0.6 * len(stages) + 2), sharey=True)
-    for ws, ax in enumerate(axes):
-        size = max(plan.workspace_bytes[ws], 1)
-        for n, p in enumerate(plan.placements):
-            r = ranges.get(p.buffer)
-            if p.workspace != ws or r is None:
-                continue
-            ax.add_patch(Rectangle((p.offset, r.first), p.nbytes, r.last - r.first + 1, facecolor=palette[n % len(palette)], alpha=0.45, edgecolor="black"))
-            ax.text(p.offset + p.nbytes / 2, r.last + 0.75, p.buffer, ha="center", va="center", fontsize=8, zorder=5,
-                    bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=1))
-        for f in findings:
-            for br in f.byte_ranges:
-                if br.region != _ws(ws):
-                    continue
-                live = [ranges[b] for b in f.buffers if b in ranges]
-                if len(live) < 2:
-                    continue
-                first, last = max(x.first for x in live), min(x.last for x in live)
-                ax.add_patch(Rectangle((br.start, first), br.end - br.start, last - first + 1, facecolor="red", alpha=0.6, hatch="//", edgecolor="red"))
-        ax.set_xlim(0, size)
-        ax.set_ylim(len(stages), 0)  # stages run downwards
-        ax.set_yticks([i + 0.5 for i in range(len(stages))], stages)
-        ax.set_xlabel("bytes")
-        ax.set_title(f"{_ws(ws)} ({plan.workspace_bytes[ws]} bytes)")
-    verdict = f"{len(findings)} aliasing overlap(s) in red" if findings else "no overlap"
-    fig.suptitle(f"workspace plan, planner={plan.planner}: {verdict}")
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
-    plt.close(fig)
+    return factory_plan(factory if factory is not None else default_factory(), config)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     plan = workspace_plan_for(config, args.impl)
-    findings = _aliasing(plan)
+    from .plan_view import draw_plan_png, render_plan
+    from .oracles.static_aliasing import check_static_aliasing
+
+    findings = check_static_aliasing(plan)
     print(f"config: {config.short()}")
     print(render_plan(plan, findings))
     if args.png is not None:
@@ -617,10 +534,15 @@ def demo_conclusion(fixed: Report, legacy: Report) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    # imported here: it imports triton (optimized/__init__ turns the interpreter on first when no GPU)
-    from optimized.conformance import doctor_main
+    device = parse_device(args.device)
+    # The probes are the harness's; what the default implementation does about each primitive
+    # comes through the contract (its factory's `conformance_hooks`). Loading the factory first
+    # lets the implementation set up its backend (e.g. the interpreter when no GPU) before
+    # diffmoe.conformance imports triton.
+    hooks = factory_attribute(default_factory(), CONFORMANCE_HOOKS)
+    from .conformance import doctor_main
 
-    return doctor_main(args.json, device=parse_device(args.device))
+    return doctor_main(args.json, device=device, hooks=hooks() if hooks is not None else None)
 
 
 # ---- compile-check ----------------------------------------------------------------------
@@ -659,7 +581,7 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
             raise UsageError(f"no config of this run falls in tile class {', '.join(classes)}")
     factory, _ = load_implementation(args.impl)
     if factory is None:
-        factory = _runner().load_factory(_runner().DEFAULT_IMPLEMENTATION)
+        factory = default_factory()
     progress = None
     if not args.json:
         def progress(done: int, total: int, result) -> None:

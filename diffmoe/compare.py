@@ -13,6 +13,8 @@ NaN handling: a NaN facing a NaN in the same position is equal in every mode (wh
 payloads, since kernels and torch disagree on payloads and nobody reads them); a NaN facing
 a number is a failure in every mode. An infinity passes only against the same infinity: an
 overflow is never "one ulp off" the largest finite value.
+
+Owns comparing two tensors under a rule. Must not choose rules: the tolerance table does.
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ tcgen05 / mma.sync, with its operand types: "e4m3" or "f16" for fp8 operands wid
 This is the third module of diffmoe allowed to import Triton (with the race recorder and the
 backend conformance suite), and it does so lazily: it must run with TRITON_INTERPRET unset, in a
 process where no kernel was imported under the interpreter (`diffmoe compile-check` sees to it).
+
+Longer than 400 lines because capture, binding, compiling in workers and reading the compiler's
+output (ptxas statistics, the PTX's matrix instructions and divisions) are one pipeline over one
+private record of a specialization; split, each part would need the others' internals.
+
+Owns capturing and compiling launches for a GPU target. Must not run a kernel.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A config is everything needed to rebuild a failing case bit for bit: sizes, quantisation
 scheme, the optimized path's switches and the seed. It is frozen, validated with messages
 that name the field and its allowed range, and round-trips through JSON exactly, because
-reproducers are stored as JSON.
+reproducers are stored as JSON. Must not import Triton or an implementation.
 
 Dimension letters (used everywhere in diffmoe): T tokens, E experts, K top-k, H hidden
 size, I intermediate size (the gate-up projection has 2*I columns), TK = T*K routed rows.

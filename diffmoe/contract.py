@@ -26,8 +26,24 @@ the caller's `output` tensor when one is passed; every buffer of
 `RunResult.intermediates`), and no launch writes a buffer the pipeline does not declare. NaN
 and Inf inputs propagate as reference/moe.py specifies.
 
+The harness reaches an implementation only through this contract: a factory named
+"MODULE:FACTORY" (`--impl`; `DEFAULT_IMPLEMENTATION` when none is named, which reports and
+replay lines call `DEFAULT_IMPLEMENTATION_NAME`, "optimized"). A factory may also
+carry two optional attributes, cheap to call, that let the harness ask without building the
+implementation (building one may probe its backend or import Triton):
+
+* `plan_workspaces(config, num_tokens) -> WorkspacePlan`: the plan the built implementation's
+  `workspace_plan(num_tokens)` would declare (`diffmoe plan` uses it; without it, `plan` builds
+  the implementation and asks it);
+* `conformance_hooks() -> diffmoe.conformance.ConformanceHooks`: for a Triton implementation,
+  which workaround it applies per backend primitive, its software paths, its switches on a
+  device and its launcher, for `diffmoe doctor` (see diffmoe/conformance.py; without it, the
+  doctor judges the backend alone). `factory_attribute` reads either.
+
 Nothing here imports Triton: implementations may be written in anything that takes torch
 tensors.
+
+Owns the types an implementation builds and the names of the default implementation. Must not import an implementation.
 """
 
 from __future__ import annotations
@@ -180,6 +196,35 @@ class MoEImplementation(Protocol):
 
 
 ImplementationFactory = Callable[[MoEConfig], MoEImplementation]
+
+# The implementation tested when none is named (`--impl`): the one place it is named.
+DEFAULT_IMPLEMENTATION = "optimized:make_implementation"
+# What reports, replay lines and JSON call it ("optimized", its module); an implementation named
+# with --impl is called by its spec as given, and its replay lines carry `--impl SPEC`.
+DEFAULT_IMPLEMENTATION_NAME = DEFAULT_IMPLEMENTATION.partition(":")[0]
+
+# The optional factory attributes (module docstring).
+PLAN_WORKSPACES = "plan_workspaces"
+CONFORMANCE_HOOKS = "conformance_hooks"
+
+
+def factory_attribute(factory: Callable, name: str) -> Callable | None:
+    """One of the factory's optional cheap attributes (PLAN_WORKSPACES, CONFORMANCE_HOOKS), or
+    None when it has none (callers then build the implementation, or do without)."""
+    if name not in (PLAN_WORKSPACES, CONFORMANCE_HOOKS):
+        raise ValueError(f"no optional factory attribute {name!r}; known: {[PLAN_WORKSPACES, CONFORMANCE_HOOKS]}")
+    attr = getattr(factory, name, None)
+    return attr if callable(attr) else None
+
+
+def factory_plan(factory: ImplementationFactory, config: MoEConfig, num_tokens: int | None = None) -> WorkspacePlan:
+    """The plan the factory's implementation declares for `num_tokens` (default: the config's):
+    from its `plan_workspaces` attribute when it has one, else by building it."""
+    num_tokens = config.num_tokens if num_tokens is None else num_tokens
+    plan = factory_attribute(factory, PLAN_WORKSPACES)
+    if plan is not None:
+        return plan(config, num_tokens)
+    return factory(config).workspace_plan(num_tokens)
 
 
 @dataclass(frozen=True)

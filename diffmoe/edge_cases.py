@@ -3,6 +3,8 @@
 `edge_cases(quant)` gives the same labelled set for any quant scheme, with sizes adjusted
 where a scheme forbids them (fp8-block needs H and I to be multiples of 128). The sizes are
 the smallest that still show each case, because every case runs on the Triton interpreter.
+
+Owns the list of named shapes. Must not run anything: the tests and the tolerance measurement run them.
 """
 
 from __future__ import annotations

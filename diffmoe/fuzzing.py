@@ -17,6 +17,8 @@ Crashes, timeouts and contract violations of the implementation are findings of 
 some config (an exception out of `run_differential`) is treated as a failure too, reported
 under the crash oracle. `time_limit` bounds every example (a `timeout` finding past it), so
 a hanging implementation cannot stall the search.
+
+Owns driving Hypothesis and shrinking. Must not judge: every verdict is run_differential's.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from .config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
-from .contract import ImplementationFactory, Schedule
-from .report import DEFAULT_IMPLEMENTATION, Finding, Oracles, Report
+from .contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule
+from .report import Finding, Oracles, Report
 from .strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
 
 PHASE_GENERATE = "generate"
@@ -128,7 +130,7 @@ def fuzz(
     seed: int | None,
     planner: str | None = "fixed",
     implementation: ImplementationFactory | None = None,
-    implementation_name: str = DEFAULT_IMPLEMENTATION,
+    implementation_name: str = DEFAULT_IMPLEMENTATION_NAME,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     max_experts: int = MAX_EXPERTS,
     database: ExampleDatabase | str | os.PathLike | None = None,

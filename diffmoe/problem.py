@@ -19,6 +19,8 @@ Value bounds (why quantisation never overflows): hidden states are standard norm
 to [-4, 4]; weights are normal with std 1/sqrt(fan_in) clamped to 4 std. Every scale is
 derived from the amax (dynamic for activations, static for weights), so codes stay within
 +-448 by construction; the bounds keep bf16 intermediates far from overflow too.
+
+Owns generating inputs from the config. Must not depend on an implementation or on the fused flag.
 """
 
 from __future__ import annotations

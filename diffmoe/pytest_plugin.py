@@ -14,6 +14,8 @@ Fixtures, for suites that plug in their own implementation:
   GuardedWorkspaces`, poisonable workspaces between guard bytes.
 * `assert_report_passes`: `check(report)` fails the test with the rendered report and its
   replay command when the report has findings.
+
+Must not judge: the fixtures hand configs to run_differential.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 read and wrote (the runtime aliasing oracle judges those), and optionally a copy of every
 buffer right after the launch that wrote it: intermediates in shared workspaces are
 overwritten by later stages, so the copy is the only way to compare them with the reference.
+
+Owns the launch log and the snapshots. Must not judge what it records: the oracles do.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 A finding names the oracle, the stage, the buffers and (where relevant) the bytes, with a
 message a kernel engineer understands at a glance and the figures behind it. A Report is
 passed when it holds no finding.
+
+Owns the finding and report types, their rendering and replay commands. Must not run anything.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .config import MoEConfig
+from .contract import DEFAULT_IMPLEMENTATION_NAME
 
 
 class Oracles:
@@ -33,10 +36,7 @@ class Oracles:
     TIMEOUT = "timeout"  # the example ran past its time limit
 
 
-DEFAULT_IMPLEMENTATION = "optimized"
-
-
-def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION) -> str:
+def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME) -> str:
     """The `diffmoe check` command line that rebuilds exactly this config."""
     c = config
     parts = [
@@ -53,7 +53,7 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
     for name, value in c.opt_in_fields():
         flag = "--" + name.replace("_", "-")
         parts.append(flag if value is True else f"{flag} {value}")
-    if implementation and implementation != DEFAULT_IMPLEMENTATION:
+    if implementation and implementation != DEFAULT_IMPLEMENTATION_NAME:
         parts.append(f"--impl {implementation}")
     return " ".join(parts)
 

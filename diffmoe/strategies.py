@@ -52,6 +52,8 @@ sizes already drawn, so nothing is filtered out):
 The minimal draw is ``MINIMAL_CONFIG`` (fp8-tensor, T=E=K=1, H=I=16, unfused, router weight
 on the down GEMM, no expert map, uniform skew, separate output, fixed planner, seed 0);
 the minimal draw with the fused flag on is ``MINIMAL_FUSED_CONFIG``, the same config fused.
+
+Owns the drawn domains. Must not run a check: fuzzing.py and the tests do.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ reason: on CUDA the FP8 GEMMs of prefill tiles accumulate in Hopper's FP8 tensor
 
 Nothing else in diffmoe writes a tolerance number: the differential and teacher-forcing
 oracles ask `rule_for`.
+
+Owns the table and its reasons. Must not compare: compare.py applies a rule.
 """
 
 from __future__ import annotations

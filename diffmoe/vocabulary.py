@@ -7,6 +7,8 @@ as a free string. The pipeline (DESIGN.md) in stage order:
           -> down_gemm -> reduce              (activation + quant_down_input = act_quant when fused)
 
 Shapes use the letters T, E, K, H, I, TK (see diffmoe.config).
+
+Must not import an implementation: the reference, the optimized path and the oracles all read it.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Without a GPU the kernels run under the Triton interpreter: the switch must be set before
 the first kernel module is imported, hence before the imports below.
+
+Owns the package's entry point (`make_implementation`). Must not import the harness beyond diffmoe's contract, vocabulary and conformance API.
 """
 
 from .backend import ensure_interpreter_without_gpu

@@ -1,4 +1,7 @@
-"""Launchers of the row kernel: input quant, activation, down-input quant, fused act+quant."""
+"""Launchers of the row kernel: input quant, activation, down-input quant, fused act+quant.
+
+Must not hold jit code (kernels/).
+"""
 
 from __future__ import annotations
 

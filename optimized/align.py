@@ -5,6 +5,8 @@ expert id in ascending order, each expert's segment padded with the sentinel TK 
 multiple of BLOCK_M; expert_ids holds the local expert of each BLOCK_M block (-1 where the
 expert map says the expert is not local); num_tokens_post_padded is the padded length.
 The buffers are allocated once for the largest batch and written in place.
+
+Owns the aligned layout's torch ops. Must not allocate outside the views it is given.
 """
 
 from __future__ import annotations

@@ -2,35 +2,43 @@
 
 Each workaround is a constexpr switch (BackendTraits). The switches are not hard-coded per
 backend: `backend_traits` derives them from cheap conformance probes run on the backend itself
-(optimized.conformance), once per process and backend. A workaround goes off only where its
+(the harness's diffmoe.conformance, which judges Triton; which probes gate which switch is
+ours: TRAIT_PROBES), once per process and backend. A workaround goes off only where its
 probes ran and found the primitive right, so a Triton release that fixes a defect gets the
 fast path, and a probe that cannot run leaves the workaround on. The software paths are
 correct on every backend (tests/test_conformance.py checks them with every switch on), so the
 safe choice costs speed, never bits.
 
-Known defects (../shared/DESIGN.md, notes/interpreter_defects_repro.py): under triton 3.9's
+Known defects (../shared/DESIGN.md, notes/interpreter_defects_repro.py): under triton 3.9's own
 interpreter the float32 -> e4m3fn and float32 -> bf16 casts round wrongly, bf16 subnormals are
-mangled on the way to float32, and the bf16 x bf16 dot is wrong. `diffmoe doctor` runs the full
-sweep and prints what holds on the backend at hand.
+mangled on the way to float32, e4m3fn NaN codes read as +-480 and the bf16 x bf16 dot is wrong.
+diffmoe.interpreter_fixes corrects all of them exactly at the interpreter (optimized.launch
+installs it before any launch); the probes then find every primitive right and every switch is
+off there too, so the interpreter runs the kernels' plain CUDA paths. The switches stay for a
+backend whose probes still fail: a Triton the fixes refuse to patch, or a GPU. `diffmoe doctor` runs the full
+sweep and prints what holds on the backend at hand (optimized.conformance_hooks tells it what
+we do about each primitive).
 
 On CUDA a software path is a different product: correct, but compiled to scalar float32 code
 with tens of KB of register spills (measured by `diffmoe compile-check --variant safe`), orders
 of magnitude slower. So when a CUDA probe finds a defect (or cannot run), `backend_traits` refuses
 with a message naming it, unless DIFFMOE_ALLOW_SOFTWARE_FALLBACK=1 says to run slowly anyway, and
-even then it warns. The interpreter always runs the software paths; nothing is refused there.
+even then it warns. On the interpreter nothing is refused: an unfixed one runs the software paths.
 
 While `diffmoe compile-check` captures launches (diffmoe.contract.compile_target() is set), no
 probe runs: the capture names the trait set (COMPILE_VARIANTS) and the backend is CUDA.
 
 This module itself imports no triton (the probes are imported when traits are first asked for):
 the interpreter switch below must be settable before triton is first imported.
+
+Owns choosing the backend's traits. Must not define probes: they are diffmoe.conformance's.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -74,8 +82,9 @@ class SoftwareFallbackError(RuntimeError):
         self.traits = traits  # what would have run
 
 
-# What the probes derive under triton 3.9's interpreter (every defect present); tests that drive
-# the kernels on the interpreter directly use it.
+# Every workaround on: what the probes derive under triton 3.9's own interpreter (every defect
+# present, diffmoe.interpreter_fixes not installed). Tests that drive the kernels directly use
+# it on purpose, to exercise the software paths; with the fixes installed they give the same bits.
 INTERPRETER_TRAITS = safe_traits("interpreter")
 
 
@@ -98,8 +107,45 @@ def backend_name(device: torch.device) -> str:
 _TRAITS_CACHE: dict[tuple[str, str], tuple[BackendTraits, str]] = {}
 
 
+TRAIT_FIELDS = tuple(f.name for f in fields(BackendTraits) if f.name != "name")
+# The workaround switches and the conformance probes (diffmoe.conformance.PRIMITIVES keys) that
+# must all be ok for the switch to go off.
+TRAIT_PROBES = {
+    # the FP8 decode in the GEMMs is switched with the cast (one switch for the FP8 workarounds)
+    "software_fp8_cast": ("fp8_cast", "fp8_upcast"),
+    "software_bf16_cast": ("bf16_cast", "bf16_upcast"),
+    "upcast_bf16_dot": ("bf16_dot",),
+}
+assert set(TRAIT_PROBES) == set(TRAIT_FIELDS), "every workaround switch needs its probes"
+
+
+def probe_defects(device: torch.device) -> dict:
+    """The cheap probes behind the workaround switches, keyed by primitive (ProbeResults)."""
+    from diffmoe.conformance import run_probes  # imports triton: only once a kernel is wanted
+
+    from .launch import install_interpreter_fixes  # the probes judge what our launches will run on
+
+    install_interpreter_fixes()
+    return run_probes({k for probes in TRAIT_PROBES.values() for k in probes}, device)
+
+
+def traits_from_results(name: str, results: dict) -> BackendTraits:
+    """A workaround goes off only where every probe behind it ran and found the primitive right;
+    a defect, a skipped or a missing probe leaves it on (the software paths are right anyway)."""
+    from diffmoe.conformance import OK
+
+    switches = {
+        trait: not all(k in results and results[k].status == OK for k in keys) for trait, keys in TRAIT_PROBES.items()
+    }
+    return BackendTraits(name, **switches)
+
+
+def derive_traits(name: str, device: torch.device) -> BackendTraits:
+    return traits_from_results(name, probe_defects(device))
+
+
 def software_paths(traits: BackendTraits) -> list[str]:
-    return [f for f in ("software_fp8_cast", "software_bf16_cast", "upcast_bf16_dot") if getattr(traits, f)]
+    return [f for f in TRAIT_FIELDS if getattr(traits, f)]
 
 
 def check_no_software_fallback(traits: BackendTraits, why: str) -> None:
@@ -135,8 +181,6 @@ def backend_traits(device: torch.device) -> BackendTraits:
     cached = _TRAITS_CACHE.get(key)
     if cached is None:
         try:
-            from .conformance import derive_traits  # imports triton: only once a kernel is wanted
-
             traits = derive_traits(name, device)
             why = "its conformance probes found a defect (or could not check the primitive) behind each"
         except Exception as exc:  # noqa: BLE001 - no probe result: the safe choice, which is always correct

@@ -1,4 +1,7 @@
-"""Launcher of the grouped GEMM (both MoE GEMMs) over the aligned layout."""
+"""Launcher of the grouped GEMM (both MoE GEMMs) over the aligned layout.
+
+Owns checking, carving and launching the GEMM. Must not hold jit code (kernels/).
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,14 @@ It applies the program `Schedule` (an order table the kernels read when REORDER 
 identity schedule passes REORDER=False, so the CUDA fast path reads nothing extra) and, when
 a recorder is attached, reports the stage, the kernel and the views it reads and writes.
 Without a recorder it adds nothing but a branch.
+
+Under the Triton interpreter it is also where the interpreter's numeric defects are fixed, once
+per process, before any kernel of ours runs (diffmoe.interpreter_fixes: exact float32 <-> bf16 /
+e4m3fn casts and bf16 / fp8 dots): at import, so the conformance probes (diffmoe.conformance, run
+by optimized.backend, which this module imports) already see the fixed primitives and the backend traits turn the
+corresponding software workarounds off, and again (a dictionary check) at each launch.
+
+Owns launching and installing the interpreter fixes. Must not choose tiles or traits.
 """
 
 from __future__ import annotations
@@ -12,7 +20,20 @@ from dataclasses import dataclass, field
 
 import torch
 
+from diffmoe import interpreter_fixes
 from diffmoe.contract import LaunchInfo, LaunchRecorder, Schedule
+
+from .backend import interpreter_enabled
+
+
+def install_interpreter_fixes() -> interpreter_fixes.FixStatus | None:
+    """Fix the interpreter's numeric defects (idempotent); None when the interpreter is not in use."""
+    if not interpreter_enabled():
+        return None
+    return interpreter_fixes.install()
+
+
+install_interpreter_fixes()
 
 
 @dataclass
@@ -50,6 +71,8 @@ def launch(ctx: LaunchContext, kernel, grid_size: int, *, stage: str, reads: dic
     """Launch `kernel` on a (grid_size,) grid with keyword arguments, order_ptr and REORDER added."""
     if grid_size <= 0:
         return
+    if not interpreter_fixes.installed():
+        install_interpreter_fixes()
     order, reorder = ctx.order_table(grid_size)
     info = None
     if ctx.recorder is not None:

@@ -19,6 +19,8 @@ Inputs outside the generated ranges follow the reference (reference/moe.py, the 
     output (the caller's tensor, a fresh one, or the empty ws1 view).
   * Blocks of experts the expert map sends elsewhere store zeros, so a call whose every
     token is routed away returns exact zeros.
+
+Owns the implementation class and its factory. Must not hold jit code or judge its own results.
 """
 
 from __future__ import annotations
@@ -261,3 +263,16 @@ class TritonFP8MoE:
 def make_implementation(config: MoEConfig, device: torch.device | str | None = None) -> TritonFP8MoE:
     """The factory diffmoe loads by default (`--impl optimized:make_implementation`)."""
     return TritonFP8MoE(config, device)
+
+
+def _conformance_hooks():
+    """What we tell `diffmoe doctor` (imported on use: it imports the harness's probe kernels)."""
+    from .conformance_hooks import conformance_hooks
+
+    return conformance_hooks()
+
+
+# The contract's optional cheap factory attributes (diffmoe/contract.py): the plan without
+# building the implementation (which probes the backend), and the doctor's hooks.
+make_implementation.plan_workspaces = plan_workspaces
+make_implementation.conformance_hooks = _conformance_hooks

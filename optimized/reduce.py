@@ -1,4 +1,7 @@
-"""Launcher of the top-k reduction: output[t] = sum_k down_output[t*K + k]."""
+"""Launcher of the top-k reduction: output[t] = sum_k down_output[t*K + k].
+
+Must not hold jit code (kernels/).
+"""
 
 from __future__ import annotations
 

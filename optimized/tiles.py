@@ -5,6 +5,8 @@ a 64-row quant with one program per row ~0.2 s; one 128x256x512 fp8 tile ~0.05 s
 gets large pinned tiles: fewer programs, same numerics. CUDA gets the usual small-M
 heuristic (routed rows per expert are few at small batch). BLOCK_K is 128 everywhere because
 fp8-block scales change every 128 columns of the reduction dimension.
+
+Owns the tile table. Must not launch anything.
 """
 
 from __future__ import annotations

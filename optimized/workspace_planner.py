@@ -10,6 +10,8 @@ land in different workspaces, i.e. when consecutive *materialised* buffers alter
 * `legacy`: the declared list as is. With fused FP8 it puts `gate_up_output` and
   `quanted_down_input` in the same workspace at offset 0, while the fused act+quant kernel
   reads one and writes the other. Kept on purpose, so diffmoe can prove it catches it.
+
+Owns the placement of every buffer in ws1/ws2. Must not allocate: the planner only declares.
 """
 
 from __future__ import annotations

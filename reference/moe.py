@@ -28,6 +28,8 @@ Inputs outside the generated ranges, decided here because the reference is the s
     (the amax of nothing is 0).
   * Rows routed to experts the expert map sends elsewhere (-1) produce exact zeros; when
     every chosen expert is remote (skew "all-remote"), the whole output is exactly +0.
+
+Owns the reference's stages. Must not import Triton, the optimized path or the harness's oracles.
 """
 
 from __future__ import annotations

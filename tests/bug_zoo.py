@@ -34,6 +34,7 @@ from optimized.moe import TritonFP8MoE
 import triton  # noqa: E402 - after optimized, which picks the interpreter without a GPU
 import triton.language as tl  # noqa: E402
 
+from diffmoe import interpreter_fixes
 from diffmoe.config import MoEConfig
 from diffmoe.contract import RunResult
 from diffmoe.report import Finding, Oracles, Report
@@ -44,10 +45,13 @@ import optimized.kernels.numerics as numerics_module  # noqa: E402
 from optimized.kernels.act_quant_kernel import PASS_AMAX, PASS_QUANTIZE  # noqa: E402
 from optimized.kernels.numerics import bf16_to_f32, to_bf16  # noqa: E402
 from optimized.kernels.reduce_kernel import moe_reduce_kernel  # noqa: E402
+from optimized.backend import safe_traits
 from optimized.launch import launch
 from optimized.workspace_planner import plan_workspaces
 
 B = Buffers
+# the stages whose kernels cast float32 to e4m3fn
+_QUANT_STAGES = (Stages.QUANT_INPUT, Stages.QUANT_DOWN_INPUT, Stages.ACT_QUANT)
 
 
 # ---- the mutants -------------------------------------------------------------------------
@@ -99,23 +103,39 @@ class GridIgnoresPadding(TritonFP8MoE):
 
 
 class NativeFP8Cast(TritonFP8MoE):
-    """The quant kernels use the backend's float32 -> e4m3fn cast instead of rounding onto
-    the e4m3 grid first. Right on CUDA; under the Triton interpreter the native cast drops
-    the mantissa carry and rounds ties away from zero, so some codes are one step off."""
+    """The quant kernels use the backend's float32 -> e4m3fn cast unconditionally, on a backend
+    whose cast is wrong, instead of rounding onto the e4m3 grid first where the probes found a
+    defect. Right on CUDA; on triton 3.9's unfixed interpreter (its cast runs here inside
+    `interpreter_fixes.suspended()`) the cast drops the mantissa carry and rounds ties away from
+    zero, so some codes are one step off."""
 
     def __init__(self, config: MoEConfig, device=None):
         super().__init__(config, device)
-        self.traits = dataclasses.replace(self.traits, software_fp8_cast=False)
+        # every other primitive on the software path that is right on that backend too
+        self.traits = dataclasses.replace(safe_traits(self.traits.name), software_fp8_cast=False)
+
+    def _run_stage(self, stage, bufs, problem, layout, ctx):
+        if stage not in _QUANT_STAGES:
+            return super()._run_stage(stage, bufs, problem, layout, ctx)
+        with interpreter_fixes.suspended():  # the defective backend the native cast ignores
+            super()._run_stage(stage, bufs, problem, layout, ctx)
 
 
 class FusedNativeFP8Cast(TritonFP8MoE):
     """Only the fused act+quant uses the backend's native e4m3 cast (a fast path written for
-    CUDA, where the native cast is right); the unfused quant keeps the software rounding. The
-    two paths, which must agree bit for bit, now disagree under the interpreter."""
+    CUDA, where the native cast is right), on a backend whose cast is wrong (the unfixed
+    interpreter, `interpreter_fixes.suspended()`); the unfused quant keeps the software rounding.
+    The two paths, which must agree bit for bit, now disagree."""
+
+    def __init__(self, config: MoEConfig, device=None):
+        super().__init__(config, device)
+        self.traits = safe_traits(self.traits.name)  # every other primitive right on that backend
 
     def _act_quant(self, stage, row, source, fused, codes_out, scales_out, software_fp8=None):
-        super()._act_quant(stage, row, source, fused, codes_out, scales_out,
-                           software_fp8=False if fused else software_fp8)
+        if not fused:
+            return super()._act_quant(stage, row, source, fused, codes_out, scales_out, software_fp8)
+        with interpreter_fixes.suspended():
+            super()._act_quant(stage, row, source, fused, codes_out, scales_out, software_fp8=False)
 
 
 class WorkspaceOneRowShort(TritonFP8MoE):
@@ -385,7 +405,12 @@ def _round_to_e4m3_grid_ties_away(x):
 class TiesRoundedAwayFromZero(TritonFP8MoE):
     """The software e4m3 rounding rounds ties away from zero instead of to even (the rule of
     `round()` in many languages). A random input puts few values exactly on a midpoint;
-    tie-heavy inputs put about half of them there."""
+    tie-heavy inputs put about half of them there. The software rounding is the path a backend
+    with a defective cast runs (on the fixed interpreter the probes turn it off), so it is on."""
+
+    def __init__(self, config: MoEConfig, device=None):
+        super().__init__(config, device)
+        self.traits = dataclasses.replace(self.traits, software_fp8_cast=True)  # the path the bug is in
 
     def _run_stage(self, stage, bufs, problem, layout, ctx):
         with _patched(numerics_module, round_to_e4m3_grid=_round_to_e4m3_grid_ties_away):
@@ -514,10 +539,11 @@ class OutputMemsetRoundedUp(TritonFP8MoE):
 
 
 class UnfusedActivationTruncates(TritonFP8MoE):
-    """The unfused activation kernel stores silu(g) * u with the backend's native bf16 cast,
-    which truncates under the interpreter, where the fused path rounds to nearest even: the two
-    paths quantise different activations. A check of the fused config runs only the fused
-    path; its unfused sibling shows the difference."""
+    """The unfused activation kernel stores silu(g) * u with the backend's native bf16 cast, on
+    a backend whose cast truncates (the unfixed interpreter, `interpreter_fixes.suspended()`),
+    where the fused path rounds to nearest even: the two paths quantise different activations.
+    A check of the fused config runs only the fused path; its unfused sibling shows the
+    difference."""
 
     def _run_stage(self, stage, bufs, problem, layout, ctx):
         if stage != Stages.ACTIVATION:
@@ -525,7 +551,8 @@ class UnfusedActivationTruncates(TritonFP8MoE):
         traits = self.traits
         self.traits = dataclasses.replace(traits, software_bf16_cast=False)
         try:
-            super()._run_stage(stage, bufs, problem, layout, ctx)
+            with interpreter_fixes.suspended():
+                super()._run_stage(stage, bufs, problem, layout, ctx)
         finally:
             self.traits = traits
 

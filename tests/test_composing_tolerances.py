@@ -1,6 +1,6 @@
 """The differential oracle's rules compose: every stage is judged on the candidate's own inputs,
 and the end-to-end output is held to the effect of the differences the candidate legitimately
-has (diffmoe.runner.DifferentialRun._derived_output_bound), not to a fixed elementwise tolerance.
+has (diffmoe.oracles.differential.derived_output_bound), not to a fixed elementwise tolerance.
 
 Measured before this design: the fixed planner at T=256 E=2 K=2 H=I=128 fp8-token unfused under
 random:7 failed the end-to-end down_gemm rule in 17 of 65536 elements, while teacher forcing
@@ -17,6 +17,7 @@ from diffmoe.config import MoEConfig
 from diffmoe.contract import Schedule
 from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
 from diffmoe.report import Oracles
+from diffmoe.oracles.differential import derived_output_bound
 from diffmoe.runner import DifferentialRun, run_differential
 from diffmoe.vocabulary import Buffers
 from optimized import make_implementation
@@ -35,13 +36,13 @@ def one_run(config: MoEConfig):
     impl = make_implementation(config)
     guarded = GuardedWorkspaces(impl.workspace_shapes(config.num_tokens))
     output = GuardedTensor((config.num_tokens, config.hidden), torch.bfloat16, torch.device("cpu"))
-    run = state._execute(impl, guarded, output, Schedule("random", 7), POISON_PATTERNS[0])
+    run = state.execute(impl, guarded, output, Schedule("random", 7), POISON_PATTERNS[0])
     return state, run
 
 
 def test_the_derived_bound_holds_the_real_difference_and_no_more():
     state, run = one_run(FALSE_ALARM)
-    bound, figures = state._derived_output_bound(run)
+    bound, figures = derived_output_bound(state, run)
     out, ref = run.buffers[Buffers.OUTPUT].double(), state.reference.output.double()
     assert bool(((out - ref).abs() <= bound).all())
     assert figures["moved_down_input_codes"] > 0  # the case has the legitimate flips this bound exists for

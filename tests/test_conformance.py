@@ -1,4 +1,6 @@
-"""Backend conformance (optimized.conformance) and the workaround switches it drives.
+"""Backend conformance (the harness's diffmoe.conformance), the workaround switches it drives in
+the optimized path (optimized.backend), and what the optimized path tells the doctor
+(optimized.conformance_hooks).
 
 * the probes find the interpreter's known defects here (fp8 cast, bf16 cast and upcast, bf16
   dot), and the traits turn the matching workarounds on;
@@ -24,13 +26,21 @@ import torch
 import triton
 import triton.language as tl
 
+from diffmoe import conformance, interpreter_fixes
+from diffmoe.conformance import DEFECT, OK, PRIMITIVE_KEYS, SKIPPED, ProbeResult
 from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.vocabulary import Buffers as B
 from diffmoe.vocabulary import Stages
-from optimized import backend, conformance
+from optimized import backend, conformance_hooks
 from optimized.act_quant import row_programs, run_row_stage
-from optimized.backend import INTERPRETER_TRAITS, BackendTraits, backend_traits, interpreter_enabled, safe_traits
-from optimized.conformance import DEFECT, OK, PRIMITIVE_KEYS, SKIPPED, ProbeResult
+from optimized.backend import (
+    INTERPRETER_TRAITS,
+    BackendTraits,
+    backend_traits,
+    interpreter_enabled,
+    safe_traits,
+    software_paths,
+)
 from optimized.launch import LaunchContext
 from optimized.reduce import run_reduce
 from optimized.tiles import choose_tiles
@@ -48,6 +58,24 @@ INTERPRETER_DEFECTS = ("fp8_cast", "fp8_upcast", "bf16_cast", "bf16_upcast", "bf
 # the ones whose workaround the doctor runs on the probe inputs (the FP8 decode lives in the GEMM)
 VERIFIED_WORKAROUNDS = ("fp8_cast", "bf16_cast", "bf16_upcast", "bf16_dot")
 NO_WORKAROUNDS = BackendTraits("interpreter", software_fp8_cast=False, software_bf16_cast=False, upcast_bf16_dot=False)
+HOOKS = conformance_hooks.HOOKS  # what the optimized path tells the doctor
+
+
+def switches_of(traits: BackendTraits) -> dict[str, bool]:
+    """Traits as the doctor sees them (ConformanceHooks.switches)."""
+    return {f: getattr(traits, f) for f in backend.TRAIT_FIELDS}
+
+
+def hooks_with_traits(traits: BackendTraits):
+    """The optimized path's hooks, but reporting `traits` as its switches."""
+    import dataclasses
+
+    return dataclasses.replace(HOOKS, switches=lambda device: (switches_of(traits), None))
+
+
+def software(key: str):
+    """The optimized path's software path for a primitive, as it hands it to the doctor."""
+    return HOOKS.workarounds[key].software
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -69,9 +97,24 @@ def own_traits_cache():
     backend._TRAITS_CACHE.update(saved)
 
 
+@pytest.fixture
+def unfixed_interpreter(own_traits_cache):
+    """triton 3.9's own interpreter, its numeric defects in place (diffmoe.interpreter_fixes
+    suspended), with a traits cache of the test's own: what the probes exist to find."""
+    with interpreter_fixes.suspended():
+        yield
+
+
 @pytest.fixture(scope="module")
 def doctor_report():
-    return conformance.run_doctor(CPU)
+    saved = dict(backend._TRAITS_CACHE)
+    backend.clear_traits_cache()
+    try:
+        with interpreter_fixes.suspended():
+            return conformance.run_doctor(CPU, HOOKS)
+    finally:
+        backend.clear_traits_cache()
+        backend._TRAITS_CACHE.update(saved)
 
 
 def result(key: str, status: str = OK, **kw) -> ProbeResult:
@@ -86,8 +129,8 @@ def all_ok(device) -> dict[str, ProbeResult]:
 # (1) the probes find the interpreter's defects and switch the workarounds on
 
 
-def test_cheap_probes_find_the_interpreter_defects(own_traits_cache):
-    results = conformance.probe_defects(CPU)
+def test_cheap_probes_find_the_interpreter_defects(unfixed_interpreter):
+    results = backend.probe_defects(CPU)
     assert sorted(results) == sorted(INTERPRETER_DEFECTS)
     for key, r in results.items():
         assert r.status == DEFECT, f"{key}: {r}"
@@ -97,6 +140,21 @@ def test_cheap_probes_find_the_interpreter_defects(own_traits_cache):
     for key in ("fp8_cast", "fp8_upcast", "bf16_cast", "bf16_upcast"):
         assert results[key].mismatches < results[key].total, results[key]
     assert backend_traits(CPU) == INTERPRETER_TRAITS == safe_traits("interpreter")
+
+
+def test_the_fixed_interpreter_needs_no_workaround(own_traits_cache, capsys):
+    """With diffmoe.interpreter_fixes in place (optimized.launch installs them) every probe finds
+    its primitive right, so the kernels run their plain CUDA paths on the interpreter too; the
+    doctor says the fixes are what it judged."""
+    assert interpreter_fixes.installed()
+    results = backend.probe_defects(CPU)
+    assert sorted(results) == sorted(INTERPRETER_DEFECTS)
+    assert all(r.status == OK and r.mismatches == 0 for r in results.values()), results
+    assert software_paths(backend_traits(CPU)) == []
+    assert conformance.doctor_main(True, hooks=HOOKS) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["interpreter_fixes"].startswith("installed: ")
+    assert not any(data["traits"].values()) and all(p["status"] == OK for p in data["primitives"])
 
 
 def test_the_full_sweep_on_the_interpreter(doctor_report):
@@ -126,8 +184,8 @@ def test_the_full_sweep_on_the_interpreter(doctor_report):
 
 def test_traits_are_probed_once_per_process_and_backend(own_traits_cache, monkeypatch):
     calls = []
-    real = conformance.derive_traits
-    monkeypatch.setattr(conformance, "derive_traits", lambda name, device: calls.append(device) or real(name, device))
+    real = backend.derive_traits
+    monkeypatch.setattr(backend, "derive_traits", lambda name, device: calls.append(device) or real(name, device))
     first = backend_traits(CPU)
     assert backend_traits(CPU) is first and backend_traits(torch.device("cpu")) is first
     assert len(calls) == 1
@@ -136,9 +194,9 @@ def test_traits_are_probed_once_per_process_and_backend(own_traits_cache, monkey
 def test_the_cheap_probes_are_cheap():
     import time
 
-    conformance.probe_defects(CPU)  # first calls pay for the interpreter's set-up
+    backend.probe_defects(CPU)  # first calls pay for the interpreter's set-up
     start = time.perf_counter()
-    conformance.probe_defects(CPU)
+    backend.probe_defects(CPU)
     assert time.perf_counter() - start < 1.0
 
 
@@ -179,7 +237,7 @@ def test_quant_kernel_with_every_workaround_on_is_bitwise_the_reference(quant):
     assert bitwise_equal(codes, want_codes), f"{int((bits(codes) != bits(want_codes)).sum())} codes differ"
 
 
-def test_the_switch_reaches_the_quant_kernel():
+def test_the_switch_reaches_the_quant_kernel(unfixed_interpreter):
     """The other side of the test above: with the fp8 switch off, the interpreter's native cast
     runs, and its codes are wrong. So the test above does exercise the software path, and a
     'fixed' configuration is really wrong on this backend."""
@@ -212,24 +270,24 @@ def test_software_paths_are_right_on_values_the_native_path_gets_right(key):
     same there, i.e. it is not needed, but still correct."""
     if key == "fp8_cast":
         x = conformance.e4m3_code_points()
-        got = conformance._cast(conformance._fp8_cast_probe_kernel, x, FP8, CPU, software=True)
+        got = conformance._cast(software(key), x, FP8, CPU)
         assert conformance._bit_mismatches(got, x.to(FP8)).sum() == 0
-        native = conformance._cast(conformance._fp8_cast_probe_kernel, x[torch.isfinite(x)], FP8, CPU, software=False)
+        native = conformance._cast(conformance.NATIVE[key], x[torch.isfinite(x)], FP8, CPU)
         assert conformance._bit_mismatches(native, x[torch.isfinite(x)].to(FP8)).sum() == 0
     elif key == "bf16_cast":
         x = (torch.randn(4096, generator=torch.Generator().manual_seed(5)) * 100).bfloat16().float()  # on the grid
-        got = conformance._cast(conformance._bf16_cast_probe_kernel, x, torch.bfloat16, CPU, software=True)
+        got = conformance._cast(software(key), x, torch.bfloat16, CPU)
         assert conformance._bit_mismatches(got, x.bfloat16()).sum() == 0
-        native = conformance._cast(conformance._bf16_cast_probe_kernel, x, torch.bfloat16, CPU, software=False)
+        native = conformance._cast(conformance.NATIVE[key], x, torch.bfloat16, CPU)
         assert conformance._bit_mismatches(native, x.bfloat16()).sum() == 0
     elif key == "bf16_upcast":
         x = conformance.bf16_patterns(full=True)
-        got = conformance._cast(conformance._bf16_upcast_probe_kernel, x, torch.float32, CPU, software=True)
+        got = conformance._cast(software(key), x, torch.float32, CPU)
         assert conformance._bit_mismatches(got, x.float()).sum() == 0
     else:
         a, b = conformance.dot_operands("bf16", 32, 32, seed=9)
         exact, bound = conformance._dot_bound(a, b)
-        err = (conformance._dot(a, b, CPU, upcast_bf16=True) - exact).abs()
+        err = (conformance._dot(a, b, CPU, upcast=software(key)) - exact).abs()
         assert torch.all(err <= bound)
 
 
@@ -242,14 +300,14 @@ def test_software_paths_are_right_on_values_the_native_path_gets_right(key):
 
 
 def test_a_backend_without_defects_gets_no_workarounds(own_traits_cache, monkeypatch):
-    monkeypatch.setattr(conformance, "probe_defects", all_ok)
+    monkeypatch.setattr(backend, "probe_defects", all_ok)
     assert backend_traits(CPU) == NO_WORKAROUNDS
 
 
 def test_an_implementation_built_on_a_fixed_backend_uses_the_fast_paths(own_traits_cache, monkeypatch):
     from optimized import TritonFP8MoE
 
-    monkeypatch.setattr(conformance, "probe_defects", all_ok)
+    monkeypatch.setattr(backend, "probe_defects", all_ok)
     impl = TritonFP8MoE(MoEConfig(num_tokens=4, num_experts=2, topk=1, hidden=128, inter=128, quant="fp8-token"), CPU)
     assert impl.traits == NO_WORKAROUNDS
 
@@ -268,30 +326,30 @@ def test_an_implementation_built_on_a_fixed_backend_uses_the_fast_paths(own_trai
     ids=["both-fp8-conversions-fixed", "fp8-cast-fixed-upcast-not", "bf16-dot-fixed", "bf16-cast-fixed-upcast-not", "both-bf16-conversions-fixed"],
 )
 def test_each_switch_follows_its_own_probes(own_traits_cache, monkeypatch, fixed, want):
-    monkeypatch.setattr(conformance, "probe_defects",
+    monkeypatch.setattr(backend, "probe_defects",
                         lambda device: {k: result(k, OK if k in fixed else DEFECT) for k in INTERPRETER_DEFECTS})
     assert backend_traits(CPU) == BackendTraits("interpreter", **want)
 
 
 def test_a_probe_that_cannot_run_leaves_its_workaround_on(own_traits_cache, monkeypatch):
-    def broken(device, full):
+    def broken(device, full, hooks=None):
         raise RuntimeError("no float8e4nv here")
 
     monkeypatch.setitem(conformance.PROBES, "fp8_cast", broken)
-    real = conformance.probe_defects(CPU)
+    real = backend.probe_defects(CPU)
     assert real["fp8_cast"].status == SKIPPED and "no float8e4nv here" in real["fp8_cast"].detail
     fixed_but_fp8 = {k: (real[k] if k == "fp8_cast" else result(k)) for k in INTERPRETER_DEFECTS}
-    assert conformance.traits_from_results("interpreter", fixed_but_fp8) == BackendTraits(
+    assert backend.traits_from_results("interpreter", fixed_but_fp8) == BackendTraits(
         "interpreter", software_fp8_cast=True, software_bf16_cast=False, upcast_bf16_dot=False)
     # a missing result counts as unknown, too
-    assert conformance.traits_from_results("interpreter", {}) == safe_traits("interpreter")
+    assert backend.traits_from_results("interpreter", {}) == safe_traits("interpreter")
 
 
 def test_no_probe_results_at_all_means_every_workaround(own_traits_cache, monkeypatch):
     def fail(name, device):
         raise ImportError("triton is broken")
 
-    monkeypatch.setattr(conformance, "derive_traits", fail)
+    monkeypatch.setattr(backend, "derive_traits", fail)
     assert backend_traits(CPU) == safe_traits("interpreter")
 
 
@@ -307,7 +365,12 @@ class IgnoresTheSchedule(LaunchContext):
 
 
 def test_the_order_probe_catches_a_table_that_reorders_nothing():
-    r = conformance.probe_program_order(CPU, True, context=IgnoresTheSchedule)
+    import dataclasses
+    import functools
+
+    ignoring = dataclasses.replace(HOOKS, launch=functools.partial(conformance_hooks.launch_probe, context=IgnoresTheSchedule))
+    assert conformance.probe_program_order(CPU, True, HOOKS).status == OK  # the real launcher reorders
+    r = conformance.probe_program_order(CPU, True, ignoring)
     assert r.status == DEFECT
     assert r.mismatches == conformance.ORDER_PROGRAMS  # identity fine, reversed wrong everywhere (16 is even)
     assert "reversed: ran [0, 1, 2" in r.detail
@@ -363,8 +426,8 @@ def test_the_dot_bound_is_tight_enough_to_catch_tf32():
 # (4) the doctor's output and exit code
 
 
-def test_doctor_prints_a_table_and_exits_0_here(capsys):
-    assert conformance.doctor_main(False) == 0
+def test_doctor_prints_a_table_and_exits_0_here(unfixed_interpreter, capsys):
+    assert conformance.doctor_main(False, hooks=HOOKS) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].startswith("backend: interpreter on cpu (triton ")
@@ -382,8 +445,8 @@ def test_doctor_prints_a_table_and_exits_0_here(capsys):
     assert lines[-1].startswith("verdict: trusted")
 
 
-def test_doctor_json_is_one_object(capsys):
-    assert conformance.doctor_main(True) == 0
+def test_doctor_json_is_one_object(unfixed_interpreter, capsys):
+    assert conformance.doctor_main(True, hooks=HOOKS) == 0
     data = json.loads(capsys.readouterr().out)  # raises unless stdout is exactly one JSON document
     assert data["backend"] == "interpreter" and data["device"] == "cpu"
     assert data["ok"] is True and data["exit_code"] == 0
@@ -396,18 +459,57 @@ def test_doctor_json_is_one_object(capsys):
     assert {p["primitive"] for p in data["primitives"] if p["status"] == DEFECT} == set(INTERPRETER_DEFECTS)
 
 
-def test_doctor_exits_1_when_a_defect_has_no_workaround(own_traits_cache, monkeypatch, capsys):
+def test_doctor_without_hooks_judges_the_backend_alone(unfixed_interpreter, capsys):
+    """No implementation's hooks: no switch, no workaround, so the interpreter's defects are
+    unguarded; the program-order probe launches with plain Triton and its own table."""
+    assert conformance.doctor_main(True) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["traits"] == {} and data["refusal"] is None and data["exit_code"] == 1
+    rows = {p["primitive"]: p for p in data["primitives"]}
+    for key in INTERPRETER_DEFECTS:
+        row = rows[key]
+        assert row["status"] == DEFECT and not row["trusted"] and row["workaround"].startswith("NONE: "), row
+        assert not row["workaround_applied"] and row["workaround_mismatches"] is None, row
+    assert all(rows[k]["trusted"] for k in PRIMITIVE_KEYS if k not in INTERPRETER_DEFECTS)
+    assert rows["program_order"]["status"] == OK
+    assert conformance.doctor_main(False) == 1
+    assert "workarounds on: none" in capsys.readouterr().out
+
+
+def test_the_optimized_hooks_name_its_own_switches():
+    """Each BackendTraits switch has its workarounds, and TRAIT_PROBES gates each switch on the
+    primitives whose workaround it turns on."""
+    assert {w.trait for w in HOOKS.workarounds.values()} == set(backend.TRAIT_FIELDS)
+    for trait, keys in backend.TRAIT_PROBES.items():
+        assert {k for k, w in HOOKS.workarounds.items() if w.trait == trait} == set(keys)
+    assert HOOKS.switches(CPU) == (switches_of(backend_traits(CPU)), None)
+
+
+def test_the_doctor_gets_the_hooks_through_the_contract():
+    import optimized
+    from diffmoe import contract
+
+    module, _, name = contract.DEFAULT_IMPLEMENTATION.partition(":")
+    factory = getattr(optimized, name)
+    assert module == "optimized"
+    hooks = contract.factory_attribute(factory, contract.CONFORMANCE_HOOKS)
+    assert hooks is not None and hooks() is HOOKS
+    with pytest.raises(ValueError, match="unknown primitives"):
+        conformance.ConformanceHooks(workarounds={"fp16_cast": HOOKS.workarounds["fp8_cast"]}, switches=HOOKS.switches)
+
+
+def test_doctor_exits_1_when_a_defect_has_no_workaround(unfixed_interpreter, monkeypatch, capsys):
     """The probes are real (the interpreter's defects), the traits faked off, as a path that
     trusted a 'fixed' Triton would have them."""
-    monkeypatch.setattr(conformance, "backend_traits", lambda device: NO_WORKAROUNDS)
-    assert conformance.doctor_main(True) == 1
+    hooks = hooks_with_traits(NO_WORKAROUNDS)
+    assert conformance.doctor_main(True, hooks=hooks) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is False and data["exit_code"] == 1
     rows = {p["primitive"]: p for p in data["primitives"]}
     for key in INTERPRETER_DEFECTS:
         assert not rows[key]["trusted"] and rows[key]["workaround"].startswith("NONE"), rows[key]
     assert all(rows[k]["trusted"] for k in PRIMITIVE_KEYS if k not in INTERPRETER_DEFECTS)
-    assert conformance.doctor_main(False) == 1
+    assert conformance.doctor_main(False, hooks=hooks) == 1
     assert "verdict: NOT trusted: float32 -> e4m3fn cast (native)" in capsys.readouterr().out
 
 
@@ -425,11 +527,11 @@ def test_doctor_exits_1_when_a_defect_has_no_workaround(own_traits_cache, monkey
 )
 def test_which_rows_the_exit_code_trusts(status, traits, verified, trusted):
     row = conformance._row(result("fp8_cast", status, workaround_mismatches=verified,
-                                  workaround_total=None if verified is None else 10), traits)
+                                  workaround_total=None if verified is None else 10), switches_of(traits), HOOKS)
     assert row.trusted is trusted, row
     # primitives without any workaround are trusted only when ok
     for key in ("fp8_dot", "fp32_div", "aliasing"):
-        assert conformance._row(result(key, status), traits).trusted is (status == OK)
+        assert conformance._row(result(key, status), switches_of(traits), HOOKS).trusted is (status == OK)
 
 
 # =============================================================================================
@@ -441,7 +543,7 @@ def as_cuda(monkeypatch, probe_results):
     """This CPU process posing as a CUDA backend whose probes return `probe_results`."""
     monkeypatch.setattr(backend, "backend_name", lambda device: "cuda")
     monkeypatch.setattr(conformance, "backend_name", lambda device: "cuda")
-    monkeypatch.setattr(conformance, "probe_defects", lambda device: probe_results)
+    monkeypatch.setattr(backend, "probe_defects", lambda device: probe_results)
 
 
 def test_cuda_with_a_defect_refuses_the_software_fallback(own_traits_cache, monkeypatch):
@@ -463,7 +565,7 @@ def test_cuda_whose_probes_cannot_run_refuses_and_says_why(own_traits_cache, mon
     def fail(name, device):
         raise RuntimeError("driver too old")
 
-    monkeypatch.setattr(conformance, "derive_traits", fail)
+    monkeypatch.setattr(backend, "derive_traits", fail)
     with pytest.raises(backend.SoftwareFallbackError, match="could not run .*driver too old"):
         backend_traits(CPU)
 
@@ -486,9 +588,9 @@ def test_cuda_without_defects_and_the_interpreter_are_never_refused(own_traits_c
 def test_doctor_on_cuda_with_a_defect_says_refused(own_traits_cache, monkeypatch, capsys):
     monkeypatch.delenv(backend.ALLOW_FALLBACK_ENV, raising=False)
     as_cuda(monkeypatch, {k: result(k, OK if k != "bf16_dot" else DEFECT) for k in INTERPRETER_DEFECTS})
-    assert conformance.doctor_main(False) == 1
+    assert conformance.doctor_main(False, hooks=HOOKS) == 1
     out = capsys.readouterr().out
     assert "verdict: REFUSED: the CUDA backend would run the software fallback (upcast_bf16_dot)" in out
-    assert conformance.doctor_main(True) == 1
+    assert conformance.doctor_main(True, hooks=HOOKS) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["refusal"].startswith("the CUDA backend") and data["traits"]["upcast_bf16_dot"] is True

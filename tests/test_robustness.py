@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import diffmoe.runner as runner
+import diffmoe.worker as worker
 from bug_zoo import MUTANTS, OUTCOME_MUTANTS, TritonFP8MoE, make_fused_tile_not_power_of_two
 from diffmoe import cli
 from diffmoe.config import MAX_PROBLEM_BYTES, MoEConfig
@@ -222,7 +223,7 @@ def test_a_worker_that_dies_is_a_crash_finding():
 
 
 def test_spawned_workers_need_a_picklable_factory(monkeypatch):
-    monkeypatch.setattr(runner, "WORKER_START_METHOD", "spawn")
+    monkeypatch.setattr(worker, "WORKER_START_METHOD", "spawn")
     with pytest.raises(TypeError, match="picklable"):
         runner.run_differential(MINIMAL_CONFIG, lambda c: make_implementation(c), time_limit=5)
 
@@ -230,7 +231,7 @@ def test_spawned_workers_need_a_picklable_factory(monkeypatch):
 @pytest.mark.slow
 def test_a_spawned_worker_runs_the_check(monkeypatch):
     # spawn re-imports everything: TRITON_INTERPRET must reach the worker before triton does
-    monkeypatch.setattr(runner, "WORKER_START_METHOD", "spawn")
+    monkeypatch.setattr(worker, "WORKER_START_METHOD", "spawn")
     report = runner.run_differential(MINIMAL_CONFIG, time_limit=120, **QUICK)
     assert report.passed, report.render()
 

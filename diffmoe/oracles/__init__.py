@@ -1,19 +1,9 @@
-"""Oracle building blocks that judge memory use: declared plans, recorded launches, guard bytes.
+"""The oracles: one module per oracle behind one interface (base.py), listed in one table
+(registry.py), plus the building blocks they share: guards.py (poison, red zones) and
+interpreter_races.py (the interpreter's per-program address recorder).
 
-The numerical oracles' building blocks are `diffmoe.compare` and `diffmoe.tolerances`.
+Nothing is imported here, so reading the registry's names (the CLI's `--oracles`) costs no
+torch import.
+
+Must not import: the registry loads oracles on demand.
 """
-
-from .guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
-from .runtime_aliasing import check_runtime_aliasing
-from .static_aliasing import WORKSPACE_NAMES, check_static_aliasing, check_workspace_fit, live_ranges
-
-__all__ = [
-    "POISON_PATTERNS",
-    "WORKSPACE_NAMES",
-    "GuardedTensor",
-    "GuardedWorkspaces",
-    "check_runtime_aliasing",
-    "check_static_aliasing",
-    "check_workspace_fit",
-    "live_ranges",
-]

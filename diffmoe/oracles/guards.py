@@ -11,6 +11,8 @@ POISON_PATTERNS: 0xFF makes every element a NaN (bf16 0xFFFF, float32 0xFFFFFFFF
 element a small negative number (e4m3fn 0xA5 = -0.203125, bf16 0xA5A5 ~ -2.9e-16), so it
 differs from the first pattern in every dtype, and a read of unwritten memory changes the
 result between the two runs.
+
+Owns guarded allocations. Must not decide a finding's oracle beyond red-zone: poison is judged by poison.py.
 """
 
 from __future__ import annotations

@@ -14,12 +14,8 @@ accesses by several programs to one byte are not races among themselves; an atom
 against another program's plain load, or a plain store against another program's atomic
 access, is.
 
-Why intervals and not byte sets: a block of 64 rows x 256 elements is 64 contiguous runs,
-so each access is reduced to sorted, merged `[start, end)` intervals right away (np.unique
-on the element addresses), each program's intervals are merged into a disjoint union when
-the program ends, and the whole launch is then checked in one sweep over the elementary
-segments between all interval and buffer boundaries. Memory and time scale with the number
-of runs, not the number of bytes.
+The analysis of what was recorded (intervals, the conflict sweep, stray stores, the findings)
+is address_analysis.py's. Owns the hooks and the recorder; must not judge what it records.
 
 The same addresses give the store-extent oracle: every byte an announced launch stores must
 lie inside a view it declared it writes (`LaunchInfo.writes`). A stray store into workspace
@@ -34,25 +30,48 @@ launched one after another on a stream are ordered and treating them as concurre
 flag every producer/consumer pair. Launches made outside any announced launch are checked
 too, as "unannounced".
 
-This is the one module of diffmoe that touches Triton, and only when a recorder is entered.
+It imports Triton only when a recorder is entered.
 It hooks interpreter internals and is therefore pinned to the Triton versions it was written
 against (`SUPPORTED_TRITON`); on another version it refuses to run rather than silently
 record nothing. Addresses are those the interpreter hands to the kernel, which are the
 tensors' own storage for CPU tensors (device tensors are copied to the host first, so their
 views could not be named and would be labelled "unnamed").
+
+Longer than 400 lines because the hooks and the recorder share the module's hook state (the
+active recorders, the saved originals, a re-entrancy guard) and must be read together to see
+that the interpreter is restored on every path.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
-import torch
 
 from ..contract import LaunchInfo
-from ..report import ByteRange, Finding, Oracles
+from ..triton_pin import triton_release
+from ..report import Finding
+from .address_analysis import (  # noqa: F401 - _READ, _WRITE, _Run, _analyse: tests/test_races.py drives them
+    RunSummary,
+    _Conflict,
+    _Launch,
+    _Region,
+    _Run,
+    _StrayStores,
+    _access_intervals,
+    _analyse,
+    _element_bytes,
+    _finding,
+    _stray_finding,
+    _stray_stores,
+    _view_extent,
+    _READ,
+    _WRITE,
+    _ATOMIC_READ,
+    _ATOMIC_WRITE,
+)
 
 SUPPORTED_TRITON = (3, 9)
 
@@ -61,8 +80,6 @@ SUPPORTED_TRITON = (3, 9)
 # method: (access kind, pointer parameter, mask parameter), a parameter as (position after
 # self, name). Atomic read-modify-write, compare-and-swap and atomic store are atomic writes;
 # atomic load and poll are atomic reads.
-_READ, _WRITE, _ATOMIC_READ, _ATOMIC_WRITE = range(4)
-_N_KINDS = 4
 _BUILDER_HOOKS: dict[str, tuple[int, tuple[int, str], tuple[int, str] | None]] = {
     "create_masked_load": (_READ, (0, "ptrs"), (1, "mask")),
     "create_masked_store": (_WRITE, (0, "ptrs"), (2, "mask")),
@@ -77,7 +94,6 @@ HOOKED_EXECUTOR_METHODS = ("__call__",)
 # Read (not replaced) on the builder: the current program instance and the grid size.
 READ_BUILDER_ATTRIBUTES = ("grid_idx", "grid_dim")
 
-_EMPTY = np.empty(0, dtype=np.int64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,16 +102,11 @@ _EMPTY = np.empty(0, dtype=np.int64)
 
 def _triton_problem() -> str | None:
     """Why recording cannot run here, or None when it can."""
-    try:
-        import triton
-    except Exception as exc:  # any import failure means no interpreter to hook
-        return f"triton is not importable: {exc}"
-    version = str(getattr(triton, "__version__", "unknown"))
-    parts = version.split(".")
-    try:
-        major_minor = (int(parts[0]), int(parts[1]))
-    except (IndexError, ValueError):
-        major_minor = None
+    version, major_minor, broken = triton_release()
+    if broken is not None:
+        return f"triton is not importable: {broken}"
+    import triton
+
     if major_minor != SUPPORTED_TRITON:
         return f"interpreter race recording supports triton {SUPPORTED_TRITON[0]}.{SUPPORTED_TRITON[1]}.x, found {version}"
     try:
@@ -139,450 +150,6 @@ def races_supported() -> tuple[bool, str]:
     import triton
 
     return True, f"triton {triton.__version__} interpreter"
-
-
-# ---------------------------------------------------------------------------------------------
-# Interval helpers (int64 numpy arrays of [start, end) byte addresses)
-
-
-def _access_intervals(addresses: np.ndarray, element_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Merged byte intervals covered by elements starting at `addresses`."""
-    if addresses.size == 0:
-        return _EMPTY, _EMPTY
-    # A stable sort is near linear on the sorted runs a row-major tile produces; repeated
-    # addresses need no removal, as a zero gap never starts a new run.
-    a = np.sort(addresses, kind="stable")
-    # A gap wider than one element starts a new run; overlapping elements stay in one run.
-    breaks = np.flatnonzero(np.diff(a) > element_bytes) + 1
-    first = np.concatenate(([0], breaks))
-    last = np.concatenate((breaks - 1, [a.size - 1]))
-    return a[first], a[last] + element_bytes
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint, sorted union of intervals; touching intervals are merged."""
-    if starts.size <= 1:
-        return starts, ends
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    reach = np.maximum.accumulate(e)
-    new = np.empty(s.size, dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    heads = np.flatnonzero(new)
-    return s[heads], np.maximum.reduceat(e, heads)
-
-
-def _element_bytes(ptr_handle: Any) -> int:
-    """Bytes per element behind a pointer handle (pointers to pointers are 8 bytes)."""
-    ty = ptr_handle.dtype
-    ty = getattr(ty, "scalar", ty)
-    pointee = getattr(ty, "element_ty", None)
-    if pointee is None:
-        return 1
-    if getattr(pointee, "is_ptr", lambda: False)():
-        return 8
-    return max(1, int(pointee.primitive_bitwidth) // 8)
-
-
-def _view_extent(tensor: Any) -> tuple[int, int] | None:
-    """(first byte address, byte length) spanned by a strided view, or None if empty."""
-    if not isinstance(tensor, torch.Tensor):
-        tensor = getattr(tensor, "base", None)  # triton's TensorWrapper (a reinterpreted tensor)
-        if not isinstance(tensor, torch.Tensor):
-            return None
-    if tensor.numel() == 0:
-        return None
-    last = sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride()))
-    return int(tensor.data_ptr()), (last + 1) * tensor.element_size()
-
-
-# ---------------------------------------------------------------------------------------------
-# Records
-
-
-@dataclass(frozen=True)
-class _Region:
-    label: str
-    start: int
-    end: int
-    kernel_arg: str | None = None
-
-
-@dataclass
-class _Launch:
-    """An announced launch, without the tensors (holding them would keep workspaces alive)."""
-
-    index: int
-    stage: str | None
-    kernel: str
-    grid: tuple[int, ...]
-    writes: tuple[_Region, ...]
-    reads: tuple[_Region, ...]
-    info: Any = None  # the LaunchInfo object, compared by identity only
-
-
-@dataclass
-class RunSummary:
-    """One interpreter launch as recorded: what it touched and how many conflicts it had."""
-
-    launch: int | None  # index of the announced launch, None when unannounced
-    stage: str | None
-    kernel: str
-    grid: tuple[int, int, int]
-    programs: int  # program instances that accessed memory
-    bytes_read: int  # distinct bytes loaded (plain or atomic) by any program
-    bytes_written: int  # distinct bytes stored (plain or atomic) by any program
-    conflicting_bytes: int  # distinct bytes involved in a race
-
-
-@dataclass
-class _Conflict:
-    launch_key: tuple
-    stage: str | None
-    kernel: str
-    grid: tuple[int, int, int]
-    written: str
-    other: str
-    kinds: set[str]
-    first_kind: str  # the kind at the first conflicting byte, which names the programs
-    nbytes: int
-    span: tuple[int, int]  # absolute addresses of the first conflicting span
-    written_base: int
-    other_base: int
-    writer: int
-    other_program: int
-    written_arg: str | None
-    other_arg: str | None
-
-
-class _Run:
-    """Accesses of one interpreter launch, merged per program as programs finish."""
-
-    def __init__(self, index: int, kernel: str, args: tuple[_Region, ...], launch: _Launch | None) -> None:
-        self.index = index
-        self.kernel = kernel
-        self.args = args
-        self.launch = launch
-        self.grid: tuple[int, int, int] | None = None
-        self.current: int | None = None
-        self.pending: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(_N_KINDS)]
-        # Per kind: lists of (program ids, starts, ends) for finished programs.
-        self.done: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in range(_N_KINDS)]
-        self.programs: set[int] = set()
-        self.repeated = False
-
-    def add(self, kind: int, pid: int, grid: tuple[int, int, int], starts: np.ndarray, ends: np.ndarray) -> None:
-        if self.grid is None:
-            self.grid = grid
-        if pid != self.current:
-            self.flush()
-            self.current = pid
-            # A program seen again (never on the sequential interpreter) must still count as
-            # one program in the sweep, so its pieces are merged again at the end.
-            self.repeated |= pid in self.programs
-            self.programs.add(pid)
-        self.pending[kind].append((starts, ends))
-
-    def flush(self) -> None:
-        """Merge the current program's accesses; programs run one at a time, so it is done."""
-        if self.current is None:
-            return
-        for kind in range(_N_KINDS):
-            parts = self.pending[kind]
-            if not parts:
-                continue
-            s, e = _union(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
-            self.done[kind].append((np.full(s.size, self.current, dtype=np.int64), s, e))
-            self.pending[kind] = []
-        self.current = None
-
-    def kind_arrays(self, kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        parts = self.done[kind]
-        if not parts:
-            return _EMPTY, _EMPTY, _EMPTY
-        pids, starts, ends = (np.concatenate([p[i] for p in parts]) for i in range(3))
-        if self.repeated:
-            merged = [(pid, *_union(starts[pids == pid], ends[pids == pid])) for pid in np.unique(pids).tolist()]
-            pids = np.concatenate([np.full(m[1].size, m[0], dtype=np.int64) for m in merged])
-            starts = np.concatenate([m[1] for m in merged])
-            ends = np.concatenate([m[2] for m in merged])
-        return pids, starts, ends
-
-
-def _covering(pids: np.ndarray, starts: np.ndarray, ends: np.ndarray, address: int) -> list[int]:
-    hit = (starts <= address) & (ends > address)
-    return sorted(set(pids[hit].tolist()))
-
-
-def _first_pair(writers: list[int], others: list[int]) -> tuple[int, int] | None:
-    for p in writers:
-        for q in others:
-            if p != q:
-                return p, q
-    return None
-
-
-def _analyse(run: _Run) -> tuple[RunSummary, list[_Conflict]]:
-    """Find the races of one finished run."""
-    run.flush()
-    launch = run.launch
-    grid = run.grid or (1, 1, 1)
-    arrays = [run.kind_arrays(k) for k in range(_N_KINDS)]
-
-    def distinct(kinds: tuple[int, ...]) -> int:
-        s = np.concatenate([arrays[k][1] for k in kinds])
-        e = np.concatenate([arrays[k][2] for k in kinds])
-        us, ue = _union(s, e)
-        return int((ue - us).sum())
-
-    summary = RunSummary(
-        launch=launch.index if launch else None,
-        stage=launch.stage if launch else None,
-        kernel=run.kernel,
-        grid=grid,
-        programs=len(run.programs),
-        bytes_read=distinct((_READ, _ATOMIC_READ)),
-        bytes_written=distinct((_WRITE, _ATOMIC_WRITE)),
-        conflicting_bytes=0,
-    )
-    if arrays[_WRITE][0].size == 0 and arrays[_ATOMIC_WRITE][0].size == 0:
-        return summary, []
-
-    writes = launch.writes if launch else ()
-    reads = launch.reads if launch else ()
-    regions = (*writes, *reads, *run.args)
-    bounds = np.unique(
-        np.concatenate(
-            [a[i] for a in arrays for i in (1, 2)]
-            + [np.array([r.start for r in regions] + [r.end for r in regions], dtype=np.int64)]
-        )
-    )
-    n = bounds.size
-
-    # Per kind and segment: how many programs cover it and the sum of their ids. Each program's
-    # intervals are disjoint, so the count is the number of distinct programs, and when it is 1
-    # the sum is that program's id.
-    counts, sums = [], []
-    for pids, s, e in arrays:
-        i0 = np.searchsorted(bounds, s)
-        i1 = np.searchsorted(bounds, e)
-        c = np.bincount(i0, minlength=n) - np.bincount(i1, minlength=n)
-        w = np.bincount(i0, weights=pids, minlength=n) - np.bincount(i1, weights=pids, minlength=n)
-        counts.append(np.cumsum(c)[:-1])
-        sums.append(np.cumsum(w)[:-1].astype(np.int64))
-
-    def other_program(a: int, b: int) -> np.ndarray:
-        """Segments where some program of kind a and a different program of kind b meet."""
-        ca, sa, cb, sb = counts[a], sums[a], counts[b], sums[b]
-        return (ca >= 1) & (cb >= 1) & ((ca >= 2) | (cb >= 2) | (sa != sb))
-
-    other_writes = (counts[_WRITE] >= 2) | other_program(_WRITE, _ATOMIC_WRITE)
-    other_reads = (
-        other_program(_WRITE, _READ) | other_program(_WRITE, _ATOMIC_READ) | other_program(_ATOMIC_WRITE, _READ)
-    )
-    racy = other_writes | other_reads
-    if not racy.any():
-        return summary, []
-    lengths = np.diff(bounds)
-    summary.conflicting_bytes = int(lengths[racy].sum())
-
-    # Name the bytes: a written byte by the views the launch declared as written first, the
-    # other side of a read conflict by the views declared as read first, then kernel arguments.
-    seg = np.flatnonzero(racy)
-    addr = bounds[seg]
-    write_order = (*writes, *reads, *run.args)
-    read_order = (*reads, *writes, *run.args)
-
-    def region_index(order: tuple[_Region, ...]) -> np.ndarray:
-        idx = np.full(seg.size, -1, dtype=np.int64)
-        for i, r in enumerate(order):
-            idx[(idx < 0) & (addr >= r.start) & (addr < r.end)] = i
-        return idx
-
-    w_idx = region_index(write_order)
-    r_idx = region_index(read_order)
-    # Group by label, not by region: one name may appear among both reads and writes.
-    names = sorted({r.label for r in regions}) + ["\0unnamed"]
-    name_id = {n: i for i, n in enumerate(names)}
-
-    def label_ids(order: tuple[_Region, ...], idx: np.ndarray) -> np.ndarray:
-        table = np.array([name_id[r.label] for r in order] + [len(names) - 1], dtype=np.int64)
-        return table[idx]  # idx -1 picks the trailing "unnamed"
-
-    w_lab = label_ids(write_order, w_idx)
-    r_lab = label_ids(read_order, r_idx)
-    ww = other_writes[seg]
-    wr = other_reads[seg]
-    # One row per (segment, conflict kind): written label, other label, segment position.
-    rows_w = np.concatenate([w_lab[ww], w_lab[wr]])
-    rows_o = np.concatenate([w_lab[ww], r_lab[wr]])
-    rows_j = np.concatenate([np.flatnonzero(ww), np.flatnonzero(wr)])
-    rows_k = np.concatenate([np.zeros(int(ww.sum()), dtype=np.int64), np.ones(int(wr.sum()), dtype=np.int64)])
-    keys = rows_w * len(names) + rows_o
-
-    conflicts = []
-    for key in np.unique(keys):
-        sel = keys == key
-        js = np.unique(rows_j[sel])  # positions into seg, ascending address
-        kinds = {("write-write", "write-read")[k] for k in np.unique(rows_k[sel]).tolist()}
-        segs = seg[js]
-        nbytes = int(lengths[segs].sum())
-        first = int(js[0])
-        run_end = 0
-        while run_end + 1 < segs.size and segs[run_end + 1] == segs[run_end] + 1:
-            run_end += 1
-        span = (int(bounds[segs[0]]), int(bounds[segs[run_end] + 1]))
-        at = span[0]
-        # The kind flagged at the first segment picks which programs to name.
-        first_kinds = rows_k[sel][rows_j[sel] == first]
-        writers = _covering(*arrays[_WRITE], at)
-        if 0 in first_kinds:
-            kind_first = "write-write"
-            pair = _first_pair(writers, writers + _covering(*arrays[_ATOMIC_WRITE], at))
-            other_order, other_i = write_order, int(w_idx[first])
-        else:
-            kind_first = "write-read"
-            plain_readers = _covering(*arrays[_READ], at)
-            readers = sorted(set(plain_readers + _covering(*arrays[_ATOMIC_READ], at)))
-            pair = _first_pair(writers, readers) or _first_pair(_covering(*arrays[_ATOMIC_WRITE], at), plain_readers)
-            other_order, other_i = read_order, int(r_idx[first])
-        writer, other = pair if pair else (-1, -1)
-
-        def describe(order: tuple[_Region, ...], i: int) -> tuple[str, int, str | None]:
-            if i < 0:
-                return f"unnamed@0x{span[0]:x}", span[0], None
-            r = order[i]
-            return r.label, r.start, r.kernel_arg
-
-        wlabel, wbase, warg = describe(write_order, int(w_idx[first]))
-        olabel, obase, oarg = describe(other_order, other_i)
-        conflicts.append(
-            _Conflict(
-                launch_key=("announced", launch.index) if launch else ("unannounced", run.index),
-                stage=launch.stage if launch else None,
-                kernel=run.kernel,
-                grid=grid,
-                written=wlabel,
-                other=olabel,
-                kinds=kinds,
-                first_kind=kind_first,
-                nbytes=nbytes,
-                span=span,
-                written_base=wbase,
-                other_base=obase,
-                writer=writer,
-                other_program=other,
-                written_arg=warg,
-                other_arg=oarg,
-            )
-        )
-    return summary, conflicts
-
-
-@dataclass
-class _StrayStores:
-    """Bytes one announced launch stored outside every view it declared it writes."""
-
-    launch: _Launch
-    kernel: str
-    nbytes: int
-    span: tuple[int, int]  # absolute addresses of the first stray run
-    label: str  # the named region (or launch view, or kernel argument) the first run falls in
-    base: int  # that region's first address
-    declared: tuple[str, ...]
-
-
-def _stray_stores(run: _Run, named: tuple[_Region, ...]) -> _StrayStores | None:
-    """Store extent: every byte a launch stores must lie in a view it declared as written.
-
-    Order-free like the race analysis: a sweep over the boundaries of the stored intervals and
-    the declared write views. Unannounced launches declared nothing and are not judged here."""
-    launch = run.launch
-    if launch is None:
-        return None
-    parts = [run.kind_arrays(k) for k in (_WRITE, _ATOMIC_WRITE)]
-    starts = np.concatenate([p[1] for p in parts])
-    ends = np.concatenate([p[2] for p in parts])
-    if starts.size == 0:
-        return None
-    ss, se = _union(starts, ends)
-    declared = launch.writes
-    ds = np.array([r.start for r in declared], dtype=np.int64)
-    de = np.array([r.end for r in declared], dtype=np.int64)
-    bounds = np.unique(np.concatenate([ss, se, ds, de]))
-    n = bounds.size
-
-    def covered(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-        c = np.bincount(np.searchsorted(bounds, s), minlength=n) - np.bincount(np.searchsorted(bounds, e), minlength=n)
-        return np.cumsum(c)[:-1] > 0
-
-    stray = covered(ss, se) & ~covered(ds, de) if ds.size else covered(ss, se)
-    if not stray.any():
-        return None
-    seg = np.flatnonzero(stray)
-    lengths = np.diff(bounds)
-    last = 0
-    while last + 1 < seg.size and seg[last + 1] == seg[last] + 1:
-        last += 1
-    span = (int(bounds[seg[0]]), int(bounds[seg[last] + 1]))
-    label, base = f"unnamed@0x{span[0]:x}", span[0]
-    for r in (*named, *launch.reads, *run.args):
-        if r.start <= span[0] < r.end:
-            label, base = r.label, r.start
-            break
-    return _StrayStores(launch, run.kernel, int(lengths[seg].sum()), span, label, base,
-                        tuple(sorted({r.label for r in declared})))
-
-
-def _stray_finding(s: _StrayStores) -> Finding:
-    where = ByteRange(s.label, s.span[0] - s.base, s.span[1] - s.base)
-    declared = ", ".join(s.declared) or "nothing"
-    return Finding(
-        oracle=Oracles.STORE_EXTENT,
-        stage=s.launch.stage,
-        buffers=[s.label],
-        byte_ranges=[where],
-        message=(f"launch {s.kernel} stores {s.nbytes} byte{'s' if s.nbytes != 1 else ''} outside the views it "
-                 f"declared it writes ({declared}), first at {where}"),
-        figures={"kernel": s.kernel, "launch": s.launch.index, "stray_bytes": s.nbytes, "declared_writes": list(s.declared)},
-    )
-
-
-def _finding(c: _Conflict, launch_index: int | None, runs: int) -> Finding:
-    w_range = ByteRange(c.written, c.span[0] - c.written_base, c.span[1] - c.written_base)
-    o_range = ByteRange(c.other, c.span[0] - c.other_base, c.span[1] - c.other_base)
-    kinds = sorted(c.kinds, reverse=True)  # write-write before write-read
-    verb = "loads" if kinds == ["write-read"] else ("also stores" if kinds == ["write-write"] else "loads or stores")
-    message = (
-        f"program {c.writer} of {c.kernel} stores {w_range} while program {c.other_program} of the same launch "
-        f"{verb} {o_range}: {c.nbytes} byte{'s' if c.nbytes != 1 else ''} shared between programs, "
-        f"so the result depends on the order the programs run in"
-    )
-    figures: dict[str, Any] = {
-        "kernel": c.kernel,
-        "launch": launch_index if launch_index is not None else "unannounced",
-        "grid": list(c.grid),
-        "writer_program": c.writer,
-        "other_program": c.other_program,
-        "conflicting_bytes": c.nbytes,
-        "kind": ", ".join(kinds),
-    }
-    if c.written_arg:
-        figures["written_kernel_arg"] = c.written_arg
-    if c.other_arg:
-        figures["other_kernel_arg"] = c.other_arg
-    if runs > 1:
-        figures["interpreter_launches"] = runs
-    ranges = [w_range] if o_range == w_range else [w_range, o_range]
-    return Finding(
-        oracle=Oracles.RACES,
-        message=message,
-        stage=c.stage,
-        buffers=[c.written, c.other],
-        byte_ranges=ranges,
-        figures=figures,
-    )
 
 
 # ---------------------------------------------------------------------------------------------

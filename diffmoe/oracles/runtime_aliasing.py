@@ -11,6 +11,8 @@ Rules, by buffer name and storage bytes:
     different buffer at any launch k with i < k <= j overlapping the bytes j reads: b no
     longer holds what i wrote.
 One finding per pair of buffers and stage.
+
+Owns the runtime rule. Must not run the implementation: it reads the launch log.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 
 from ..recording import LaunchLog, RecordedLaunch, TensorRegion
 from ..report import ByteRange, Finding, Oracles
+from ..vocabulary import Buffers
+from .base import Oracle
 
 
 @dataclass(frozen=True)
@@ -139,3 +143,20 @@ def check_runtime_aliasing(log: LaunchLog, region_names: dict[int, str]) -> list
                     {},
                 )
     return found.ordered()
+
+
+class RuntimeAliasing(Oracle):
+    name = Oracles.RUNTIME_ALIASING
+    checks = "the views each launch really used"
+    how = "the same rule over storages, offsets and extents the launch recorder saw"
+    rank = 40
+
+    def judge_run(self, check, run, first: bool) -> list[Finding]:
+        if not first:
+            return []
+        names = check.guarded.region_names()
+        if check.output is not None:
+            names.update(check.output.region_names(Buffers.OUTPUT))
+        for name, tensor in check.problem.inputs().items():
+            names[tensor.untyped_storage().data_ptr()] = name
+        return check_runtime_aliasing(run.log, names)

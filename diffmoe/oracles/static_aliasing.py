@@ -8,6 +8,8 @@ workspace are a finding.
 
 This needs only the plan (the buffer list, the placements and the stages), so it is cheap
 enough to run on every config the fuzzer draws.
+
+Owns the static rule and the workspace-fit check. Must not run the implementation.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from ..contract import Placement, WorkspacePlan
 from ..report import ByteRange, Finding, Oracles
+from .base import Oracle
 
 WORKSPACE_NAMES = ("ws1", "ws2")  # Placement.workspace 0 and 1
 
@@ -128,3 +131,15 @@ def check_workspace_fit(plan: WorkspacePlan, provided_bytes: tuple[int, int]) ->
                 )
             )
     return findings
+
+
+class StaticAliasing(Oracle):
+    name = Oracles.STATIC_ALIASING
+    checks = "the declared plan alone, no execution"
+    how = ("live range of each buffer (producer to last consumer, a stage's inputs and outputs overlap); overlapping live "
+           "ranges at overlapping bytes of one workspace")
+    rank = 0
+
+    def judge_plan(self, check, plan: WorkspacePlan) -> list[Finding]:
+        check.enter("the static aliasing check")
+        return check_static_aliasing(plan)

@@ -12,14 +12,18 @@ Non-finite values follow the reference (reference/moe.py): a NaN anywhere in a s
 makes its amax, scale and codes NaN; an Inf makes the scale Inf and the Inf element's code
 NaN. Triton's max reduction and tl.maximum/tl.minimum drop a NaN operand by default (a
 NaN amax would become the largest finite value, a NaN code -448), hence `_nan_max` and
-`propagate_nan=ALL` below; and the software e4m3 rounding and the interpreter's cast both
-lose NaN, hence the NaN code written by bits in `_quantize_tile`.
+`propagate_nan=ALL` below; and the software e4m3 rounding and the unpatched interpreter's cast
+both lose NaN, hence the NaN code written by bits in `_quantize_tile` on the software path (the
+native cast, CUDA's or the fixed interpreter's, diffmoe.interpreter_fixes, writes it itself).
+
+Owns the row kernel. Must not allocate or carve: the launchers do.
 """
 
 import triton
 import triton.language as tl
 
 from .numerics import E4M3_MAX, bf16_to_f32, silu, to_bf16, to_e4m3
+from .program_order import logical_program_id
 
 # SCALE_MODE values
 SCALE_NONE = tl.constexpr(0)  # activation only, no quantisation
@@ -83,8 +87,8 @@ def _quantize_tile(v, scale, SOFTWARE_FP8: tl.constexpr):
     codes = to_e4m3(q, SOFTWARE_FP8)
     if SOFTWARE_FP8:
         # The software rounding can carry a NaN's payload into the sign bit (a zero) and the
-        # interpreter's cast does not produce the NaN code; write it by bits, sign kept as
-        # torch's cast keeps it. CUDA's cast already gives NaN.
+        # unpatched interpreter's cast does not produce the NaN code; write it by bits, sign kept
+        # as torch's cast keeps it. CUDA's cast and the fixed interpreter's already give NaN.
         sign = ((q.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
         bits = tl.where(q != q, sign | E4M3_NAN_BITS, codes.to(tl.uint8, bitcast=True))
         codes = bits.to(tl.float8e4nv, bitcast=True)
@@ -123,9 +127,7 @@ def act_quant_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_P: tl.constexpr,  # amax partials reduced per step (per-tensor quantisation)
 ):
-    pid = tl.program_id(0)
-    if REORDER:
-        pid = tl.load(order_ptr + pid)
+    pid = logical_program_id(order_ptr, REORDER)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < R
     rows = rows.to(tl.int64)

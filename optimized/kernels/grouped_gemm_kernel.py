@@ -13,17 +13,24 @@ weight scale per expert [L]; 2 per-token activation scales [rows, 1] and per-out
 weight scales [L, N]; 3 1x128 activation groups [rows, Kd/128] and 128x128 weight blocks
 [L, N/128, Kd/128], applied per BLOCK_K = 128 step. Modes 1 and 2 scale after accumulation.
 
-DECODE_FP8 (the interpreter): FP8 operands are decoded to float32 by bits and multiplied with
-an IEEE float32 dot. The interpreter's own FP8 -> float32 conversion reads the e4m3fn NaN
-code as +-480, so a NaN activation (reference/moe.py: NaN or Inf inputs give NaN codes)
-would come out finite. Products of two e4m3 values are exact in float32 and the sum is the
-same float32 accumulation, so finite results do not change.
+DECODE_FP8 and UPCAST_BF16_DOT (backends whose dot probes find a defect): FP8 operands are
+decoded to float32 by bits, bf16 operands widened by bit shifts, and multiplied with an IEEE
+float32 dot. Unpatched, triton 3.9's interpreter widens FP8 reading the e4m3fn NaN code as
++-480 (a NaN activation, reference/moe.py: NaN or Inf inputs give NaN codes, would come out
+finite) and multiplies bf16 operands as raw integers. diffmoe.interpreter_fixes fixes both dots
+at the interpreter, computing exactly these float32 dots (same operands, same numpy matmul: same
+bits), so on the interpreter the switches are off and the plain dot runs. Products of two e4m3
+values are exact in float32 and the sum is the same float32 accumulation, so finite results do
+not change with the switch.
+
+Owns the GEMM kernel. Must not allocate or carve: the launcher does.
 """
 
 import triton
 import triton.language as tl
 
 from .numerics import E4M3_SUBNORMAL_STEP, bf16_to_f32, to_bf16
+from .program_order import logical_program_id
 
 SCALE_BF16 = tl.constexpr(0)
 SCALE_TENSOR = tl.constexpr(1)
@@ -74,8 +81,8 @@ def grouped_gemm_kernel(
     SCALE_MODE: tl.constexpr,
     MUL_ROUTER_WEIGHT: tl.constexpr,  # multiply the routed row's weight in the epilogue
     ROUTER_WEIGHT_ON_A: tl.constexpr,  # bf16 scheme, router_weight='input': scale A rows first
-    UPCAST_BF16_DOT: tl.constexpr,  # bf16 x bf16 dot through float32 (interpreter defect)
-    DECODE_FP8: tl.constexpr,  # fp8 x fp8 dot through float32 decoded by bits (interpreter defect)
+    UPCAST_BF16_DOT: tl.constexpr,  # bf16 x bf16 dot through float32 (a backend whose bf16 dot probe fails)
+    DECODE_FP8: tl.constexpr,  # fp8 x fp8 dot through float32 decoded by bits (a backend misreading e4m3 NaN)
     SOFTWARE_BF16: tl.constexpr,
     FP8_IMPRECISE_ACC: tl.constexpr,  # K elements wgmma may accumulate before float32 (0: exact)
     REORDER: tl.constexpr,
@@ -83,9 +90,7 @@ def grouped_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    if REORDER:
-        pid = tl.load(order_ptr + pid)
+    pid = logical_program_id(order_ptr, REORDER)
     pid_m = pid // num_n_blocks
     pid_n = pid % num_n_blocks
     if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):

@@ -1,11 +1,22 @@
 """Rounding and activation helpers shared by every kernel (jit code only).
 
-Why software rounding exists (../shared/DESIGN.md, "Facts measured here"): the Triton
-interpreter's float32 -> float8_e4m3fn cast drops the mantissa carry and rounds ties away
-from zero (~2.6% of random values wrong), and its float32 -> bfloat16 cast truncates (~50%
-one ulp off). Rounding the float32 value onto the target grid first, with integer ops or an
-exact float trick, makes the final cast exact on every backend. On CUDA the native casts
-are already round-to-nearest-even and the flags can be off (optimized.backend decides).
+Why software rounding exists (../shared/DESIGN.md, "Facts measured here"): triton 3.9's
+interpreter, unpatched, gets float32 -> float8_e4m3fn wrong (mantissa carry dropped, ties away
+from zero: ~2.6% of random values), truncates float32 -> bfloat16 (~50% one ulp off) and mangles
+bf16 subnormals on the way to float32. Rounding the float32 value onto the target grid first,
+with integer ops or an exact float trick, and moving bf16 bits by hand, makes the result exact
+on every backend.
+
+Where those defects are fixed: at the interpreter, once (diffmoe.interpreter_fixes, installed by
+optimized.launch before any launch), exactly and bit for bit as the software paths below compute
+(tests/test_interpreter_fixes.py). The conformance probes then find the native casts right, so
+the software switches are off on the interpreter too and the kernels run as on CUDA, where the
+native casts are round-to-nearest-even already. The switches (SOFTWARE_ROUNDING here, chosen by
+optimized.backend from the probes) remain for any backend whose probes still find a defect: a
+Triton version the interpreter fixes refuse to patch (they are pinned to 3.9's internals), or a
+GPU (the compile gate's "safe" variant keeps them compiling).
+
+Owns the numerics helpers. Must not read memory: pointers are the kernels'.
 """
 
 import triton

@@ -4,12 +4,15 @@ Grid: (cdiv(T, BLOCK_T) * cdiv(H, BLOCK_H),). Program p owns output tile (token 
 column block): it reads rows t*K .. t*K+K-1 of those columns of down_output and writes the
 tile of output. The sum runs in float32 in k order 0..K-1, as the reference's does, so the
 result is bitwise the reference's given the same down_output.
+
+Owns the reduce kernel. Must not allocate or carve: the launcher does.
 """
 
 import triton
 import triton.language as tl
 
 from .numerics import bf16_to_f32, to_bf16
+from .program_order import logical_program_id
 
 
 @triton.jit
@@ -32,9 +35,7 @@ def moe_reduce_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    if REORDER:
-        pid = tl.load(order_ptr + pid)
+    pid = logical_program_id(order_ptr, REORDER)
     pid_t = pid // num_h_blocks
     pid_h = pid % num_h_blocks
     tokens = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)

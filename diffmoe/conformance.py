@@ -1,53 +1,89 @@
-"""Backend conformance: does the Triton backend under us compute what the optimized path assumes?
+"""Backend conformance: does the Triton backend under us compute what a Triton MoE assumes?
 
 The Triton interpreter silently gets some primitives wrong (../shared/DESIGN.md, "Facts
 measured here"): the float32 -> e4m3fn and float32 -> bf16 casts round wrongly, e4m3fn NaN
 codes and bf16 subnormals are misread on the way to float32, and the bf16 x bf16 dot is garbage. A later
 Triton release may fix any of these, and a GPU backend may get other things wrong (TF32 in a
 float32 dot, an approximate division). So nothing is assumed: small kernels probe each
-primitive the optimized kernels rely on, on the active backend, against torch or a float64
-reference.
+primitive a Triton FP8 MoE relies on, on the active backend, against torch or a float64
+reference. What is judged is Triton, not an MoE: this is harness knowledge, and it lives in the
+harness.
+
+This is one of the few modules of diffmoe allowed to import Triton (with the interpreter race
+recorder and the compile gate); nothing imports it at start-up: `diffmoe doctor` and an
+implementation that wants probe results import it when they need it. Importing it turns the
+interpreter on when no GPU is present (TRITON_INTERPRET=1 must be set before triton is first
+imported). It imports no implementation.
 
 Two uses:
-  * `probe_defects(device)`: the cheap probes behind `optimized.backend.backend_traits`; their
-    results switch the workarounds (a workaround is on unless its probes ran and found the
-    primitive right). Run once per process and backend.
-  * `doctor_main(as_json)`: the full sweep behind `diffmoe doctor`, one row per primitive with
-    its status (ok / DEFECT / skipped), the mismatch count, and the workaround the optimized
-    path applies for it. Where a workaround is applied, the sweep also runs it on the same
-    inputs, so the report says whether the workaround itself is right on this backend.
+  * `run_probes(keys, device, full=False)`: the cheap probes an implementation derives its
+    workaround switches from (optimized.backend.backend_traits asks for the ones behind its
+    switches, once per process and backend, and decides itself which switch each result turns
+    off).
+  * `doctor_main(as_json, device, hooks)`: the full sweep behind `diffmoe doctor`, one row per
+    primitive with its status (ok / DEFECT / skipped), the mismatch count, and the workaround
+    the implementation applies for it. Where a workaround is applied and the implementation
+    hands over its software path, the sweep also runs it on the same inputs, so the report says
+    whether the workaround itself is right on this backend.
+
+The plug-in interface (what an implementation tells the doctor): a `ConformanceHooks`,
+obtained by `diffmoe doctor` from the default implementation's factory through the contract
+(the factory's optional `conformance_hooks` attribute, a zero-argument callable; see
+diffmoe/contract.py). It holds:
+  * `workarounds`: primitive key -> `Workaround(trait, description, software)`: the switch that
+    turns it on, what it does (the doctor's workaround column), and optionally its software
+    path as a one-argument @triton.jit function the probe kernels call in place of the native
+    primitive: for the casts and upcasts, the conversion itself (float32 -> e4m3fn /
+    float32 -> bf16 / bf16 -> float32); for `bf16_dot`, the conversion applied to both bf16
+    operands before an ieee float32 tl.dot. No `software`: the doctor cannot run it and says
+    nothing of it (e.g. a decode that lives inside a GEMM). A primitive absent from the
+    mapping has no workaround.
+  * `switches(device) -> (switches, refusal)`: the implementation's workaround switches on
+    `device` (name -> on, in the order the doctor lists them) and, where it refuses to run on
+    this backend, why (None: it runs).
+  * `launch(kernel, programs, schedule, device, **kernel_args)` (optional): launch a harness
+    probe kernel on a (programs,) grid under a `Schedule` the way the implementation launches
+    its own, which passes the order table as `order_ptr` and `REORDER` (the program-order
+    probe's kernel takes both). Without it, the probe launches with plain Triton and its own
+    table, and so judges the backend alone.
+  * `unguarded` (optional): primitive key -> what a DEFECT means for this implementation when
+    no workaround is applied, in place of the generic text of `PRIMITIVES`.
+Without hooks the doctor judges the backend alone: no switch, no workaround.
 
 Exit code of the doctor: 0 when every primitive is ok or has its workaround applied (and, where
 the sweep runs that workaround, it came out right), 1 otherwise.
+
+Longer than 400 lines because the suite is one piece: each probe's inputs, kernel, comparison
+and verdict sit next to the others they share helpers with (eleven primitives), and the doctor's
+report renders exactly those rows; split, every probe would span three files.
+
+Owns the probes and the doctor's report. Must not import an implementation: it gets one's hooks through the contract.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
 
 import torch
-import triton
-import triton.language as tl
 
-from diffmoe.compare import ulp_distance
-from diffmoe.contract import Schedule
+# The interpreter is chosen when a kernel is decorated: without a GPU it must be on before
+# triton is first imported (as the implementations do on import).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from .backend import (
-    BackendTraits,
-    SoftwareFallbackError,
-    backend_name,
-    backend_traits,
-    default_device,
-    normalize_device,
-)
-from .kernels.numerics import bf16_to_f32, to_bf16, to_e4m3
-from .launch import LaunchContext, launch
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .compare import ulp_distance  # noqa: E402
+from .contract import Schedule  # noqa: E402
 
 OK = "ok"
 DEFECT = "DEFECT"
@@ -56,7 +92,7 @@ SKIPPED = "skipped"
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 FLOAT32_UNIT_ROUNDOFF = 2.0**-24
-# The dots are probed at the K step the grouped GEMM uses per tl.dot call (BLOCK_K = 128).
+# The dots are probed at the K step a grouped GEMM uses per tl.dot call (BLOCK_K = 128).
 DOT_K = 128
 # tl.exp feeds only silu, whose product is rounded to bf16 and judged one e4m3 step apart
 # (tolerances: forced_fused). 256 float32 ulps is at most 2^-15 relative, 1/128 of a bf16 ulp:
@@ -67,6 +103,38 @@ DOT_K = 128
 EXP_MAX_ULP = 256
 
 
+# ---- the backend --------------------------------------------------------------------------
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def backend_name(device: torch.device) -> str:
+    """"interpreter" or "cuda" for probe kernels launched on `device`; raises where neither can run them."""
+    if interpreter_enabled():
+        return "interpreter"
+    if device.type == "cuda":
+        return "cuda"
+    raise RuntimeError(
+        "the conformance probes need CUDA or the Triton interpreter: set TRITON_INTERPRET=1 "
+        "before importing triton (diffmoe sets it when no GPU is present)"
+    )
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available() and not interpreter_enabled():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def normalize_device(device: torch.device) -> torch.device:
+    """`cuda` -> `cuda:N` (the current device)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 # ---- results ----------------------------------------------------------------------------
 
 
@@ -75,7 +143,7 @@ class ProbeResult:
     """One primitive on one backend. `mismatches` counts elements that differ from the
     reference (for the dots: that exceed the bound; for tl.exp: that differ by any ulp, the
     status being decided by EXP_MAX_ULP). `workaround_mismatches` is the same count for the
-    optimized path's workaround on the same inputs (None: no workaround, or not run)."""
+    implementation's workaround on the same inputs (None: no workaround, or not run)."""
 
     primitive: str
     status: str
@@ -90,104 +158,125 @@ class ProbeResult:
 class Primitive:
     key: str
     title: str
-    trait: str | None  # BackendTraits field that switches its workaround (None: no workaround exists)
-    workaround: str  # what the optimized path does when the trait is on ("" where no workaround exists)
-    unguarded: str  # what a DEFECT means when no workaround is applied
+    unguarded: str  # what a DEFECT means when no workaround is applied (hooks may say it of their own code)
 
 
 PRIMITIVES = (
-    Primitive("fp8_cast", "float32 -> e4m3fn cast (native)", "software_fp8_cast",
-              "software RNE rounding onto the e4m3 grid (numerics.round_to_e4m3_grid)",
-              "FP8 codes differ from a round-to-nearest-even cast"),
-    Primitive("fp8_upcast", "e4m3fn -> float32 upcast (native)", "software_fp8_cast",
-              "fp8 GEMM operands decoded to float32 by bits (DECODE_FP8, on with software_fp8_cast)",
-              "NaN codes read as finite values"),
-    Primitive("bf16_cast", "float32 -> bf16 cast (native)", "software_bf16_cast",
-              "integer RNE rounding onto the bf16 grid, bits moved by hand (numerics.to_bf16)",
-              "every bf16 output can be one ulp off"),
-    Primitive("bf16_upcast", "bf16 -> float32 upcast (native)", "software_bf16_cast",
-              "bf16 widened by bit shifts (numerics.bf16_to_f32)",
-              "bf16 subnormals read as wrong values"),
-    Primitive("fp8_dot", "fp8 x fp8 tl.dot", None, "",
-              "the fp8 GEMMs call tl.dot on fp8 operands directly: their sums are off by more than "
-              "float32 accumulation, which the tolerance table assumes"),
-    Primitive("bf16_dot", "bf16 x bf16 tl.dot", "upcast_bf16_dot",
-              "bf16 dot upcast to float32, ieee (UPCAST_BF16_DOT)",
-              "the bf16 GEMMs are wrong"),
-    Primitive("fp32_dot", "float32 tl.dot (ieee)", None, "",
-              "the bf16 dot workaround runs on it, so the bf16 GEMMs are off too"),
-    Primitive("exp", "tl.exp", None, "",
-              "silu's error exceeds what the tolerance table assumes"),
-    Primitive("program_order", "program order table", None, "",
-              "the schedule-permutation oracle does not permute anything"),
-    Primitive("aliasing", "aliasing tensor views", None, "",
-              "kernels do not see real storage: the aliasing oracles' premise fails"),
-    Primitive("fp32_div", "float32 division", None, "",
-              "the quant kernels divide with `/` (tl.math.div_rn would round correctly)"),
+    Primitive("fp8_cast", "float32 -> e4m3fn cast (native)", "FP8 codes differ from a round-to-nearest-even cast"),
+    Primitive("fp8_upcast", "e4m3fn -> float32 upcast (native)", "NaN codes read as finite values"),
+    Primitive("bf16_cast", "float32 -> bf16 cast (native)", "every bf16 output can be one ulp off"),
+    Primitive("bf16_upcast", "bf16 -> float32 upcast (native)", "bf16 subnormals read as wrong values"),
+    Primitive("fp8_dot", "fp8 x fp8 tl.dot",
+              "fp8 GEMMs on it are off by more than float32 accumulation, which the tolerance table assumes"),
+    Primitive("bf16_dot", "bf16 x bf16 tl.dot", "bf16 GEMMs on it are wrong"),
+    Primitive("fp32_dot", "float32 tl.dot (ieee)", "float32 GEMMs on it are off"),
+    Primitive("exp", "tl.exp", "silu's error exceeds what the tolerance table assumes"),
+    Primitive("program_order", "program order table", "the schedule-permutation oracle does not permute anything"),
+    Primitive("aliasing", "aliasing tensor views", "kernels do not see real storage: the aliasing oracles' premise fails"),
+    Primitive("fp32_div", "float32 division", "`/` is not correctly rounded (tl.math.div_rn would be)"),
 )
 PRIMITIVE_KEYS = tuple(p.key for p in PRIMITIVES)
 _BY_KEY = {p.key: p for p in PRIMITIVES}
 
-# The workaround switches and the probes that must all be ok for the switch to go off.
-TRAIT_PROBES = {
-    # the FP8 decode in the GEMMs is switched with the cast (one switch for the FP8 workarounds)
-    "software_fp8_cast": ("fp8_cast", "fp8_upcast"),
-    "software_bf16_cast": ("bf16_cast", "bf16_upcast"),
-    "upcast_bf16_dot": ("bf16_dot",),
-}
-TRAIT_FIELDS = tuple(f.name for f in fields(BackendTraits) if f.name != "name")
-assert set(TRAIT_PROBES) == set(TRAIT_FIELDS), "every workaround switch needs its probes"
+
+# ---- the plug-in interface (see the module docstring) -------------------------------------
+
+
+@dataclass(frozen=True)
+class Workaround:
+    """What an implementation does in place of one primitive, when its switch `trait` is on."""
+
+    trait: str  # the implementation's switch (a key of what `ConformanceHooks.switches` returns)
+    description: str  # shown in the doctor's workaround column
+    software: Any = None  # a one-argument @triton.jit function (module docstring); None: not run here
+
+
+# (switch name -> on, in display order; why the implementation refuses this backend, or None)
+Switches = tuple[Mapping[str, bool], "str | None"]
+# launch(kernel, programs, schedule, device, **kernel_args)
+Launcher = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class ConformanceHooks:
+    """What an implementation tells the doctor (module docstring)."""
+
+    workarounds: Mapping[str, Workaround]
+    switches: Callable[[torch.device], Switches]
+    launch: Launcher | None = None
+    unguarded: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted((set(self.workarounds) | set(self.unguarded)) - set(PRIMITIVE_KEYS))
+        if unknown:
+            raise ValueError(f"conformance hooks name unknown primitives {unknown}; known: {list(PRIMITIVE_KEYS)}")
+
+
+def software_path(hooks: ConformanceHooks | None, key: str):
+    """The implementation's software path for primitive `key`, or None when it gave none."""
+    workaround = hooks.workarounds.get(key) if hooks is not None else None
+    return workaround.software if workaround is not None else None
 
 
 # ---- kernels ------------------------------------------------------------------------------
+#
+# The cast probes share one kernel; CONVERT is the conversion under test: a native one below,
+# or an implementation's software path (Workaround.software).
 
 
 @triton.jit
-def _fp8_cast_probe_kernel(x_ptr, q_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(q_ptr + offs, to_e4m3(tl.load(x_ptr + offs, mask=mask, other=0.0), SOFTWARE), mask=mask)
+def native_fp8_cast(x):
+    return x.to(tl.float8e4nv)
 
 
 @triton.jit
-def _fp8_upcast_probe_kernel(x_ptr, y_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
-    """SOFTWARE is unused (the shape every cast probe shares): the decode workaround is the GEMM's."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32), mask=mask)
+def native_fp8_upcast(x):
+    return x.to(tl.float32)
 
 
 @triton.jit
-def _bf16_cast_probe_kernel(x_ptr, y_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(y_ptr + offs, to_bf16(tl.load(x_ptr + offs, mask=mask, other=0.0), SOFTWARE), mask=mask)
+def native_bf16_cast(x):
+    return x.to(tl.bfloat16)
 
 
 @triton.jit
-def _bf16_upcast_probe_kernel(x_ptr, y_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
+def native_bf16_upcast(x):
+    return x.to(tl.float32)
+
+
+NATIVE = {
+    "fp8_cast": native_fp8_cast,
+    "fp8_upcast": native_fp8_upcast,
+    "bf16_cast": native_bf16_cast,
+    "bf16_upcast": native_bf16_upcast,
+}
+
+
+@triton.jit
+def _convert_probe_kernel(x_ptr, y_ptr, n, CONVERT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    tl.store(y_ptr + offs, bf16_to_f32(tl.load(x_ptr + offs, mask=mask, other=0.0), SOFTWARE), mask=mask)
+    tl.store(y_ptr + offs, CONVERT(tl.load(x_ptr + offs, mask=mask, other=0.0)), mask=mask)
 
 
 @triton.jit
 def _dot_probe_kernel(
     a_ptr, b_ptr, c_ptr,
-    UPCAST_BF16: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, UPCAST_BF16: tl.constexpr, IEEE: tl.constexpr,
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
 ):
-    """c [M, N] = a [M, K] @ b, b stored [N, K] and loaded as [K, N] the way the grouped GEMM
-    loads expert weights. UPCAST_BF16 is the bf16 workaround exactly as the GEMM runs it."""
+    """c [M, N] = a [M, K] @ b, b stored [N, K] and loaded as [K, N] the way a grouped GEMM
+    loads expert weights. With UPCAST_BF16, both operands go through UPCAST (an
+    implementation's bf16 dot workaround) and the dot is an ieee float32 one."""
     rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
     a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
     b = tl.load(b_ptr + rn[None, :] * K + rk[:, None])
     if UPCAST_BF16:
-        c = tl.dot(bf16_to_f32(a, True), bf16_to_f32(b, True), input_precision="ieee")
+        c = tl.dot(UPCAST(a), UPCAST(b), input_precision="ieee")
     elif IEEE:
         c = tl.dot(a, b, input_precision="ieee")
     else:
-        c = tl.dot(a, b)  # the default, as the fp8 and bf16 GEMMs call it
+        c = tl.dot(a, b)  # the default, as fp8 and bf16 GEMMs call it
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], c)
 
 
@@ -385,56 +474,66 @@ def _on(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
-def _cast(kernel, x: torch.Tensor, out_dtype: torch.dtype, device: torch.device, software: bool) -> torch.Tensor:
+def _cast(convert, x: torch.Tensor, out_dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`convert` (a one-argument @triton.jit conversion) applied to every element of x."""
     x = x.to(device)
     out = torch.empty(x.shape, dtype=out_dtype, device=device)
     grid, block = _elementwise_launch(x.numel(), device)
-    kernel[grid](x, out, x.numel(), SOFTWARE=software, BLOCK=block)
+    _convert_probe_kernel[grid](x, out, x.numel(), CONVERT=convert, BLOCK=block)
     return out.cpu()
 
 
-def _cast_probe(key: str, kernel, x: torch.Tensor, out_dtype: torch.dtype, want: torch.Tensor,
-                device: torch.device, with_workaround: bool) -> ProbeResult:
-    got = _cast(kernel, x, out_dtype, device, software=False)
+def _cast_probe(key: str, x: torch.Tensor, out_dtype: torch.dtype, want: torch.Tensor,
+                device: torch.device, software) -> ProbeResult:
+    """The native conversion against torch's; `software` (None: not run), the workaround's."""
+    got = _cast(NATIVE[key], x, out_dtype, device)
     bad = _bit_mismatches(got, want)
     detail = f"bitwise vs torch; e.g. {_examples(x.float(), got, want, bad)}" if bad.any() else "bitwise vs torch"
     wbad = None
-    if with_workaround:
-        wbad = int(_bit_mismatches(_cast(kernel, x, out_dtype, device, software=True), want).sum())
+    if software is not None:
+        wbad = int(_bit_mismatches(_cast(software, x, out_dtype, device), want).sum())
     return ProbeResult(key, DEFECT if bad.any() else OK, int(bad.sum()), x.numel(), detail,
-                       wbad, x.numel() if with_workaround else None)
+                       wbad, x.numel() if software is not None else None)
 
 
-def probe_fp8_cast(device: torch.device, full: bool) -> ProbeResult:
+def _workaround(hooks: ConformanceHooks | None, key: str, full: bool):
+    """The software path the full sweep runs for `key` (the cheap probes run none)."""
+    return software_path(hooks, key) if full else None
+
+
+def probe_fp8_cast(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
     x = fp8_cast_inputs(full)
-    return _cast_probe("fp8_cast", _fp8_cast_probe_kernel, x, FP8, x.to(FP8), device, full)
+    return _cast_probe("fp8_cast", x, FP8, x.to(FP8), device, _workaround(hooks, "fp8_cast", full))
 
 
-def probe_fp8_upcast(device: torch.device, full: bool) -> ProbeResult:
+def probe_fp8_upcast(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
     """Every e4m3fn code, NaN codes included (256 values: cheap enough for the quick probe too).
-    The workaround lives in the GEMM kernel and is not run here."""
+    An implementation whose workaround lives inside a GEMM kernel gives no software path to run here."""
     x = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8)
-    return _cast_probe("fp8_upcast", _fp8_upcast_probe_kernel, x, torch.float32, x.float(), device, False)
+    return _cast_probe("fp8_upcast", x, torch.float32, x.float(), device, _workaround(hooks, "fp8_upcast", full))
 
 
-def probe_bf16_cast(device: torch.device, full: bool) -> ProbeResult:
+def probe_bf16_cast(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
     x = bf16_cast_inputs(full)
-    return _cast_probe("bf16_cast", _bf16_cast_probe_kernel, x, torch.bfloat16, x.bfloat16(), device, full)
+    return _cast_probe("bf16_cast", x, torch.bfloat16, x.bfloat16(), device, _workaround(hooks, "bf16_cast", full))
 
 
-def probe_bf16_upcast(device: torch.device, full: bool) -> ProbeResult:
+def probe_bf16_upcast(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
     x = bf16_patterns(full)
-    return _cast_probe("bf16_upcast", _bf16_upcast_probe_kernel, x, torch.float32, x.float(), device, full)
+    return _cast_probe("bf16_upcast", x, torch.float32, x.float(), device, _workaround(hooks, "bf16_upcast", full))
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor, device: torch.device, *, upcast_bf16: bool = False, ieee: bool = False) -> torch.Tensor:
+def _dot(a: torch.Tensor, b: torch.Tensor, device: torch.device, *, upcast=None, ieee: bool = False) -> torch.Tensor:
+    """a @ b.T by one tl.dot; `upcast` (a one-argument @triton.jit conversion): both operands
+    converted by it first, and an ieee float32 dot."""
     m, n = a.shape[0], b.shape[0]
     c = torch.empty(m, n, dtype=torch.float32, device=device)
-    _dot_probe_kernel[(1,)](a.to(device), b.to(device), c, UPCAST_BF16=upcast_bf16, IEEE=ieee, M=m, N=n, K=DOT_K)
+    _dot_probe_kernel[(1,)](a.to(device), b.to(device), c, UPCAST=upcast if upcast is not None else native_bf16_upcast,
+                            UPCAST_BF16=upcast is not None, IEEE=ieee, M=m, N=n, K=DOT_K)
     return c.cpu().double()
 
 
-def _dot_probe(key: str, kind: str, device: torch.device, full: bool, *, ieee: bool, workaround: bool) -> ProbeResult:
+def _dot_probe(key: str, kind: str, device: torch.device, full: bool, *, ieee: bool, workaround=None) -> ProbeResult:
     m = 64 if full else 16
     a, b = dot_operands(kind, m, m, seed={"fp8": 51, "bf16": 52, "fp32": 53}[kind])
     exact, bound = _dot_bound(a, b)
@@ -445,26 +544,26 @@ def _dot_probe(key: str, kind: str, device: torch.device, full: bool, *, ieee: b
     detail = (f"|c - exact| <= gamma_K * sum|a||b| (K={DOT_K}, u=2^-24: float32 accumulation in any order); "
               f"worst error {worst:.3g} x the bound")
     wbad = None
-    if workaround:
-        werr = (_dot(a, b, device, upcast_bf16=True) - exact).abs()
+    if workaround is not None:
+        werr = (_dot(a, b, device, upcast=workaround) - exact).abs()
         wbad = int((~(werr <= bound)).sum())
     return ProbeResult(key, DEFECT if bad.any() else OK, int(bad.sum()), got.numel(), detail,
-                       wbad, got.numel() if workaround else None)
+                       wbad, got.numel() if workaround is not None else None)
 
 
-def probe_fp8_dot(device: torch.device, full: bool) -> ProbeResult:
-    return _dot_probe("fp8_dot", "fp8", device, full, ieee=False, workaround=False)
+def probe_fp8_dot(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    return _dot_probe("fp8_dot", "fp8", device, full, ieee=False)
 
 
-def probe_bf16_dot(device: torch.device, full: bool) -> ProbeResult:
-    return _dot_probe("bf16_dot", "bf16", device, full, ieee=False, workaround=full)
+def probe_bf16_dot(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    return _dot_probe("bf16_dot", "bf16", device, full, ieee=False, workaround=_workaround(hooks, "bf16_dot", full))
 
 
-def probe_fp32_dot(device: torch.device, full: bool) -> ProbeResult:
-    return _dot_probe("fp32_dot", "fp32", device, full, ieee=True, workaround=False)
+def probe_fp32_dot(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    return _dot_probe("fp32_dot", "fp32", device, full, ieee=True)
 
 
-def probe_exp(device: torch.device, full: bool) -> ProbeResult:
+def probe_exp(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
     x = exp_inputs()
     y = torch.empty(x.shape, dtype=torch.float32, device=device)
     grid, block = _elementwise_launch(x.numel(), device)
@@ -486,26 +585,33 @@ def _sequential_backend(device: torch.device) -> bool:
     return backend_name(device) == "interpreter"
 
 
-def _run_order(ctx: LaunchContext, programs: int) -> list[int]:
-    counter = torch.zeros(1, dtype=torch.int32, device=ctx.device)
-    seen = torch.full((programs,), -1, dtype=torch.int32, device=ctx.device)
-    launch(ctx, _order_probe_kernel, programs, stage="conformance", reads={}, writes={"seen": seen},
-           counter_ptr=counter, seen_ptr=seen)
+def plain_launch(kernel, programs: int, schedule: Schedule, device: torch.device, **kernel_args) -> None:
+    """A probe kernel on a (programs,) grid with `schedule`'s order table, by plain Triton (no
+    implementation's launcher: the backend alone is judged)."""
+    order = torch.tensor(schedule.order(programs), dtype=torch.int32, device=device)
+    kernel[(programs,)](**kernel_args, order_ptr=order, REORDER=not schedule.is_identity)
+
+
+def _run_order(launch: Launcher, schedule: Schedule, device: torch.device, programs: int) -> list[int]:
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    seen = torch.full((programs,), -1, dtype=torch.int32, device=device)
+    launch(_order_probe_kernel, programs, schedule, device, counter_ptr=counter, seen_ptr=seen)
     return seen.cpu().tolist()
 
 
-def probe_program_order(device: torch.device, full: bool, context=LaunchContext) -> ProbeResult:
-    """Through the optimized path's own launch helper: the identity schedule must run programs
-    0..n-1, the reversed one n-1..0. Where programs run concurrently (GPU) only the logical
-    programs are checked (each exactly once, the table's permutation): the hardware picks the
-    order there."""
+def probe_program_order(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    """Through the implementation's own launcher (`hooks.launch`; plain Triton without one):
+    the identity schedule must run programs 0..n-1, the reversed one n-1..0. Where programs run
+    concurrently (GPU) only the logical programs are checked (each exactly once, the table's
+    permutation): the hardware picks the order there."""
     n = ORDER_PROGRAMS
+    launch = hooks.launch if hooks is not None and hooks.launch is not None else plain_launch
     sequential = _sequential_backend(device)
     bad = 0
     notes = []
     for schedule in (Schedule("identity"), Schedule("reversed")):
         want = schedule.order(n)
-        seen = _run_order(context(device, schedule), n)
+        seen = _run_order(launch, schedule, device, n)
         if sequential:
             wrong = sum(s != w for s, w in zip(seen, want))
         else:
@@ -528,7 +634,7 @@ def _alias_views(storage: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return storage[n:2 * n], storage[n:3 * n].view(torch.int16)
 
 
-def probe_aliasing(device: torch.device, full: bool) -> ProbeResult:
+def probe_aliasing(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
     n = ALIAS_BYTES
     storage = torch.full((3 * n,), 0xAA, dtype=torch.uint8, device=device)
     write_view, read_view = _alias_views(storage)
@@ -547,7 +653,7 @@ def probe_aliasing(device: torch.device, full: bool) -> ProbeResult:
     return ProbeResult("aliasing", DEFECT if bad else OK, bad, n // 2 + 3 * n, detail)
 
 
-def probe_fp32_div(device: torch.device, full: bool) -> ProbeResult:
+def probe_fp32_div(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
     x, y = div_inputs()
     q = torch.empty(x.shape, dtype=torch.float32, device=device)
     grid, block = _elementwise_launch(x.numel(), device)
@@ -578,40 +684,30 @@ PROBES = {
 assert tuple(PROBES) == PRIMITIVE_KEYS
 
 
-def run_probe(key: str, device: torch.device, full: bool) -> ProbeResult:
-    """One probe; a probe that cannot run (a dtype the backend lacks, a compile error) is
-    `skipped` with the reason, never an exception."""
+def run_probe(key: str, device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    """One probe (with `hooks`, the full sweep also runs the implementation's workaround); a
+    probe that cannot run (a dtype the backend lacks, a compile error) is `skipped` with the
+    reason, never an exception."""
     device = normalize_device(torch.device(device))
     try:
         with _on(device), warnings.catch_warnings():
             # garbage from a defective primitive makes numpy warn under the interpreter
             warnings.simplefilter("ignore", RuntimeWarning)
-            return PROBES[key](device, full)
+            return PROBES[key](device, full, hooks)
     except Exception as exc:  # noqa: BLE001 - any failure to run is reported, not raised
         return ProbeResult(key, SKIPPED, 0, 0, f"could not run: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
-# ---- traits -----------------------------------------------------------------------------
 
 
-def probe_defects(device: torch.device) -> dict[str, ProbeResult]:
-    """The cheap probes behind the workaround switches (small inputs that still hit each known
-    defect), keyed by primitive."""
-    keys = sorted({k for probes in TRAIT_PROBES.values() for k in probes}, key=PRIMITIVE_KEYS.index)
-    return {k: run_probe(k, device, full=False) for k in keys}
-
-
-def traits_from_results(name: str, results: dict[str, ProbeResult]) -> BackendTraits:
-    """A workaround goes off only where every probe behind it ran and found the primitive right;
-    a defect, a skipped or a missing probe leaves it on (the software paths are right anyway)."""
-    switches = {
-        trait: not all(k in results and results[k].status == OK for k in keys) for trait, keys in TRAIT_PROBES.items()
-    }
-    return BackendTraits(name, **switches)
-
-
-def derive_traits(name: str, device: torch.device) -> BackendTraits:
-    return traits_from_results(name, probe_defects(device))
+def run_probes(keys, device: torch.device, full: bool = False) -> dict[str, ProbeResult]:
+    """Probes `keys` (cheap ones unless `full`), keyed by primitive in the order of PRIMITIVES:
+    what an implementation derives its workaround switches from (small inputs that still hit
+    each known defect)."""
+    unknown = sorted(set(keys) - set(PRIMITIVE_KEYS))
+    if unknown:
+        raise ValueError(f"unknown primitives {unknown}; known: {list(PRIMITIVE_KEYS)}")
+    return {k: run_probe(k, device, full) for k in sorted(set(keys), key=PRIMITIVE_KEYS.index)}
 
 
 # ---- doctor -----------------------------------------------------------------------------
@@ -632,23 +728,27 @@ class DoctorRow:
     detail: str
 
 
-def _row(result: ProbeResult, traits: BackendTraits) -> DoctorRow:
+def _row(result: ProbeResult, switches: Mapping[str, bool], hooks: ConformanceHooks | None) -> DoctorRow:
+    """One primitive's row, judged against the implementation's switches (`hooks`: what it does
+    about each primitive; None: nothing)."""
     spec = _BY_KEY[result.primitive]
-    applied = spec.trait is not None and getattr(traits, spec.trait)
+    workaround = hooks.workarounds.get(spec.key) if hooks is not None else None
+    unguarded = hooks.unguarded.get(spec.key, spec.unguarded) if hooks is not None else spec.unguarded
+    applied = workaround is not None and bool(switches.get(workaround.trait, False))
     verified = result.workaround_mismatches == 0 if result.workaround_mismatches is not None else None
     if result.status == OK:
         trusted = True
-        text = f"{spec.workaround} (applied, not needed here)" if applied else "none needed"
+        text = f"{workaround.description} (applied, not needed here)" if applied else "none needed"
     elif applied:
         trusted = verified is not False  # a workaround shown wrong on this backend is no workaround
-        text = spec.workaround
+        text = workaround.description
         if verified is not None:
             text += f"; verified: {result.workaround_mismatches} of {result.workaround_total} differ"
     else:
         trusted = False
-        text = f"NONE: {spec.unguarded}"
-        if spec.trait is not None:
-            text = f"NONE (switch {spec.trait} is off): {spec.unguarded}"
+        text = f"NONE: {unguarded}"
+        if workaround is not None:
+            text = f"NONE (switch {workaround.trait} is off): {unguarded}"
     return DoctorRow(spec.key, spec.title, result.status, result.mismatches, result.total, text, applied,
                      result.workaround_mismatches, result.workaround_total, trusted, result.detail)
 
@@ -658,19 +758,21 @@ class DoctorReport:
     backend: str
     device: str
     versions: dict[str, str]
-    traits: BackendTraits
+    traits: Mapping[str, bool]  # the implementation's workaround switches (name -> on), in its order
     rows: tuple[DoctorRow, ...]
     seconds: float
-    # why the optimized path refuses this backend (CUDA probes selecting the software fallback)
+    # why the implementation refuses this backend (e.g. CUDA probes selecting a software fallback)
     refusal: str | None = None
+    # on the interpreter: whether diffmoe.interpreter_fixes corrected its numeric defects (an "ok"
+    # row there is the fixed interpreter's, not triton's own), and what was patched or why not
+    interpreter_fixes: str | None = None
 
     @property
     def exit_code(self) -> int:
         return 0 if self.refusal is None and all(r.trusted for r in self.rows) else 1
 
     def to_dict(self) -> dict:
-        traits = asdict(self.traits)
-        traits.pop("name")
+        traits = dict(self.traits)
         return {
             "backend": self.backend,
             "device": self.device,
@@ -680,6 +782,7 @@ class DoctorReport:
             "exit_code": self.exit_code,
             "seconds": round(self.seconds, 3),
             "refusal": self.refusal,
+            "interpreter_fixes": self.interpreter_fixes,
             "primitives": [asdict(r) for r in self.rows],
         }
 
@@ -692,9 +795,10 @@ class DoctorReport:
             return "  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row[:3])) + "  " + row[3]
 
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
-        on = [f for f in TRAIT_FIELDS if getattr(self.traits, f)]
+        on = [name for name, value in self.traits.items() if value]
         lines = [
             f"backend: {self.backend} on {self.device} ({versions})",
+            *([f"interpreter fixes: {self.interpreter_fixes}"] if self.interpreter_fixes is not None else []),
             f"workarounds on: {', '.join(on) if on else 'none'}",
             "",
             line(head),
@@ -715,25 +819,32 @@ class DoctorReport:
         return "\n".join(lines)
 
 
-def run_doctor(device: torch.device | None = None) -> DoctorReport:
-    """The full sweep on `device` (default: the optimized path's), judged against the traits the
-    optimized path would use there."""
+def run_doctor(device: torch.device | None = None, hooks: ConformanceHooks | None = None) -> DoctorReport:
+    """The full sweep on `device` (default: CUDA when present, else the interpreter on cpu),
+    judged against the switches the implementation behind `hooks` would use there (None: the
+    backend alone, no workaround)."""
     device = normalize_device(torch.device(device) if device is not None else default_device())
     start = time.perf_counter()
     name = backend_name(device)
-    refusal = None
-    try:
-        traits = backend_traits(device)
-    except SoftwareFallbackError as exc:  # said loudly in the verdict, judged as the fallback it would be
-        traits, refusal = exc.traits, str(exc)
-    rows = tuple(_row(run_probe(k, device, full=True), traits) for k in PRIMITIVE_KEYS)
+    # a refusal is said loudly in the verdict, and judged as the switches it would have run with
+    traits, refusal = hooks.switches(device) if hooks is not None else ({}, None)
+    traits = dict(traits)
+    rows = tuple(_row(run_probe(k, device, True, hooks), traits, hooks) for k in PRIMITIVE_KEYS)
     versions = {"triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version()}
-    return DoctorReport(name, str(device), versions, traits, rows, time.perf_counter() - start, refusal)
+    fixes = None
+    if name == "interpreter":
+        from . import interpreter_fixes
+
+        state = interpreter_fixes.status()
+        fixes = f"{'installed' if state.installed else 'not installed'}: {state.reason}"
+    return DoctorReport(name, str(device), versions, traits, rows, time.perf_counter() - start, refusal, fixes)
 
 
-def doctor_main(as_json: bool, device: torch.device | str | None = None) -> int:
-    """`diffmoe doctor [--json]`: prints the table (or one JSON object) and returns the exit code."""
-    report = run_doctor(torch.device(device) if device is not None else None)
+def doctor_main(as_json: bool, device: torch.device | str | None = None, hooks: ConformanceHooks | None = None) -> int:
+    """`diffmoe doctor [--json]`: prints the table (or one JSON object) and returns the exit code.
+    `hooks`: the implementation judged with the backend (diffmoe.cli passes the default
+    implementation's, from its factory's `conformance_hooks`)."""
+    report = run_doctor(torch.device(device) if device is not None else None, hooks)
     if as_json:
         print(json.dumps(report.to_dict(), sort_keys=False))
     else:

@@ -1,0 +1,43 @@
+"""What fixing the interpreter at the interpreter saves: one optimized MoE call with
+diffmoe.interpreter_fixes installed (the plain kernels: every software switch off, the native
+casts and dots correct) against triton 3.9's own interpreter with the software paths the probes
+would select there (every switch on, the fixes suspended). Both give the same bits
+(tests/test_interpreter_fixes.py, tests/test_conformance.py); this is interpreter time only.
+
+    python -m pytest bench/bench_interpreter_fixes.py --benchmark-only --benchmark-timer time.process_time
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from benchkit import BACKEND_CUDA
+from diffmoe import interpreter_fixes
+from diffmoe.config import QUANT_SCHEMES, MoEConfig
+from diffmoe.problem import make_problem
+from optimized import make_implementation
+from optimized.backend import INTERPRETER_TRAITS
+
+CONFIG = MoEConfig(num_tokens=16, num_experts=8, topk=2, hidden=128, inter=128, quant="fp8-token", fused=True, seed=0)
+MODES = ("fixed-interpreter", "software-paths")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("quant", QUANT_SCHEMES)
+def test_one_call(measure, moe_backend, quant, mode):
+    if moe_backend == BACKEND_CUDA:
+        pytest.skip("interpreter only")
+    config = CONFIG.replace(quant=quant, fused=quant != "bf16")
+    problem = make_problem(config)
+    impl = make_implementation(config)
+    if mode == "software-paths":
+        impl.traits = INTERPRETER_TRAITS
+    workspaces = impl.allocate_workspaces()
+    out = torch.empty(config.num_tokens, config.hidden, dtype=torch.bfloat16)
+    scope = interpreter_fixes.suspended() if mode == "software-paths" else nullcontext()
+    with scope:
+        measure(lambda: impl.run(problem, workspaces, output=out), config=config, provider=mode,
+                group=f"interpreter-fixes-{quant}", problem=problem)

@@ -1,0 +1,290 @@
+"""Exact fixes of the Triton interpreter's numeric defects, made once, at the interpreter.
+
+Under `TRITON_INTERPRET=1` every Triton op runs as numpy code in
+`triton.runtime.interpreter.InterpreterBuilder`. In triton 3.9 a few of those get the numbers
+wrong (../shared/DESIGN.md, "Facts measured here"; Triton PR #11897):
+
+  * float32 -> float8_e4m3fn (`create_fp_to_fp`, the generic `_convert_float`): the mantissa
+    carry is dropped, ties round away from zero, nothing saturates, NaN is lost;
+  * float32 -> bfloat16 (`create_fp_trunc` -> `cast_impl`): truncates, whatever rounding
+    mode was asked for;
+  * bfloat16 -> float32 (`create_fp_ext` -> `cast_impl`): subnormals come out wrong;
+  * float8_e4m3fn -> float32 (`create_fp_to_fp`): the NaN codes (S.1111.111) read as +-480;
+  * `create_dot` on bf16 operands multiplies their raw uint16 storage as integers (garbage),
+    and on fp8 operands widens them with the same NaN-losing conversion.
+
+Each of these loses nothing before the builder method is called (the operands arrive as their
+exact bit patterns), so each is corrected exactly there: `install()` replaces those builder
+methods for exactly those dtype pairs with numpy code computing what CUDA computes (the PTX
+Triton 3.9 emits for sm_90, compiled here without a GPU: `cvt.rn.satfinite.e4m3x2.f32`,
+`cvt.rn.bf16.f32`, `cvt.f32.bf16`, `cvt.rn.f16x2.e4m3x2` + `cvt.f32.f16`), and the dots as
+an IEEE float32 dot of the exactly widened operands. Every other dtype pair, rounding mode and
+op goes to triton's own implementation unchanged.
+
+The results are, bit for bit, what the kernels' software workarounds (optimized/kernels:
+`round_to_bf16_grid`, `round_to_e4m3_grid` + the NaN code written by bits, `bf16_to_f32`,
+`e4m3_to_f32` + the float32 dot) compute under the unpatched interpreter
+(tests/test_interpreter_fixes.py checks every bf16 pattern, every e4m3 code and a large
+float32 sample), so with the fixes in place the conformance probes find those primitives right
+and the kernels run as the plain CUDA kernels. Where NaN bits are concerned (no backend
+contract, the probes compare NaN to any NaN) they follow the software paths: float32 -> bf16
+keeps the NaN's sign and top payload and sets the quiet bit; float32 -> e4m3 gives the NaN
+code with the NaN's sign (as torch); e4m3 NaN codes widen to the canonical quiet NaN 0x7FC00000.
+Finite float32 beyond +-448 and +-Inf saturate to +-448 in the e4m3 cast, as `satfinite` does
+(the kernels clamp before they cast, so none of them reaches it).
+
+The race recorder (diffmoe.oracles.interpreter_races) hooks other builder methods (loads,
+stores, atomics) and the grid loop; the two coexist in either order.
+
+The builder methods replaced are interpreter internals, not a Triton API: `install()` patches
+only the Triton version it was written and tested against (SUPPORTED_TRITON) and, anywhere
+else, patches nothing and says why. Triton is imported only when `install()` (or `status()`)
+is called.
+
+Owns the patched interpreter methods and their install state. Must not change a result the software paths would not give.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .triton_pin import triton_release
+
+SUPPORTED_TRITON = (3, 9)
+# InterpreterBuilder methods replaced (their parameters after self, checked before patching)
+PATCHED_METHODS = {
+    "cast_impl": ("src", "dst_type"),
+    "create_fp_to_fp": ("src", "dst_type", "rounding_mode"),
+    "create_dot": ("a", "b", "d", "input_precision", "max_num_imprecise_acc"),
+}
+E4M3_MAX = 448.0
+CANONICAL_NAN_F32 = 0x7FC00000
+
+_lock = threading.Lock()
+_originals: dict[str, object] = {}
+_last: FixStatus | None = None
+_suspended = 0  # > 0 inside suspended(): install() patches nothing
+
+
+@dataclass(frozen=True)
+class FixStatus:
+    installed: bool  # the fixes are in place (now or from an earlier call)
+    reason: str  # what was patched, or why nothing was
+
+
+def _triton_problem() -> str | None:
+    """Why the fixes cannot be installed here, or None."""
+    version, major_minor, broken = triton_release()
+    if broken is not None:  # no triton, nothing to fix
+        return f"triton is not importable: {broken}"
+    if major_minor != SUPPORTED_TRITON:
+        return (f"interpreter fixes are written for triton {SUPPORTED_TRITON[0]}.{SUPPORTED_TRITON[1]}.x, found {version}: "
+                "nothing patched (the kernels' software workarounds stay on wherever the conformance probes find a defect)")
+    try:
+        import inspect
+
+        from triton.runtime import interpreter
+    except Exception as exc:  # noqa: BLE001
+        return f"the Triton interpreter is not importable: {exc}"
+    for name, params in PATCHED_METHODS.items():
+        method = getattr(interpreter.InterpreterBuilder, name, None)
+        if method is None:
+            return f"triton {version} InterpreterBuilder has no {name}: nothing patched"
+        names = tuple(inspect.signature(method).parameters)[1:]
+        if names != params:
+            return f"triton {version} InterpreterBuilder.{name}{names} is not {name}{params}: nothing patched"
+    for name in ("TensorHandle", "_ir"):
+        if not hasattr(interpreter, name):
+            return f"triton {version} interpreter has no {name}: nothing patched"
+    return None
+
+
+# ---- the exact conversions (numpy arrays of the interpreter's storage types) ---------------
+
+
+def f32_to_bf16_bits(x):
+    """float32 array -> uint16 bfloat16 bits, round to nearest even (overflow to Inf, subnormals
+    rounded like any value); a NaN keeps its sign and top 7 payload bits and is made quiet."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    quiet_nan = (bits & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
+    out = np.where(x != x, quiet_nan, rounded)
+    return (out >> np.uint32(16)).astype(np.uint16)
+
+
+def bf16_bits_to_f32(bits):
+    """uint16 bfloat16 bits -> float32, exact (every pattern: subnormals, Inf and NaN bits kept)."""
+    import numpy as np
+
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def f32_to_e4m3_bits(x):
+    """float32 array -> uint8 float8_e4m3fn codes as `cvt.rn.satfinite.e4m3x2.f32`: round to
+    nearest even, finite values beyond +-448 and +-Inf to +-448; NaN to the NaN code S.1111.111
+    with the NaN's sign (as torch's cast writes it)."""
+    import numpy as np
+    import torch
+
+    flat = np.array(x, dtype=np.float32, order="C", copy=True).reshape(-1)  # torch wants writable memory
+    t = torch.from_numpy(flat).clamp(-E4M3_MAX, E4M3_MAX)  # clamp keeps NaN; torch's cast is RNE
+    return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(np.shape(x))
+
+
+_E4M3_TABLE = None
+
+
+def e4m3_table():
+    """float32 value of each of the 256 e4m3fn codes; the NaN codes are the quiet NaN 0x7FC00000."""
+    global _E4M3_TABLE
+    if _E4M3_TABLE is None:
+        import numpy as np
+        import torch
+
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+        values = codes.view(torch.float8_e4m3fn).float().numpy().copy()
+        nan = (np.arange(256) & 0x7F) == 0x7F
+        values.view(np.uint32)[nan] = CANONICAL_NAN_F32
+        values.setflags(write=False)
+        _E4M3_TABLE = values
+    return _E4M3_TABLE
+
+
+def e4m3_bits_to_f32(bits):
+    """uint8 e4m3fn codes -> float32, exact; NaN codes to 0x7FC00000. Keeps the input's memory
+    layout (a dot's BLAS call sees the same strides the kernels' own decode would give it)."""
+    import numpy as np
+
+    bits = np.asarray(bits, dtype=np.uint8)
+    out = np.empty_like(bits, dtype=np.float32)
+    np.take(e4m3_table(), bits, out=out)
+    return out
+
+
+# ---- the replacement builder methods ---------------------------------------------------------
+
+
+def _make_patches(interpreter):
+    import triton.language as tl
+
+    TensorHandle = interpreter.TensorHandle
+    orig_cast_impl = _originals["cast_impl"]
+    orig_fp_to_fp = _originals["create_fp_to_fp"]
+    orig_dot = _originals["create_dot"]
+    rtne = interpreter._ir.ROUNDING_MODE.RTNE
+
+    def cast_impl(self, src, dst_type):
+        s, d = src.dtype.scalar, dst_type.scalar
+        if s == tl.float32 and d == tl.bfloat16:  # create_fp_trunc: RTNE is the only mode routed here
+            return TensorHandle(f32_to_bf16_bits(src.data), d)
+        if s == tl.bfloat16 and d == tl.float32:  # create_fp_ext
+            return TensorHandle(bf16_bits_to_f32(src.data), d)
+        return orig_cast_impl(self, src, dst_type)
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        s, d = src.dtype.scalar, dst_type.scalar
+        if s == tl.float32 and d == tl.float8e4nv and rounding_mode == rtne:
+            return TensorHandle(f32_to_e4m3_bits(src.data), d)
+        if s == tl.float8e4nv and d == tl.float32:
+            return TensorHandle(e4m3_bits_to_f32(src.data), d)
+        if s == tl.float32 and d == tl.bfloat16 and rounding_mode == rtne:
+            return TensorHandle(f32_to_bf16_bits(src.data), d)
+        return orig_fp_to_fp(self, src, dst_type, rounding_mode)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        sa, sb = a.dtype.scalar, b.dtype.scalar
+        if sa == tl.bfloat16 and sb == tl.bfloat16:
+            a_data, b_data = bf16_bits_to_f32(a.data), bf16_bits_to_f32(b.data)
+        elif sa == tl.float8e4nv and sb == tl.float8e4nv:
+            a_data, b_data = e4m3_bits_to_f32(a.data), e4m3_bits_to_f32(b.data)
+        else:
+            return orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        # as triton's own float32 path: products and sums in float32 (exact products for these
+        # operands), the accumulator added after
+        import numpy as np
+
+        return TensorHandle(np.matmul(a_data, b_data, dtype=d.data.dtype) + d.data, d.dtype.scalar)
+
+    cast_impl.__wrapped__ = orig_cast_impl
+    create_fp_to_fp.__wrapped__ = orig_fp_to_fp
+    create_dot.__wrapped__ = orig_dot
+    return {"cast_impl": cast_impl, "create_fp_to_fp": create_fp_to_fp, "create_dot": create_dot}
+
+
+def install() -> FixStatus:
+    """Patch the interpreter (idempotent; thread-safe). Never raises: on a Triton version the
+    fixes were not written for it patches nothing and the status says why."""
+    global _last
+    with _lock:
+        if _suspended:
+            return FixStatus(False, "suspended (interpreter_fixes.suspended(): the defects are wanted)")
+        if _originals or _last is not None:
+            return _last  # already installed, or already refused (the version does not change)
+        problem = _triton_problem()
+        if problem is not None:
+            _last = FixStatus(False, problem)
+            return _last
+        from triton.runtime import interpreter
+
+        cls = interpreter.InterpreterBuilder
+        for name in PATCHED_METHODS:
+            _originals[name] = cls.__dict__[name]
+        for name, fn in _make_patches(interpreter).items():
+            setattr(cls, name, fn)
+        import triton
+
+        _last = FixStatus(True, "float32<->bf16 and float32<->e4m3fn casts and the bf16 and fp8 dots of the "
+                                f"triton {triton.__version__} interpreter computed exactly")
+        return _last
+
+
+def uninstall() -> None:
+    """Put triton's own methods back (tests that show the defects use it)."""
+    global _last
+    with _lock:
+        _last = None
+        if not _originals:
+            return
+        from triton.runtime import interpreter
+
+        for name, original in _originals.items():
+            setattr(interpreter.InterpreterBuilder, name, original)
+        _originals.clear()
+
+
+@contextmanager
+def suspended():
+    """Run a block on triton's own (defective) interpreter methods, e.g. a mutant that models a
+    kernel ignoring a backend defect; install() (and so optimized.launch) patches nothing inside
+    it. The fixes are back afterwards if they were in place before."""
+    global _suspended
+    was = installed()
+    with _lock:
+        _suspended += 1
+    uninstall()
+    try:
+        yield
+    finally:
+        with _lock:
+            _suspended -= 1
+        if was and not _suspended:
+            install()
+
+
+def installed() -> bool:
+    return bool(_originals)
+
+
+def status() -> FixStatus:
+    """Whether the fixes are in place, and why not where they are not (imports triton)."""
+    if _originals:
+        return _last
+    if _suspended:
+        return FixStatus(False, "suspended (interpreter_fixes.suspended(): the defects are wanted)")
+    problem = _triton_problem()
+    return FixStatus(False, problem or "install() has not run in this process")

@@ -1,0 +1,133 @@
+"""The differential oracle: every stage against the reference, on the candidate's own inputs.
+
+Owns the per-stage judgement of the first order's run and the end-to-end output's derived
+bound. Reads the run's snapshots and the reference; runs nothing of the implementation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..compare import Comparison, Rule, compare
+from ..report import Finding, Oracles
+from ..tolerances import FORCED, rule_for
+from ..vocabulary import Buffers, Stages, pipeline_stages
+from .base import Oracle
+
+if TYPE_CHECKING:
+    from ..execution import Check, Run
+
+# The end-to-end output's derived bound (derived_output_bound): the effect of the candidate's own
+# down-GEMM input, plus the down GEMM's per-stage slack (its forced row in the tolerance table)
+# per routed row and the output's own rounding.
+DERIVED_OUTPUT_REASON = (
+    "the reference's down GEMM and reduce run on the candidate's own down-GEMM input give the exact effect of every "
+    "upstream difference (moved e4m3 codes, silu ulps); plus the down GEMM's per-stage rule (ulps and floor) per "
+    "routed row and 1 ulp for the output's rounding"
+)
+
+
+def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """One bf16 ulp at |x| (float64; the subnormal step below 2^-126)."""
+    exponent = torch.floor(torch.log2(x.abs().clamp_min(2.0**-126)))
+    return torch.pow(2.0, exponent - 7)
+
+
+def derived_output_bound(check: Check, run: Run) -> tuple[torch.Tensor, dict] | None:
+    """The bound the end-to-end output is held to, per element, and the figures behind it.
+
+    Every upstream difference a candidate may legitimately have (a silu ulp, a moved e4m3
+    code) reaches the output only through the down GEMM's input, so the reference's down GEMM
+    and reduce are run on the candidate's down-GEMM input: |that output - the reference's|
+    is exactly the effect of those differences. On top: what the down GEMM's per-stage rule
+    allows (on the interpreter 2 bf16 ulp + 2^-10 per routed row, summed over K; the reduce's is
+    bitwise) and the output's own bf16 rounding (1 ulp). None when the candidate did not
+    report the buffers."""
+    cfg = check.config
+    down_in = ((Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES) if cfg.is_fp8
+               else (Buffers.ACTIVATION_OUTPUT,))
+    if not all(n in run.buffers for n in (*down_in, Buffers.OUTPUT)):
+        return None
+    down = check.reference_stage(Stages.DOWN_GEMM, {n: run.buffers[n] for n in down_in})
+    if isinstance(down, str):
+        return None
+    via = check.reference_stage(Stages.REDUCE, down)
+    if isinstance(via, str):
+        return None
+    t, k, h = check.problem.num_tokens, cfg.topk, cfg.hidden
+    down_v = down[Buffers.DOWN_OUTPUT].double().view(t, k, h)  # [T, K, H]
+    via_v = via[Buffers.OUTPUT].double()  # [T, H]
+    effect = (via_v - check.reference.output.double()).abs()  # [T, H] what the candidate's inputs change
+    down_rule = rule_for(cfg.quant, Buffers.DOWN_OUTPUT, FORCED, backend=check.tolerance_backend)
+    slack = (down_rule.max_ulp * bf16_ulp(down_v) + down_rule.atol).sum(dim=1) + bf16_ulp(via_v)  # [T, H]
+    bound = torch.nan_to_num(effect + slack, nan=math.inf)  # a NaN input is judged per stage, not here
+    figures: dict[str, Any] = {"max_effect_of_inputs": float(torch.nan_to_num(effect, nan=0.0).max()) if effect.numel() else 0.0}
+    if cfg.is_fp8 and Buffers.QUANTED_DOWN_INPUT in check.reference.intermediates:
+        moved = run.buffers[Buffers.QUANTED_DOWN_INPUT].view(torch.uint8) != \
+            check.reference.intermediates[Buffers.QUANTED_DOWN_INPUT].view(torch.uint8)
+        figures["moved_down_input_codes"] = int(moved.sum())
+    return bound, figures
+
+
+class Differential(Oracle):
+    name = Oracles.DIFFERENTIAL
+    checks = "every stage, pipeline order, on the candidate's own inputs; names the first divergent stage; then the output end to end"
+    how = ("each stage's writes against the reference stage run on the very buffers the candidate's stage read, with the "
+           "tight per-stage (`forced`) rules, so legitimate one-ulp differences never carry into a later verdict; the "
+           "output against the reference's own within a bound derived per check: the reference's down GEMM and reduce "
+           "run on the candidate's down-GEMM input give the exact effect of its moved codes, plus the per-stage slack")
+    rank = 50
+
+    def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]:
+        """Every stage judged on the candidate's own inputs, pipeline order, the first divergent
+        stage named; then the output against the reference's, within the derived bound.
+
+        Each stage's writes are compared with the reference stage run on the very buffers the
+        candidate's stage read (its snapshots), under the tight per-stage rules of the tolerance
+        table (quantisation bitwise, GEMMs ULP-bounded), so a legitimate one-ulp difference early
+        on is never carried into a later stage's verdict: the rules compose. The end-to-end output
+        is then held to the effect of the differences the candidate legitimately has (see
+        derived_output_bound), not to a fixed elementwise tolerance. Later orders are the
+        schedule oracle's."""
+        if not first:
+            return []
+        failed: list[tuple[str, Comparison]] = []
+        for stage in pipeline_stages(check.config):
+            if not all(n in run.buffers or n in check.problem_inputs for n in stage.reads):
+                continue  # an input the candidate never reported: nothing to feed the reference
+            written = [n for n in stage.writes if n in run.buffers]
+            if not written:
+                continue
+            want = check.reference_stage(stage.name, {n: run.buffers[n] for n in stage.reads if n in run.buffers})
+            for name in written:
+                rule = rule_for(check.config.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT,
+                                backend=check.tolerance_backend)
+                if isinstance(want, str):
+                    c = Comparison(name, False, rule, 0, run.buffers[name].numel(), 0, 0.0, problem=want)
+                else:
+                    c = compare(name, want[name], run.buffers[name], rule)
+                if not c.ok:
+                    failed.append((stage.name, c))
+        extra: dict[str, Any] = {}
+        if not failed:
+            derived = derived_output_bound(check, run)
+            if derived is None:
+                return []
+            bound, extra = derived
+            c = compare(Buffers.OUTPUT, check.reference.output, run.buffers[Buffers.OUTPUT],
+                        Rule.derived(DERIVED_OUTPUT_REASON), bound=bound)
+            if c.ok:
+                return []
+            failed.append((Stages.REDUCE, c))
+            extra["judged_against"] = "the reference's own output"
+        stage, first_failure = failed[0]
+        figures = {"schedule": str(run.schedule), "judged_on": "the candidate's own inputs", **first_failure.figures(), **extra}
+        if len(failed) > 1:
+            figures["also_divergent"] = [c.name for _, c in failed[1:]]
+        return [Finding(
+            oracle=Oracles.DIFFERENTIAL, stage=stage, buffers=[first_failure.name],
+            message=f"first divergent stage is {stage}: {first_failure.summary()}", figures=figures,
+        )]

@@ -1,0 +1,66 @@
+"""The metamorphic oracle: fusing activation and quantisation must not change a bit.
+
+Owns the sibling run (the same inputs under the other `fused` flag, on a fresh instance and
+fresh workspaces). Reads the first order's run; must not touch the check's workspaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..compare import Rule, compare
+from ..report import Finding, Oracles
+from ..vocabulary import Buffers, producer_stage
+from .base import Oracle
+from .guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
+
+if TYPE_CHECKING:
+    from ..execution import Check
+
+
+class Metamorphic(Oracle):
+    name = Oracles.METAMORPHIC
+    checks = "fusion does not change bits"
+    how = "fused and unfused runs must give bitwise the same `quanted_down_input` and scales"
+    rank = 100
+
+    def finish(self, check: Check) -> list[Finding]:
+        from ..execution import Crash
+
+        if check.problem.num_tokens == 0 or not check.config.is_fp8:
+            return []
+        try:
+            return self._sibling_agrees(check)
+        except Crash as crash:  # the sibling's crash is this check's finding; the rest stands
+            crash.finding.message = f"metamorphic sibling (fused={not check.config.fused}): {crash.finding.message}"
+            return [crash.finding]
+
+    def _sibling_agrees(self, check: Check) -> list[Finding]:
+        """fused and unfused runs must give bitwise the same quanted_down_input."""
+        run = check.runs[0]
+        sibling_cfg = check.config.replace(fused=not check.config.fused)
+        sibling = check.build(sibling_cfg)
+        shapes = check.workspace_shapes(sibling, sibling_cfg.num_tokens)
+        guarded = GuardedWorkspaces(shapes, check.device)
+        t = check.problem.num_tokens
+        output = GuardedTensor((t, sibling_cfg.hidden), torch.bfloat16, check.device) \
+            if sibling_cfg.output == "separate" else None
+        # the same inputs (the fused flag does not enter problem generation), under the sibling's config
+        other = check.execute(sibling, guarded, output, check.schedules[0], POISON_PATTERNS[0],
+                              problem=replace(check.problem, config=sibling_cfg),
+                              what=f"the metamorphic run with fused={sibling_cfg.fused}")
+        found = []
+        for name in (Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES):
+            if name not in run.buffers or name not in other.buffers:
+                continue
+            c = compare(name, run.buffers[name], other.buffers[name], Rule.bitwise("fusion must not change the bits"))
+            if not c.ok:
+                found.append(Finding(
+                    oracle=Oracles.METAMORPHIC, stage=producer_stage(check.config, name), buffers=[name],
+                    message=f"fused={check.config.fused} and fused={sibling_cfg.fused} disagree on {c.summary()}",
+                    figures=c.figures(),
+                ))
+        return found

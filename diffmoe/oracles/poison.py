@@ -1,0 +1,51 @@
+"""The poison oracle: a call must not read workspace bytes it did not write.
+
+Owns the second run under the second poison pattern and the bitwise judgement of a pair of
+runs of one call under the two patterns (`poison_findings`, which call_sequence.py also uses:
+with that oracle selected, its T call on a fresh pair poisoned 0xA5 is this oracle's second
+run, `check.sequenced`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..report import Finding, Oracles
+from ..vocabulary import producer_stage
+from .base import Oracle
+from .guards import POISON_PATTERNS
+
+if TYPE_CHECKING:
+    from ..execution import Check, Run
+
+
+def poison_findings(check: Check, first: Run, again: Run, tokens: int | None = None) -> list[Finding]:
+    """A finding when two runs of one call, under the two poison patterns, differ."""
+    c = check.first_bitwise_divergence(first, again, "the same call under another poison")
+    if c is None:
+        return []
+    call = "" if tokens is None else f" (the T={tokens} call)"
+    return [Finding(
+        oracle=Oracles.POISON, stage=producer_stage(check.config, c.name), buffers=[c.name],
+        message=f"{c.name}{call} depends on workspace bytes written before this call (stale or uninitialised "
+                f"read): poison 0x{POISON_PATTERNS[0]:02X} vs 0x{POISON_PATTERNS[1]:02X} differ in "
+                f"{c.differing} of {c.total} elements",
+        figures={**({"tokens": tokens} if tokens is not None else {}), **c.figures()},
+    )]
+
+
+class Poison(Oracle):
+    name = Oracles.POISON
+    checks = "stale or uninitialised reads"
+    how = ("workspaces (and a separate output) filled with 0xFF (NaN) for the first run and 0xA5 for a second; any "
+           "buffer that changes read bytes it did not write. With `call-sequence` selected, the second run is that "
+           "oracle's T call on a fresh pair poisoned 0xA5, and only a divergence buys the runs that tell the causes apart")
+    rank = 80
+
+    def finish(self, check: Check) -> list[Finding]:
+        if check.sequenced:
+            return []  # the second run was call-sequence's T call on a fresh pair
+        again = check.execute(check.build(check.config), check.guarded, check.output, check.schedules[0],
+                              POISON_PATTERNS[1],
+                              what=f"the run under schedule {check.schedules[0]} and the second poison")
+        return poison_findings(check, check.runs[0], again)

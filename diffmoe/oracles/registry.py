@@ -1,0 +1,91 @@
+"""The one table of oracles: what `--oracles` accepts, the order reports list them, the README's
+oracle table and the bug zoo's columns. Imports no torch until an oracle is loaded.
+
+Adding an oracle: write its module under diffmoe/oracles/ (one `Oracle` subclass, base.py),
+add its name to `diffmoe.report.Oracles` and one row here; `tests/test_oracle_registry.py`
+then holds the README table to it.
+
+Owns the table and its order. Must not hold an oracle's logic.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Collection
+from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import Oracle
+
+# (name, "module:class"), in the order users see them: `--oracles`, reports, the README table.
+# The classes are imported on first use, so the names cost nothing (the CLI answers a bad
+# `--oracles` before torch is imported).
+REGISTRY: tuple[tuple[str, str], ...] = (
+    ("differential", "diffmoe.oracles.differential:Differential"),
+    ("teacher-forcing", "diffmoe.oracles.teacher_forcing:TeacherForcing"),
+    ("metamorphic", "diffmoe.oracles.metamorphic:Metamorphic"),
+    ("static-aliasing", "diffmoe.oracles.static_aliasing:StaticAliasing"),
+    ("runtime-aliasing", "diffmoe.oracles.runtime_aliasing:RuntimeAliasing"),
+    ("races", "diffmoe.oracles.races:Races"),
+    ("store-extent", "diffmoe.oracles.store_extent:StoreExtent"),
+    ("schedule", "diffmoe.oracles.schedule:ScheduleOracle"),
+    ("poison", "diffmoe.oracles.poison:Poison"),
+    ("call-sequence", "diffmoe.oracles.call_sequence:CallSequence"),
+    ("red-zone", "diffmoe.oracles.red_zone:RedZone"),
+    ("contract", "diffmoe.oracles.contract:Contract"),
+)
+
+ALL_ORACLES: tuple[str, ...] = tuple(name for name, _ in REGISTRY)  # as shipped; the functions read REGISTRY
+
+
+@cache
+def _load(spec: str) -> Oracle:
+    module, cls = spec.split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def oracle(name: str) -> Oracle:
+    """The oracle object registered under `name` (a ValueError naming the known ones otherwise)."""
+    for registered, spec in REGISTRY:
+        if registered == name:
+            found = _load(spec)
+            if found.name != name:
+                raise ValueError(f"registry row {name!r} loads an oracle named {found.name!r}")
+            return found
+    raise ValueError(f"oracles must be among {names()}, got unknown {[name]}")
+
+
+# Outcomes that are not oracles (the harness reports them whatever the selection), as the
+# README table lists them: (name, what it means, what the finding holds).
+OUTCOME_ROWS = (
+    ("crash", "the implementation raised", "exception type, message and the stage in flight"),
+)
+
+
+def names() -> list[str]:
+    return [name for name, _ in REGISTRY]
+
+
+def resolve_oracles(oracles: Collection[str] | None) -> list[str]:
+    """The selection in registry order; a ValueError naming the unknown ones."""
+    known = names()
+    if oracles is None:
+        return known
+    unknown = sorted(set(oracles) - set(known))
+    if unknown:
+        raise ValueError(f"oracles must be among {known}, got unknown {unknown}")
+    return [o for o in known if o in oracles]
+
+
+def active_oracles(selected: Collection[str]) -> list[Oracle]:
+    """The selected oracles in the order their findings come within one hook (by rank)."""
+    return sorted((oracle(name) for name in resolve_oracles(selected)), key=lambda o: o.rank)
+
+
+def readme_table() -> str:
+    """The README's oracle table, generated from the registry."""
+    rows = ["| oracle | what it checks | how |", "|---|---|---|"]
+    rows += [f"| `{o.name}` | {o.checks} | {o.how} |" for o in map(oracle, names())]
+    rows += [f"| `{name}` | {checks} | {how} |" for name, checks, how in OUTCOME_ROWS]
+    return "\n".join(rows)

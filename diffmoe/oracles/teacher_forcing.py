@@ -1,0 +1,69 @@
+"""The teacher-forcing oracle: each stage on its own, fed the reference's exact inputs.
+
+Owns the per-stage reruns through the implementation's optional `run_stage`. Reads the
+reference's intermediates; must not touch the order runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..compare import compare
+from ..report import Finding, Oracles
+from ..tolerances import FORCED, rule_for
+from ..vocabulary import Stages, pipeline_stages
+from .base import Oracle
+
+if TYPE_CHECKING:
+    from ..execution import Check
+
+
+class TeacherForcing(Oracle):
+    name = Oracles.TEACHER_FORCING
+    checks = "each stage on its own"
+    how = ("the stage is fed the reference's exact inputs (`run_stage`) and judged with the forced rule: quantisation "
+           "bitwise, GEMMs ULP-bounded")
+    rank = 90
+
+    def finish(self, check: Check) -> list[Finding]:
+        """Each stage on the reference's inputs, judged with the forced rules."""
+        from ..execution import crash_finding, numpy_quiet
+
+        if check.problem.num_tokens == 0 or not hasattr(check.impl, "run_stage"):
+            return []  # a zero-token call has no stage to force
+        found: list[Finding] = []
+        ref = check.reference.intermediates
+        check.enter("teacher forcing")
+        for stage in pipeline_stages(check.config):
+            check.report_progress(stage.name)
+            # copies: a stage writing into its inputs must not change the reference for later stages
+            inputs = {n: ref[n].clone() for n in stage.reads if n in ref}
+            what = f"teacher-forced stage {stage.name}"
+            check.inputs.start(False)
+            try:
+                with numpy_quiet():
+                    outputs = check.impl.run_stage(stage.name, inputs, check.problem)
+            except Exception as exc:  # noqa: BLE001
+                found += check.inputs.finish(what)
+                found.append(crash_finding(exc, stage.name, what))
+                continue
+            found += check.inputs.finish(what)
+            if not isinstance(outputs, dict):
+                found.append(Finding(
+                    oracle=Oracles.CONTRACT, stage=stage.name,
+                    message=f"{what}: run_stage must return a dict of its outputs, got {type(outputs).__name__}",
+                ))
+                continue
+            for name in stage.writes:
+                if name not in outputs or name not in ref:
+                    continue
+                rule = rule_for(check.config.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT,
+                                backend=check.tolerance_backend)
+                c = compare(name, ref[name], outputs[name], rule)
+                if not c.ok:
+                    found.append(Finding(
+                        oracle=Oracles.TEACHER_FORCING, stage=stage.name, buffers=[name],
+                        message=f"stage {stage.name} on the reference's inputs: {c.summary()}",
+                        figures=c.figures(),
+                    ))
+        return found

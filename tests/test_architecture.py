@@ -1,0 +1,131 @@
+"""The harness reaches implementations only through the plug-in contract.
+
+No module of diffmoe/ imports an implementation package (`optimized`, `peers`, or a submodule
+of either), neither by an import statement nor by `importlib.import_module` / `__import__` of
+a literal name: the default implementation is named once, as a string
+(diffmoe.contract.DEFAULT_IMPLEMENTATION), and loaded as any `--impl` is. What the harness
+needs from an implementation beyond running it (its plan, its doctor hooks) comes through the
+factory (contract.factory_plan, contract.factory_attribute).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from diffmoe import contract
+from diffmoe.config import MoEConfig
+
+HARNESS = Path(__file__).resolve().parent.parent / "diffmoe"
+# Top-level packages the harness must not import (add "reference" here once the runner takes the
+# reference through the contract too).
+FORBIDDEN_IMPORTS = frozenset({"optimized", "peers"})
+_DYNAMIC_IMPORTS = {"import_module", "__import__"}
+
+
+def _forbidden(name: str | None) -> bool:
+    return name is not None and name.split(".")[0] in FORBIDDEN_IMPORTS
+
+
+def forbidden_imports(root: Path) -> list[str]:
+    """'path:line: what' for every import of a FORBIDDEN_IMPORTS package in the .py files under root."""
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in sorted(ast.walk(tree), key=lambda n: getattr(n, "lineno", 0)):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:  # relative imports stay inside diffmoe
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+                if called in _DYNAMIC_IMPORTS and isinstance(node.args[0].value, str):
+                    names = [node.args[0].value]
+            for name in names:
+                if _forbidden(name):
+                    hits.append(f"{path.relative_to(root.parent)}:{node.lineno}: imports {name}")
+    return hits
+
+
+def test_no_harness_module_imports_an_implementation():
+    hits = forbidden_imports(HARNESS)
+    assert not hits, "the harness must reach implementations only through diffmoe.contract:\n" + "\n".join(hits)
+
+
+def test_the_checker_sees_every_form_of_import(tmp_path):
+    """The test above can fail: each way of importing an implementation is caught, with file and line."""
+    pkg = tmp_path / "diffmoe"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "sub" / "bad.py").write_text(
+        "import os\n"
+        "import optimized\n"
+        "import peers.thing as t\n"
+        "from optimized.conformance import doctor_main\n"
+        "def f():\n"
+        "    from peers import x\n"
+        "    importlib.import_module('optimized.workspace_planner')\n"
+        "    __import__('peers')\n"
+        "from . import optimized_helpers\n"  # relative: a diffmoe module, allowed
+        "import optimizedish\n"  # another package that only starts alike
+        "importlib.import_module(name)\n",  # not a literal: what load_factory does with --impl
+        encoding="utf-8",
+    )
+    assert forbidden_imports(pkg) == [
+        "diffmoe/sub/bad.py:2: imports optimized",
+        "diffmoe/sub/bad.py:3: imports peers.thing",
+        "diffmoe/sub/bad.py:4: imports optimized.conformance",
+        "diffmoe/sub/bad.py:6: imports peers",
+        "diffmoe/sub/bad.py:7: imports optimized.workspace_planner",
+        "diffmoe/sub/bad.py:8: imports peers",
+    ]
+
+
+# ---- the contract's default and its optional factory attributes ---------------------------
+
+
+def test_the_default_implementation_is_named_once():
+    assert contract.DEFAULT_IMPLEMENTATION == "optimized:make_implementation"
+    assert contract.DEFAULT_IMPLEMENTATION_NAME == "optimized"
+    from diffmoe import report
+
+    assert not hasattr(report, "DEFAULT_IMPLEMENTATION"), "the default is named in diffmoe.contract only"
+    assert report.check_command(MoEConfig()) == report.check_command(MoEConfig(), contract.DEFAULT_IMPLEMENTATION_NAME)
+    assert "--impl" not in report.check_command(MoEConfig())
+
+
+CONFIGS = [
+    MoEConfig(num_tokens=8, num_experts=4, topk=2, hidden=256, inter=256, quant="fp8-token", fused=True, planner="legacy"),
+    MoEConfig(num_tokens=5, num_experts=2, topk=1, hidden=128, inter=128, quant="bf16", fused=False, output="workspace"),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["fp8-fused-legacy", "bf16-output-in-ws1"])
+def test_the_cheap_plan_is_the_built_implementations_plan(config):
+    module, _, name = contract.DEFAULT_IMPLEMENTATION.partition(":")
+    factory = getattr(importlib.import_module(module), name)
+    assert contract.factory_attribute(factory, contract.PLAN_WORKSPACES) is not None
+    built = factory(config)
+    for t in (config.num_tokens, 1):
+        assert contract.factory_plan(factory, config, t) == built.workspace_plan(t)
+
+
+def test_a_factory_without_the_attribute_is_built_and_asked():
+    asked = []
+
+    class Impl:
+        def __init__(self, config):
+            self.config = config
+
+        def workspace_plan(self, num_tokens):
+            asked.append(num_tokens)
+            return "the plan"
+
+    assert contract.factory_attribute(Impl, contract.PLAN_WORKSPACES) is None
+    assert contract.factory_plan(Impl, MoEConfig()) == "the plan" and asked == [MoEConfig().num_tokens]
+    with pytest.raises(ValueError, match="no optional factory attribute"):
+        contract.factory_attribute(Impl, "workspace_plan")

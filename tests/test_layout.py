@@ -1,0 +1,55 @@
+"""The house rules a reader relies on: the README's layout table is the tree, every module opens
+with what it owns, and a module over 400 lines says why."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("diffmoe", "optimized", "reference", "peers")
+MAX_LINES = 400
+LONG_REASON = "Longer than 400 lines because"
+
+
+def modules() -> list[Path]:
+    return sorted(p for pkg in PACKAGES if (ROOT / pkg).is_dir() for p in (ROOT / pkg).rglob("*.py"))
+
+
+def layout_paths() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("| path | what it holds |")
+    table = text[start:text.index("\n\n", start)].splitlines()[2:]
+    return [p for row in table for p in re.findall(r"`([^`]+)`", row.split("|")[1])]
+
+
+def test_every_path_in_the_layout_table_exists():
+    missing = [p for p in layout_paths() if not (list(ROOT.glob(p)) if "*" in p else (ROOT / p).exists())]
+    assert not missing, f"README layout table names paths that do not exist: {missing}"
+
+
+def test_every_module_is_in_the_layout_table():
+    listed = layout_paths()
+
+    def covered(rel: str) -> bool:
+        return any(rel == p or fnmatch.fnmatch(rel, p) or (p.endswith("/") and rel.startswith(p)) for p in listed)
+
+    missing = [str(m.relative_to(ROOT)) for m in modules()
+               if m.name not in ("__init__.py", "__main__.py") and not covered(str(m.relative_to(ROOT)))]
+    assert not missing, f"modules the README layout table does not mention: {missing}"
+
+
+def test_every_module_opens_with_what_it_owns():
+    """A docstring that says what the module holds, and what it owns or must not touch."""
+    bare = [str(m.relative_to(ROOT)) for m in modules()
+            if not re.search(r"\bOwns\b|\bMust not\b|\bmust not\b", ast.get_docstring(ast.parse(m.read_text())) or "")]
+    assert not bare, f"modules whose docstring does not say what they own or must not touch: {bare}"
+
+
+def test_a_module_over_400_lines_says_why():
+    long = {str(m.relative_to(ROOT)): n for m in modules() if (n := len(m.read_text().splitlines())) > MAX_LINES}
+    silent = [f"{path} ({n} lines)" for path, n in long.items()
+              if LONG_REASON not in (ast.get_docstring(ast.parse((ROOT / path).read_text())) or "")]
+    assert not silent, f"over {MAX_LINES} lines without '{LONG_REASON} ...' in the docstring: {silent}"
