@@ -12,9 +12,26 @@
                   [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
                   [--jobs N] [--json]
 
-Exit codes: 0 no findings, 1 findings (for `plan`: the plan has an aliasing overlap),
-2 bad arguments or an invalid config (one line on stderr, no traceback), 130 a fuzz
-interrupted before it found anything. compile-check: 0 every specialization compiled (and the
+Exit codes (EXIT_*; they cannot lie: 0 is only ever a verdict):
+  0    every selected oracle ran and passed (for `plan`: no aliasing overlap);
+  1    findings: what the implementation did wrong, crashes, sys.exit() in its code, a worker
+       that died, broken contracts and timeouts included (for `plan`: an overlap);
+  2    usage errors: bad arguments, an invalid config, an --impl that cannot be imported
+       (its module's error named; one line on stderr, no traceback);
+  3    the harness could not judge: an internal error of diffmoe, or of its worker process
+       (`diffmoe: internal error: ...` and the traceback on stderr; no verdict either way);
+  130  interrupted (Ctrl-C or SIGTERM): a check stops its worker process group first; a fuzz
+       interrupted before it found anything (one that found a failure prints it, exit 1);
+  141  stdout closed by its reader (`diffmoe doctor --json | head -c 10`): quiet, no traceback,
+       the status a shell reports for a process ended by SIGPIPE.
+A --device this torch cannot use (cuda on a CPU-only build) is a usage error (2). Whatever the
+implementation under test prints goes to stderr (implementation_output_to_stderr), so stdout
+holds only the command's own output.
+A check run in process (--time-limit 0, or no limit on CUDA) says so on stderr: an
+implementation that calls os._exit() there ends diffmoe with its own status, and nothing in
+the process can outlive that, so trust an exit status of 0 only with the report printed
+(with --json: the one object on stdout). In a worker (the default on the interpreter) an
+os._exit() is a crash finding. compile-check: 0 every specialization compiled (and the
 --forbid-spills variants spilled nothing), 1 any failure, unsupported target or spill, 2 usage
 errors (an unknown arch, a Triton without the ahead-of-time API, nothing captured).
 
@@ -40,6 +57,7 @@ result. It must not judge anything itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -52,17 +70,22 @@ from typing import Any, Sequence, TextIO
 
 from .config import (
     ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, OUTPUT_PLACEMENTS, PLANNERS,
-    QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig,
+    QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
 )
 from .contract import (
     CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, Schedule, WorkspacePlan, factory_attribute,
     factory_plan,
 )
 from .oracles import registry
-from .report import Report, check_command
+from .report import Oracles, Report, check_command
 
 PROG = "diffmoe"
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# Printed on stderr before a check that runs in this process (no worker to outlive it).
+IN_PROCESS_NOTICE = (f"{PROG}: running in process (no time limit): an implementation that ends the process from "
+                     f"below Python (C's exit(), a signal) ends {PROG} with its status; trust exit 0 only with the "
+                     "report printed")
+EXIT_BROKEN_PIPE = 141  # stdout closed by its reader: 128 + SIGPIPE, as a shell reports it
 # --time-limit's upper bound, the same as diffmoe.runner.MAX_TIME_LIMIT (not imported: the
 # runner pulls in torch, and argument errors must answer at once).
 MAX_TIME_LIMIT_S = 7 * 24 * 3600
@@ -296,19 +319,65 @@ def load_implementation(spec: str | None):
 
 
 def parse_device(text: str | None) -> str | None:
+    """--device: a torch device this torch can use, else a UsageError (one line, exit 2), never a
+    traceback from the first tensor put there (e.g. cuda on a CPU-only build of torch)."""
     if text is None:
         return None
     import torch
 
     try:
-        torch.device(text)
+        device = torch.device(text)
     except (RuntimeError, ValueError):
         raise UsageError(f"--device must be a torch device such as cpu or cuda:0, got {text!r}") from None
+    if device.type == "cpu":
+        return text
+    backend = getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", None)
+    try:
+        usable = bool(available()) if callable(available) else False
+        count = backend.device_count() if usable and hasattr(backend, "device_count") else None
+    except Exception:  # noqa: BLE001 - a backend that cannot even answer is not usable
+        usable, count = False, None
+    if not usable:
+        build = f"torch {torch.__version__}"
+        raise UsageError(f"--device {text}: {device.type} is not available with this torch ({build}); use --device cpu")
+    if device.index is not None and count is not None and device.index >= count:
+        raise UsageError(f"--device {text}: this machine has {count} {device.type} device{'s' if count != 1 else ''}")
     return text
 
 
 def _print_json(obj: Any, stream: TextIO | None = None) -> None:
     print(json.dumps(obj, default=str), file=stream or sys.stdout)
+
+
+@contextlib.contextmanager
+def implementation_output_to_stderr():
+    """Around every call that runs (or builds) the implementation under test: what it prints goes
+    to stderr, so stdout holds only what the CLI prints (with --json, exactly one JSON object).
+    Python-level prints through sys.stdout are redirected (contextlib.redirect_stdout), and where
+    stdout is a real file descriptor, fd 1 is pointed at stderr's too, for writes from C code and
+    from worker processes (forked or spawned, they inherit both)."""
+    saved_fd, out_fd, err_fd = None, 1, 2  # the process's descriptors, whatever sys.stdout is now
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+    try:
+        os.fstat(err_fd)
+        saved_fd = os.dup(out_fd)
+        os.dup2(err_fd, out_fd)
+    except OSError:  # no fd 1 or 2 (closed): Python level only
+        if saved_fd is not None:
+            os.close(saved_fd)
+        saved_fd = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved_fd is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved_fd, out_fd)
+            os.close(saved_fd)
 
 
 # ---- check ------------------------------------------------------------------------------
@@ -321,15 +390,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     factory, name = load_implementation(args.impl)
     runner = _runner()
     device = parse_device(args.device)
-    report = runner.run_differential(
-        config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name,
-        **time_limit_kwargs(runner, args.time_limit, device),
-    )
+    limit = time_limit_kwargs(runner, args.time_limit, device)
+    if not limit:
+        print(IN_PROCESS_NOTICE, file=sys.stderr, flush=True)
+    # SIGTERM as Ctrl-C: KeyboardInterrupt in the waiting parent, whose run_in_worker stops and
+    # reaps the worker's process group on the way out (the worker has its own group, so the
+    # default SIGTERM would leave it running); main() then prints one line and returns 130.
+    with _sigterm_interrupts(), implementation_output_to_stderr():
+        report = runner.run_differential(
+            config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name, **limit,
+        )
     if args.json:
         _print_json(report.to_dict())
     else:
         print(report.render())
-    return EXIT_OK if report.passed else EXIT_FINDINGS
+    if not report.passed:
+        return EXIT_FINDINGS
+    # an oracle named with --oracles that could not run: that part was not judged, so no 0
+    asked = [name for name in (oracles or ()) if name in report.skipped]
+    if asked:
+        print(f"{PROG}: not judged: " + "; ".join(f"{n} ({report.skipped[n]})" for n in asked), file=sys.stderr)
+        return EXIT_INTERNAL
+    return EXIT_OK
 
 
 # ---- fuzz -------------------------------------------------------------------------------
@@ -371,6 +453,20 @@ def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - exercised vi
     raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt inside the block (as Ctrl-C does); restored afterwards."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    except ValueError:  # not the main thread: Ctrl-C still works
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from .fuzzing import MAX_EXAMPLES_LIMIT, fuzz
     from .strategies import MAX_EXPERTS as FUZZ_MAX_EXPERTS
@@ -392,9 +488,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     oracles = parse_oracles(args.oracles)
     factory, name = load_implementation(args.impl)
     if args.save_failure is not None:
-        folder = os.path.dirname(os.path.abspath(args.save_failure))
-        if not os.path.isdir(folder):
-            raise UsageError(f"--save-failure {args.save_failure}: folder {folder} does not exist")
+        _check_writable(args.save_failure)  # before the first example, not after the whole fuzz
     # A seed is always chosen and printed, so any run can be repeated exactly; except with a
     # database, whose replays a seed would turn off.
     if args.database is not None:
@@ -410,34 +504,28 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     except ValueError:  # not the main thread: Ctrl-C still works
         previous = None
     try:
-        outcome = fuzz(
-            max_examples=args.max_examples,
-            seed=seed,
-            planner=args.planner,
-            implementation=factory,
-            implementation_name=name,
-            max_tokens=args.max_tokens,
-            max_experts=args.max_experts,
-            progress=printer,
-            oracles=oracles,
-            device=device,
-            database=args.database,
-            time_limit=limit,
-            **({"special_rows": True} if args.special_rows else {}),
-        )
+        with implementation_output_to_stderr():
+            outcome = fuzz(
+                max_examples=args.max_examples,
+                seed=seed,
+                planner=args.planner,
+                implementation=factory,
+                implementation_name=name,
+                max_tokens=args.max_tokens,
+                max_experts=args.max_experts,
+                progress=printer,
+                oracles=oracles,
+                device=device,
+                database=args.database,
+                time_limit=limit,
+                **({"special_rows": True} if args.special_rows else {}),
+            )
     finally:
         printer.finish()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
     report = outcome.report
-    if report is not None and args.save_failure is not None:
-        try:
-            with open(args.save_failure, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(report.config.to_dict(), indent=2, sort_keys=True) + "\n")
-        except OSError as exc:
-            print(f"{PROG}: error: cannot write {args.save_failure}: {exc.strerror or exc}", file=sys.stderr)
-            return EXIT_USAGE
     if args.json:
         data = outcome.to_dict()
         if report is not None:
@@ -450,16 +538,53 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             print("minimal failing config:")
             print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
             print(report.render())
-            if args.save_failure is not None:
-                print(f"saved to {args.save_failure} (replay with: {PROG} check --config {args.save_failure})")
+    # Written after the report is out: if the path broke during the fuzz, only the file is lost.
+    if report is not None and args.save_failure is not None:
+        try:
+            with open(args.save_failure, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(report.config.to_dict(), indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            sys.stdout.flush()
+            print(f"{PROG}: error: cannot write {args.save_failure}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_USAGE
+        if not args.json:
+            print(f"saved to {args.save_failure} (replay with: {PROG} check --config {args.save_failure})")
     if report is not None:
+        # the smallest failure is the harness's own crash (run_differential raised): nothing was judged
+        if all(f.oracle == Oracles.CRASH and f.message.startswith("run_differential raised") for f in report.findings):
+            return EXIT_INTERNAL
         return EXIT_FINDINGS
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
 
 
+def _check_writable(path: str) -> None:
+    """A usage error unless `path` can be written (a file is created and removed to find out)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--save-failure {path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"--save-failure {path}: is a folder")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            os.remove(path)
+    except OSError as exc:
+        raise UsageError(f"--save-failure {path}: cannot write: {exc.strerror or exc}") from None
+
+
 def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> str:
     origin = f"seed {outcome.seed}" if outcome.seed is not None else f"database {database}" if database else "unseeded"
-    head = f"fuzz ({origin}): {outcome.examples} examples in {outcome.seconds:.1f} s"
+    # --max-examples counts the generated examples; shrinking runs and metamorphic siblings come on top
+    generated = outcome.examples - outcome.shrink_examples
+    head = f"fuzz ({origin}): {generated} example{'s' if generated != 1 else ''}"
+    if outcome.shrink_examples:
+        head += f" + {outcome.shrink_examples} shrinking run{'s' if outcome.shrink_examples != 1 else ''}"
+    siblings = getattr(outcome, "sibling_runs", 0)
+    if siblings:
+        head += f" + {siblings} metamorphic sibling run{'s' if siblings != 1 else ''}"
+    head += f" in {outcome.seconds:.1f} s"
     if outcome.interrupted:
         head += ", interrupted"
     if outcome.report is None:
@@ -468,7 +593,7 @@ def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> st
     if outcome.seconds_to_first_failure is not None:
         parts.append(f"first failure after {outcome.seconds_to_first_failure:.1f} s")
     if outcome.seconds_shrinking is not None:
-        parts.append(f"shrunk in {outcome.seconds_shrinking:.1f} s over {outcome.shrink_examples} examples")
+        parts.append(f"shrunk in {outcome.seconds_shrinking:.1f} s")
     if outcome.interrupted:
         parts.append("the config below is the smallest failure found before the interrupt")
     parts.extend(outcome.notes)
@@ -492,7 +617,17 @@ def workspace_plan_for(config: MoEConfig, spec: str | None) -> WorkspacePlan:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    plan = workspace_plan_for(config, args.impl)
+    load_implementation(args.impl)  # an --impl that cannot be loaded: a usage error, exit 2
+    try:
+        with implementation_output_to_stderr():
+            plan = workspace_plan_for(config, args.impl)
+    except Exception as exc:  # noqa: BLE001 - the implementation's fault, not the harness's: a finding
+        print(f"{PROG}: the implementation's plan failed: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_FINDINGS
+    if not isinstance(plan, WorkspacePlan):
+        print(f"{PROG}: the implementation's plan must be a diffmoe.contract.WorkspacePlan, got {type(plan).__name__}",
+              file=sys.stderr)
+        return EXIT_FINDINGS
     from .plan_view import draw_plan_png, render_plan
     from .oracles.static_aliasing import check_static_aliasing
 
@@ -539,10 +674,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     # comes through the contract (its factory's `conformance_hooks`). Loading the factory first
     # lets the implementation set up its backend (e.g. the interpreter when no GPU) before
     # diffmoe.conformance imports triton.
-    hooks = factory_attribute(default_factory(), CONFORMANCE_HOOKS)
-    from .conformance import doctor_main
+    # The probes run under implementation_output_to_stderr: only the table (or JSON) is stdout.
+    with implementation_output_to_stderr():
+        hooks = factory_attribute(default_factory(), CONFORMANCE_HOOKS)
+        from .conformance import run_doctor
 
-    return doctor_main(args.json, device=device, hooks=hooks() if hooks is not None else None)
+        report = run_doctor(device, hooks() if hooks is not None else None)
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.render())
+    return report.exit_code
 
 
 # ---- compile-check ----------------------------------------------------------------------
@@ -588,8 +730,9 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
             print(f"compile-check: {done}/{total} {result.kernel} {result.arch} {result.variant}: {result.status}",
                   file=sys.stderr, flush=True)
     try:
-        report = gate.run_gate(factory, configs, archs, variants=_csv(args.variant), jobs=args.jobs,
-                               forbid_spills=_csv(args.forbid_spills) or (), progress=progress)
+        with implementation_output_to_stderr():
+            report = gate.run_gate(factory, configs, archs, variants=_csv(args.variant), jobs=args.jobs,
+                                   forbid_spills=_csv(args.forbid_spills) or (), progress=progress)
     except gate.CompileGateError as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:
@@ -603,11 +746,13 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     run = _runner().run_differential
+    device = parse_device(args.device)  # before anything is printed
     reports = []
     for planner in ("fixed", "legacy"):
         config = DEMO_CONFIG.replace(planner=planner)
         print(f"== {planner} planner: {check_command(config)}")
-        report = run(config, None, device=parse_device(args.device))
+        with implementation_output_to_stderr():
+            report = run(config, None, device=device)
         print(report.render())
         print()
         reports.append(report)
@@ -635,7 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check)
 
     fz = sub.add_parser("fuzz", help="draw configs until one fails, then shrink it", description="Draw configs until one fails, then shrink it.")
-    fz.add_argument("--max-examples", type=_positive_int, default=100, metavar="N", help="configs to try (default 100)")
+    fz.add_argument("--max-examples", type=_positive_int, default=100, metavar="N",
+                    help="configs drawn in the generate phase (default 100); the shrinking runs after a failure, a database replay and metamorphic sibling runs are not counted in N")
     fz.add_argument("--seed", type=_non_negative_int, metavar="S", help="fuzzing seed (default: a fresh one, printed)")
     fz.add_argument("--planner", choices=PLANNERS, default="fixed", help="planner of every drawn config (default fixed)")
     _add_impl_option(fz)
@@ -691,6 +837,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+REFERENCE_WIDTH = 100  # columns of the README's CLI reference, whatever the terminal
+
+
+def reference_text() -> str:
+    """Every subcommand's usage, from build_parser(), at a fixed width: the README's block between
+    `<!-- cli-reference:start -->` and `<!-- cli-reference:end -->` (tests/test_cli_reference.py
+    holds it to this; `python tests/test_cli_reference.py --write` regenerates it)."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    usages = []
+    for command in sub.choices.values():
+        formatter = command.formatter_class(prog=command.prog, width=REFERENCE_WIDTH)
+        formatter.add_usage(command.usage, command._actions, command._mutually_exclusive_groups, prefix="")
+        usages.append(formatter.format_help().rstrip())
+    return "\n".join(usages) + "\n"
+
+
+def _stdout_closed() -> int:
+    """stdout's reader went away (`diffmoe check ... | head -1`): exit quietly with 141, what a
+    shell reports for a process ended by SIGPIPE, as `yes | head -1` does. stdout is pointed at
+    devnull, so the interpreter's last flush at exit finds no broken pipe to complain about."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Workspaces are poisoned on purpose, so a kernel that reads stale bytes computes on NaN
     # and huge values; numpy (under the Triton interpreter) warns about each. The oracles
@@ -701,7 +875,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError("a command is required: check, fuzz, plan, demo, doctor or compile-check (see diffmoe --help)")
-        return args.handler(args)
+        status = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
     except UsageError as exc:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
@@ -710,6 +888,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a harness bug is no verdict: never 0, never 1
+        return _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """A failure of diffmoe itself (or its worker process, WorkerError; or a SystemExit that
+    escaped a command): one line saying so, then the traceback, and EXIT_INTERNAL. The
+    implementation's own failures never come here: they are findings (exit 1)."""
+    import traceback
+
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    what = f"SystemExit({quoted(exc.code)}) escaped the command" if isinstance(exc, SystemExit) else \
+        f"{type(exc).__name__}: {first}"
+    with contextlib.suppress(Exception):
+        print(f"{PROG}: internal error: {_one_line(what)} (the harness could not judge; exit {EXIT_INTERNAL})",
+              file=sys.stderr)
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -726,6 +726,42 @@ class DoctorRow:
     workaround_total: int | None
     trusted: bool  # ok, or a workaround applied that verified clean
     detail: str
+    explanation: str = ""  # why the status is what it is, in words (the mismatch count's meaning included)
+
+    @property
+    def shown_status(self) -> str:
+        """The table's status cell: "ok (bound)" where results differ but stay within the
+        primitive's stated bound (tl.exp), so a nonzero count beside "ok" is visibly meant."""
+        return f"{OK} (bound)" if self.status == OK and self.mismatches else self.status
+
+
+# What a primitive's mismatch count counts and what makes its status ok (the doctor's explanations).
+_EXACT = "bit for bit: a mismatch is any result that differs from the reference, and ok means none does"
+_DOT_RULE = (f"a mismatch is a result outside the float32 accumulation bound |c - exact| <= gamma_K * sum|a||b| "
+             f"(K={DOT_K}, any summation order), and ok means none is")
+CRITERIA = {
+    **{key: _EXACT for key in ("fp8_cast", "fp8_upcast", "bf16_cast", "bf16_upcast", "program_order", "aliasing",
+                               "fp32_div")},
+    "fp8_dot": _DOT_RULE,
+    "bf16_dot": _DOT_RULE,
+    "fp32_dot": _DOT_RULE,
+    "exp": (f"a mismatch is any result that differs from torch.exp by one float32 ulp or more; ok means none is more "
+            f"than the {EXP_MAX_ULP}-ulp bound (EXP_MAX_ULP) away: at most 2^-15 relative, so silu's bf16 result moves "
+            f"by at most one step, which the tolerance table allows"),
+}
+
+
+def explain(result: ProbeResult) -> str:
+    """Why `result`'s status is what it is, with what its mismatch count means."""
+    counted = f"{result.mismatches} of {result.total}"
+    rule = CRITERIA.get(result.primitive, _EXACT)
+    if result.status == SKIPPED:
+        return "skipped: the probe could not run here, so the primitive is unchecked"
+    if result.status == OK and result.mismatches:
+        return f"ok within the bound: {counted} differ, none beyond what is allowed ({rule})"
+    if result.status == OK:
+        return f"ok: 0 of {result.total} mismatches ({rule})"
+    return f"DEFECT: {counted} mismatches ({rule})"
 
 
 def _row(result: ProbeResult, switches: Mapping[str, bool], hooks: ConformanceHooks | None) -> DoctorRow:
@@ -750,7 +786,7 @@ def _row(result: ProbeResult, switches: Mapping[str, bool], hooks: ConformanceHo
         if workaround is not None:
             text = f"NONE (switch {workaround.trait} is off): {unguarded}"
     return DoctorRow(spec.key, spec.title, result.status, result.mismatches, result.total, text, applied,
-                     result.workaround_mismatches, result.workaround_total, trusted, result.detail)
+                     result.workaround_mismatches, result.workaround_total, trusted, result.detail, explain(result))
 
 
 @dataclass(frozen=True)
@@ -788,7 +824,7 @@ class DoctorReport:
 
     def render(self) -> str:
         head = ("primitive", "status", "mismatches", "workaround")
-        body = [(r.title, r.status, f"{r.mismatches} of {r.total}", r.workaround) for r in self.rows]
+        body = [(r.title, r.shown_status, f"{r.mismatches} of {r.total}", r.workaround) for r in self.rows]
         widths = [max(len(row[c]) for row in [head, *body]) for c in range(3)]
 
         def line(row) -> str:
@@ -806,7 +842,7 @@ class DoctorReport:
             *(line(row) for row in body),
             "",
             "details:",
-            *(f"  {r.title}: {r.detail}" for r in self.rows),
+            *(f"  {r.title}: {r.explanation}. {r.detail}" for r in self.rows),
             "",
         ]
         untrusted = [r.title for r in self.rows if not r.trusted]

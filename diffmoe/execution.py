@@ -12,7 +12,13 @@ Robustness: nothing the implementation does ends the check without a Report.
   * An exception from the implementation (Triton compile and interpreter errors included),
     in its factory, `workspace_plan`, `workspace_shapes`, `run` or `run_stage`, becomes a
     `crash` finding with the exception type, message, the phase and, inside a launch, the
-    stage. A run that returns no RunResult with a tensor output is a `contract` finding.
+    stage. So does any other BaseException but KeyboardInterrupt: `sys.exit(0)` in `run` is
+    "the implementation called sys.exit(0) during ...", never a silent exit 0 of the harness
+    `os._exit` is intercepted while the implementation runs (call_environment.py), so it is one
+    too; a process ended from below Python cannot be caught in process, and a worker that dies
+    is a crash finding (diffmoe/worker.py). A factory that returns an object without the contract's methods, a
+    run that returns no RunResult with a tensor output, an output or intermediate on another
+    device than the check's, and workspaces that cannot be allocated are `contract` findings.
   * Every input is kept as a bitwise copy, compared after each run (and, in the first run,
     before and after each launch, so the finding names the stage), and restored, so the later
     runs still see the original inputs; a changed input is a `contract` finding.
@@ -22,15 +28,13 @@ from __future__ import annotations
 
 import os
 import traceback
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
+from .call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet  # noqa: F401 - oracles use them from here
 from .compare import Comparison, Rule, compare
 from .config import MoEConfig, quoted
 from .contract import ImplementationFactory, Schedule, WorkspacePlan
@@ -82,9 +86,37 @@ class Crash(Exception):
         self.finding = finding
 
 
+# The contract's methods an implementation must have (run_stage is optional).
+REQUIRED_METHODS = ("workspace_plan", "workspace_shapes", "run")
+
+
+def implementation_failed(exc: BaseException) -> bool:
+    """True for everything the implementation may raise that is its own failure: any
+    BaseException but KeyboardInterrupt (a real Ctrl-C, or SIGTERM turned into one by the
+    CLI, must stop the harness). SystemExit, GeneratorExit and custom BaseExceptions are
+    findings: an implementation that calls sys.exit(0) must not end the check with a pass."""
+    return not isinstance(exc, KeyboardInterrupt)
+
+
 def crash_finding(exc: BaseException, stage: str | None, what: str) -> Finding:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    if isinstance(exc, HardExit):
+        if len(frames) >= 2:  # the implementation's call, not the interceptor's raise
+            where = f"{frames[-2].filename}:{frames[-2].lineno}"
+        return Finding(
+            oracle=Oracles.CRASH,
+            stage=stage,
+            message=f"the implementation called os._exit({quoted(exc.code)}) during {what}",
+            figures={"exception": "os._exit", "exit_code": quoted(exc.code), "where": where, "phase": what},
+        )
+    if isinstance(exc, SystemExit):
+        return Finding(
+            oracle=Oracles.CRASH,
+            stage=stage,
+            message=f"the implementation called sys.exit({quoted(exc.code)}) during {what}",
+            figures={"exception": "SystemExit", "exit_code": quoted(exc.code), "where": where, "phase": what},
+        )
     # Triton's compile errors span many lines (source excerpt, caret); the message keeps the
     # first line with text in it, the figures keep the rest.
     text = str(exc).strip()
@@ -100,36 +132,9 @@ def crash_finding(exc: BaseException, stage: str | None, what: str) -> Finding:
     )
 
 
-@contextmanager
-def allocations_poisoned() -> Iterator[None]:
-    """torch's fill_uninitialized_memory, which needs deterministic mode (warn_only: an op
-    without a deterministic kernel still runs); both restored afterwards.
-
-    The mode is set through torch._C: the public torch.use_deterministic_algorithms also
-    imports torch._inductor to mirror the flag there, which costs 4.3 s on first use (measured,
-    torch 2.13 CPU, `python -X importtime`), once per check process; nothing here compiles."""
-    set_mode = getattr(torch._C, "_set_deterministic_algorithms", None) or torch.use_deterministic_algorithms
-    mode, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    set_mode(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation.*")
-            yield
-    finally:
-        torch.utils.deterministic.fill_uninitialized_memory = fill
-        set_mode(mode, warn_only=warn_only)
-
-
-@contextmanager
-def numpy_quiet() -> Iterator[None]:
-    """Poisoned workspaces and NaN/Inf input rows are NaN on purpose; the interpreter computes on
-    them with numpy, whose floating-point warnings (and nanmax's "All-NaN slice") would only bury
-    the findings."""
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
-        yield
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0].strip() if lines else ""
 
 
 def first_tokens(problem: Problem, num_tokens: int) -> Problem:
@@ -176,6 +181,8 @@ class Check:
         # True when the call-sequence oracle makes the last order's run and the poison oracle's
         # second run (oracles/call_sequence.py): one T call serves three oracles
         self.sequenced = False
+        # selected oracles that could not run on this check, and why (the report says so)
+        self.skipped: dict[str, str] = {}
 
     def selected(self, oracle: str) -> bool:
         return oracle in self.oracles
@@ -194,20 +201,65 @@ class Check:
         """fn(*args) for one of the implementation's own methods; an exception is a crash finding."""
         self.enter(what)
         try:
-            return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - every failure of the implementation is a finding
+            with exits_intercepted():
+                return fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - every failure of the implementation is a finding
+            if not implementation_failed(exc):
+                raise
             raise Crash(crash_finding(exc, None, what)) from exc
+
+    def method(self, impl, name: str, what: str):
+        """impl.<name>, looked up as part of the implementation's call: a missing method is a
+        contract finding, a property that raises a crash finding."""
+        try:
+            fn = getattr(impl, name)
+        except AttributeError:
+            fn = None
+        except BaseException as exc:  # noqa: BLE001
+            if not implementation_failed(exc):
+                raise
+            raise Crash(crash_finding(exc, None, what)) from exc
+        if not callable(fn):
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"{what}: the implementation ({type(impl).__name__}) has no callable {name}() (diffmoe/contract.py)",
+            ))
+        return fn
 
     def build(self, config: MoEConfig):
         """A new instance, its private buffers poisoned: every torch.empty it makes while being
         built is filled (NaN floats, the largest integers), so a run that reads a private
         buffer (a scale, sorted ids) before writing it computes on poison, not on zeros or
         on what an earlier instance happened to leave in the allocator."""
+        what = f"building the implementation for {config.short()}"
         with allocations_poisoned():
-            return self.call(f"building the implementation for {config.short()}", self.factory, config)
+            impl = self.call(what, self.factory, config)
+        missing = [name for name in REQUIRED_METHODS if not callable(getattr(impl, name, None))]
+        if missing:
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"{what}: the factory returned {quoted(impl) if impl is None else type(impl).__name__}, "
+                        f"which has no {', '.join(m + '()' for m in missing)}; an implementation must have "
+                        f"{', '.join(m + '()' for m in REQUIRED_METHODS)} (diffmoe/contract.py)",
+            ))
+        return impl
+
+    def allocate(self, shapes: Sequence[int], what: str) -> GuardedWorkspaces:
+        """Guarded workspaces of the implementation's `shapes`; a size that cannot be allocated
+        (MemoryError, or torch's RuntimeError) is a contract finding, not a harness traceback."""
+        try:
+            return GuardedWorkspaces(tuple(shapes), self.device)
+        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"{what} asks for workspaces of {', '.join(str(n) for n in shapes)} bytes, which cannot be "
+                        f"allocated on {self.device}: {type(exc).__name__}: {_first_line(exc)}",
+                figures={"shapes": list(shapes), "exception": type(exc).__name__},
+            )) from exc
 
     def workspace_shapes(self, impl, max_tokens: int) -> tuple[int, ...]:
-        shapes = self.call(f"workspace_shapes({max_tokens})", impl.workspace_shapes, max_tokens)
+        what = f"workspace_shapes({max_tokens})"
+        shapes = self.call(what, self.method(impl, "workspace_shapes", what), max_tokens)
         try:
             counted = tuple(int(n) for n in shapes)
         except (TypeError, ValueError):
@@ -220,7 +272,8 @@ class Check:
         return counted
 
     def workspace_plan(self, impl, num_tokens: int) -> WorkspacePlan:
-        plan = self.call(f"workspace_plan({num_tokens})", impl.workspace_plan, num_tokens)
+        what = f"workspace_plan({num_tokens})"
+        plan = self.call(what, self.method(impl, "workspace_plan", what), num_tokens)
         if not isinstance(plan, WorkspacePlan):
             raise Crash(Finding(
                 oracle=Oracles.CONTRACT,
@@ -245,13 +298,16 @@ class Check:
         log = LaunchLog(snapshot=True)
         tracker = StageTracker(self.report_progress)
         watch = RedZoneWatch(guarded, output)
+        run = self.method(impl, "run", what)
         self.inputs.start(attribute_input_writes)
         recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, extra_recorder)
         try:
-            with numpy_quiet():
-                result = impl.run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
-                                  schedule=schedule, recorder=recorder)
-        except Exception as exc:  # noqa: BLE001
+            with numpy_quiet(), exits_intercepted():
+                result = run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
+                             schedule=schedule, recorder=recorder)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
+            if not implementation_failed(exc):
+                raise
             self.findings += self.inputs.finish(what, log)
             raise Crash(crash_finding(exc, tracker.stage, what)) from exc
         self.findings += self.inputs.finish(what, log)
@@ -262,6 +318,15 @@ class Check:
                 oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=[Buffers.OUTPUT],
                 message=f"{what} returned {type(result).__name__}; run() must return a RunResult whose output is a "
                         "tensor and whose intermediates are a dict",
+            ))
+        elsewhere = [name for name, tensor in ((Buffers.OUTPUT, returned), *intermediates.items())
+                     if isinstance(tensor, torch.Tensor) and tensor.device.type != self.device.type]
+        if elsewhere:  # a meta or foreign-device tensor holds nothing the oracles could compare
+            devices = sorted({str((returned if n == Buffers.OUTPUT else intermediates[n]).device) for n in elsewhere})
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=elsewhere,
+                message=f"{what} returned {', '.join(elsewhere)} on {', '.join(devices)}, not on the check's device "
+                        f"{self.device}",
             ))
         out = returned.detach().clone()
         buffers = dict(log.snapshots)

@@ -12,6 +12,31 @@ With a database, every failing example Hypothesis meets is saved as it is met (a
 file rename), so an interrupted run leaves a consistent database and the next run replays
 its failure first.
 
+A metamorphic finding compares two runs, the drawn config and its sibling under the other
+`fused` flag, and two runs cannot tell whose bits are wrong; the finding names the sibling
+(`figures["sibling_config"]`). Rule: when every finding of an example comes from the sibling
+run (metamorphic findings, or a crash of the sibling, both carrying `sibling_config`), the
+sibling is judged too, by `run_differential` like any example. If it fails on its own (a
+finding of another oracle, not merely its own metamorphic disagreement), the failure of the
+example is the sibling's report: that is what the property raises, so the config reported,
+saved and replayed is the one the other oracles catch, and the shrinker keeps only examples
+whose sibling still fails that way. Otherwise (the usual symmetric disagreement) the drawn
+config's report stands. The extra runs are counted in `FuzzOutcome.sibling_runs` and a note
+says when the reported config is a sibling. Hypothesis still shrinks the drawn config, so the
+reported sibling is the sibling of the smallest drawn config whose metamorphic finding still
+shows; a smaller config of the sibling's own shape may exist below it.
+
+max_examples bounds the configs drawn in the generate phase only (Hypothesis's meaning):
+shrinking runs, a database replay and sibling runs come on top and are counted apart.
+
+A database replay resumes shrinking. Hypothesis saves every new smallest failure under its
+primary key and takes a failure replayed from there as already shrunk (it skips the shrink
+phase). A run that ends before its shrink does (Ctrl-C, SIGTERM, a kill) would so leave an
+unshrunk failure that every later run replays and reports as minimal. `_ResumingDatabase`
+therefore marks the primary entries as shrunk when a run's shrink completes, and at the start
+of a run moves unmarked primary entries to Hypothesis's secondary key: they are replayed
+first all the same, and then shrunk on (Phase.reuse, then Phase.shrink).
+
 Crashes, timeouts and contract violations of the implementation are findings of the report
 (diffmoe.runner), so they shrink like any other failure. A crash of the harness itself on
 some config (an exception out of `run_differential`) is treated as a failure too, reported
@@ -50,22 +75,26 @@ ProgressCallback = Callable[[int, str, float, str], None]
 class FailingReport(AssertionError):
     """Raised inside the property when a config has findings; carries the Report."""
 
-    def __init__(self, report: Report) -> None:
+    def __init__(self, report: Report, drawn: MoEConfig | None = None) -> None:
         super().__init__(report.render())
         self.report = report
+        self.drawn = report.config if drawn is None else drawn  # differs when the report is the sibling's
 
 
 @dataclass
 class FuzzOutcome:
     """What a fuzzing session found.
 
-    examples counts every config run (generation, shrinking and the final replay);
-    shrink_examples the ones after the first failure. Seconds are wall clock;
+    examples counts every drawn config run (generation, shrinking and the final replay);
+    shrink_examples the ones after the first failure, so generated_examples (examples minus
+    shrink_examples) is what max_examples bounds; sibling_runs the metamorphic siblings
+    judged on top (not in examples). Seconds are wall clock;
     seconds_to_first_failure and seconds_shrinking are None when nothing failed.
     """
 
     examples: int = 0
     shrink_examples: int = 0
+    sibling_runs: int = 0
     seconds: float = 0.0
     seconds_to_first_failure: float | None = None
     seconds_shrinking: float | None = None
@@ -79,6 +108,11 @@ class FuzzOutcome:
         return self.report is None
 
     @property
+    def generated_examples(self) -> int:
+        """Configs run in the generate phase (a database replay included): what max_examples bounds."""
+        return self.examples - self.shrink_examples
+
+    @property
     def failing_config(self) -> MoEConfig | None:
         return None if self.report is None else self.report.config
 
@@ -87,7 +121,9 @@ class FuzzOutcome:
             "passed": self.passed,
             "interrupted": self.interrupted,
             "examples": self.examples,
+            "generated_examples": self.generated_examples,
             "shrink_examples": self.shrink_examples,
+            "sibling_runs": self.sibling_runs,
             "seconds": round(self.seconds, 3),
             "seconds_to_first_failure": None if self.seconds_to_first_failure is None else round(self.seconds_to_first_failure, 3),
             "seconds_shrinking": None if self.seconds_shrinking is None else round(self.seconds_shrinking, 3),
@@ -103,6 +139,81 @@ def _database(database: ExampleDatabase | str | os.PathLike | None) -> ExampleDa
     if isinstance(database, (str, os.PathLike)):
         return DirectoryBasedExampleDatabase(os.fspath(database))
     raise TypeError(f"database must be None, a directory path or a hypothesis ExampleDatabase, got {database!r}")
+
+
+def _sibling_of(report: Report) -> MoEConfig | None:
+    """The sibling config when every finding comes from the metamorphic sibling run, else None."""
+    siblings = []
+    for f in report.findings:
+        named = (f.figures or {}).get("sibling_config")
+        if named is None and f.oracle != Oracles.METAMORPHIC:
+            return None
+        sibling = report.config.replace(fused=not report.config.fused) if named is None else MoEConfig.from_dict(named)
+        if sibling not in siblings:
+            siblings.append(sibling)
+    return siblings[0] if len(siblings) == 1 else None
+
+
+def _fails_on_its_own(report: Report) -> bool:
+    """A finding that is not merely a disagreement with (or a crash of) its own sibling."""
+    return any((f.figures or {}).get("sibling_config") is None and f.oracle != Oracles.METAMORPHIC for f in report.findings)
+
+
+SHRUNK_MARK = b".diffmoe-shrunk"
+_HYPOTHESIS_SUB_KEYS = (b".secondary", b".pareto", SHRUNK_MARK)
+
+
+class _ResumingDatabase(ExampleDatabase):
+    """The user's database, with unshrunk primary entries moved aside (see the module doc).
+
+    Hypothesis's primary keys are the test digests; its sub keys append ".secondary" and
+    ".pareto"; the marks of entries whose shrink completed live under ".diffmoe-shrunk".
+    """
+
+    def __init__(self, inner: ExampleDatabase) -> None:
+        super().__init__()
+        self.inner = inner
+        self.primary_keys: list[bytes] = []
+
+    def __repr__(self) -> str:
+        return f"_ResumingDatabase({self.inner!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ResumingDatabase) and self.inner == other.inner
+
+    __hash__ = object.__hash__
+
+    def _note_primary(self, key: bytes) -> None:
+        if key.endswith(_HYPOTHESIS_SUB_KEYS) or key in self.primary_keys:
+            return
+        self.primary_keys.append(key)
+        shrunk = set(self.inner.fetch(key + SHRUNK_MARK))
+        for value in list(self.inner.fetch(key)):
+            if value not in shrunk:  # replayed from the secondary key, then shrunk on
+                self.inner.move(key, key + b".secondary", value)
+
+    def fetch(self, key: bytes):
+        self._note_primary(key)
+        return self.inner.fetch(key)
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self._note_primary(key)
+        self.inner.save(key, value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(src, dest, value)
+
+    def mark_shrunk(self) -> None:
+        """The run's shrink completed: its primary entries are minimal; drop stale marks."""
+        for key in self.primary_keys:
+            current = set(self.inner.fetch(key))
+            for value in current:
+                self.inner.save(key + SHRUNK_MARK, value)
+            for value in set(self.inner.fetch(key + SHRUNK_MARK)) - current:
+                self.inner.delete(key + SHRUNK_MARK, value)
 
 
 def _crash_report(
@@ -130,7 +241,7 @@ def fuzz(
     seed: int | None,
     planner: str | None = "fixed",
     implementation: ImplementationFactory | None = None,
-    implementation_name: str = DEFAULT_IMPLEMENTATION_NAME,
+    implementation_name: str | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     max_experts: int = MAX_EXPERTS,
     database: ExampleDatabase | str | os.PathLike | None = None,
@@ -141,7 +252,10 @@ def fuzz(
     time_limit: float | None = None,
     special_rows: bool = False,
 ) -> FuzzOutcome:
-    """Run up to `max_examples` drawn configs; stop at the first failure and shrink it.
+    """Draw up to `max_examples` configs; stop at the first failure and shrink it.
+
+    max_examples counts the configs of the generate phase; the shrinking runs (and a database
+    replay, and metamorphic siblings judged on top, see the module doc) are not counted in it.
 
     seed: an int makes the run reproducible (Hypothesis's @seed); None draws a fresh one.
     planner: pins the planner of every config ("legacy" to watch the known bug get caught;
@@ -166,6 +280,8 @@ def fuzz(
     ):
         raise ValueError(f"time_limit must be None or a number of seconds > 0, got {time_limit!r}")
     db = _database(database)
+    if db is not None:
+        db = _ResumingDatabase(db)
     if seed is not None and db is not None:
         raise ValueError("seed and database are exclusive: a seeded run is reproducible and replays no stored failure")
     if not isinstance(special_rows, bool):
@@ -185,7 +301,28 @@ def fuzz(
     outcome = FuzzOutcome(seed=seed)
     start = time.perf_counter()
     first_failure_at: list[float] = []
-    smallest: list[Report] = []
+    smallest: list[FailingReport] = []
+
+    def judge(config: MoEConfig) -> Report:
+        try:
+            report = runner.run_differential(
+                config,
+                implementation,
+                schedules=schedules,
+                oracles=oracles,
+                device=device,
+                # None: run_differential names the factory (module:qualname)
+                **({} if implementation_name is None else {"implementation_name": implementation_name}),
+                # only when set: a stand-in runner need not know the argument
+                **({} if time_limit is None else {"time_limit": time_limit}),
+            )
+        except Exception as exc:  # a harness crash is a finding to shrink, not the end of the search
+            name = implementation_name
+            if name is None:  # as run_differential names it
+                namer = getattr(runner, "factory_name", None)
+                name = namer(implementation) if namer is not None else DEFAULT_IMPLEMENTATION_NAME
+            report = _crash_report(config, exc, name, oracles, schedules)
+        return report
 
     def run_one(config: MoEConfig) -> None:
         outcome.examples += 1
@@ -194,24 +331,21 @@ def fuzz(
             outcome.shrink_examples += 1
         if progress is not None:
             progress(outcome.examples, phase, time.perf_counter() - start, config.short())
-        try:
-            report = runner.run_differential(
-                config,
-                implementation,
-                schedules=schedules,
-                oracles=oracles,
-                device=device,
-                implementation_name=implementation_name,
-                # only when set: a stand-in runner need not know the argument
-                **({} if time_limit is None else {"time_limit": time_limit}),
-            )
-        except Exception as exc:  # a harness crash is a finding to shrink, not the end of the search
-            report = _crash_report(config, exc, implementation_name, oracles, schedules)
+        report = judge(config)
+        sibling = None if report.passed else _sibling_of(report)
+        if sibling is not None:  # only the metamorphic oracle saw it: judge the sibling too
+            outcome.sibling_runs += 1
+            if progress is not None:
+                progress(outcome.examples, phase, time.perf_counter() - start, f"{sibling.short()} (metamorphic sibling)")
+            sibling_report = judge(sibling)
+            if _fails_on_its_own(sibling_report):
+                report = sibling_report
         if not report.passed:
             if not first_failure_at:
                 first_failure_at.append(time.perf_counter())
-            smallest[:] = [report]  # the shrinker only tries smaller examples
-            raise FailingReport(report)
+            failure = FailingReport(report, drawn=config)
+            smallest[:] = [failure]  # the shrinker only tries smaller examples
+            raise failure
 
     phases = [Phase.generate, Phase.shrink]
     if db is not None:
@@ -230,20 +364,32 @@ def fuzz(
     if seed is not None:
         test = hypothesis_seed(seed)(test)
 
+    final: FailingReport | None = None
     try:
         test()
+        if db is not None:
+            db.mark_shrunk()
     except FailingReport as exc:
-        outcome.report = exc.report
+        final = exc
+        if db is not None:
+            db.mark_shrunk()  # the shrink completed: what the database holds is minimal
     except KeyboardInterrupt:
         outcome.interrupted = True
-        outcome.report = smallest[0] if smallest else None
+        final = smallest[0] if smallest else None
     except Exception as exc:
         # Hypothesis reports a failure it could not replay (a flaky implementation) as its own
         # error; the failures seen are still real, so keep the smallest and say so.
         if not smallest:
             raise
-        outcome.report = smallest[0]
+        final = smallest[0]
         outcome.notes.append(f"the minimal example did not fail again on replay ({type(exc).__name__}): flaky")
+    if final is not None:
+        outcome.report = final.report
+        if final.drawn != final.report.config:
+            outcome.notes.append(
+                f"the drawn config {final.drawn.short()} failed only the metamorphic oracle; its sibling "
+                f"(fused={final.report.config.fused}) fails other oracles on its own and is the config reported"
+            )
     end = time.perf_counter()
     outcome.seconds = end - start
     if first_failure_at:

@@ -1,7 +1,7 @@
 """`diffmoe plan`'s views of a workspace plan: the text table and the PNG.
 
 Owns drawing a declared plan (one row per placed buffer, live stages, aliasing overlaps
-marked). Judges nothing: the overlaps are the static-aliasing oracle's findings, passed in.
+marked; never-written slots and buffers kept outside the workspaces shown too). Judges nothing: the overlaps are the static-aliasing oracle's findings, passed in.
 """
 
 from __future__ import annotations
@@ -56,9 +56,27 @@ def render_plan(plan: WorkspacePlan, findings) -> str:
     return "\n".join(lines)
 
 
-def draw_plan_png(plan: WorkspacePlan, findings, path: str) -> None:
+NEVER_WRITTEN = "never written"
+PRIVATE = "not in ws1/ws2"
+
+
+def unplaced_buffers(plan: WorkspacePlan) -> list[str]:
+    """Buffers the plan's stages write that no placement carves from ws1/ws2 (scales an
+    implementation keeps in private buffers, an output the caller owns), pipeline order."""
+    placed = {p.buffer for p in plan.placements}
+    names: list[str] = []
+    for stage in plan.stages:
+        names.extend(n for n in stage.writes if n not in placed and n not in names)
+    return names
+
+
+def draw_plan_png(plan: WorkspacePlan, findings, path: str) -> list[str]:
     """Two panels (ws1, ws2): bytes across, stages down, each buffer a block over its live
-    stages, overlaps of live buffers in red."""
+    stages, overlaps of live buffers in red. Every declared slot is drawn: one no stage writes
+    (the legacy plan's fused `activation_output`, whose slot flips the parity) spans every
+    stage, grey and hatched, labelled "never written"; buffers the stages write outside the
+    workspaces (private scale buffers, a separate output) are listed under the panels.
+    Returns the labels drawn, in drawing order."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window
@@ -69,16 +87,26 @@ def draw_plan_png(plan: WorkspacePlan, findings, path: str) -> None:
     stages = [s.name for s in plan.stages]
     tab10 = plt.get_cmap("tab10")
     palette = [tab10(i) for i in range(10) if i != 3]  # tab10's red is kept for overlaps
+    labels: list[str] = []
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.6 * len(stages) + 2), sharey=True)
     for ws, ax in enumerate(axes):
         size = max(plan.workspace_bytes[ws], 1)
         for n, p in enumerate(plan.placements):
-            r = ranges.get(p.buffer)
-            if p.workspace != ws or r is None:
+            if p.workspace != ws:
                 continue
-            ax.add_patch(Rectangle((p.offset, r.first), p.nbytes, r.last - r.first + 1, facecolor=palette[n % len(palette)], alpha=0.45, edgecolor="black"))
-            ax.text(p.offset + p.nbytes / 2, r.last + 0.75, p.buffer, ha="center", va="center", fontsize=8, zorder=5,
+            r = ranges.get(p.buffer)
+            if r is None:  # a slot no stage writes: it still takes its bytes (and its parity)
+                label = f"{p.buffer} ({NEVER_WRITTEN})"
+                ax.add_patch(Rectangle((p.offset, 0), p.nbytes, max(len(stages), 1), facecolor="lightgrey", alpha=0.5,
+                                       hatch="..", edgecolor="dimgrey", linestyle="--"))
+                y = len(stages) / 2
+            else:
+                label = p.buffer
+                ax.add_patch(Rectangle((p.offset, r.first), p.nbytes, r.last - r.first + 1, facecolor=palette[n % len(palette)], alpha=0.45, edgecolor="black"))
+                y = r.last + 0.75
+            ax.text(p.offset + p.nbytes / 2, y, label, ha="center", va="center", fontsize=8, zorder=5,
                     bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=1))
+            labels.append(label)
         for f in findings:
             for br in f.byte_ranges:
                 if br.region != _ws(ws):
@@ -93,8 +121,13 @@ def draw_plan_png(plan: WorkspacePlan, findings, path: str) -> None:
         ax.set_yticks([i + 0.5 for i in range(len(stages))], stages)
         ax.set_xlabel("bytes")
         ax.set_title(f"{_ws(ws)} ({plan.workspace_bytes[ws]} bytes)")
+    unplaced = [f"{name} ({PRIVATE})" for name in unplaced_buffers(plan)]
+    if unplaced:
+        fig.text(0.5, 0.01, "written outside the workspaces: " + ", ".join(unplaced), ha="center", fontsize=8)
+        labels.extend(unplaced)
     verdict = f"{len(findings)} aliasing overlap(s) in red" if findings else "no overlap"
     fig.suptitle(f"workspace plan, planner={plan.planner}: {verdict}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04 if unplaced else 0, 1, 1))
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)
+    return labels

@@ -13,7 +13,14 @@ Fixtures, for suites that plug in their own implementation:
 * `guarded_workspaces`: `make(nbytes=(ws1, ws2), device="cpu", **options) ->
   GuardedWorkspaces`, poisonable workspaces between guard bytes.
 * `assert_report_passes`: `check(report)` fails the test with the rendered report and its
-  replay command when the report has findings.
+  replay command when the report has findings. The report names the implementation under
+  test and the replay command carries it: `run_differential(config, my_factory)` calls a
+  factory defined at module level `module:factory` (a test module's own name when pytest
+  imports it by file name: replay with its folder on PYTHONPATH), and says so when no command
+  can load it (a lambda, a closure).
+
+The fixtures are session-scoped (they hold no state: each returns a function), so they work
+inside `@given` tests, where Hypothesis refuses function-scoped fixtures (FailedHealthCheck).
 
 Must not judge: the fixtures hand configs to run_differential.
 """
@@ -37,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
         load_profile("ci")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def moe_problem_factory() -> Callable:
     """config -> Problem (deterministic from config.seed)."""
     from .problem import make_problem
@@ -48,7 +55,7 @@ def moe_problem_factory() -> Callable:
     return make
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def moe_reference() -> Callable:
     """problem -> RunResult of the reference MoE (output and every intermediate)."""
     from reference import reference_moe
@@ -56,7 +63,7 @@ def moe_reference() -> Callable:
     return reference_moe
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def guarded_workspaces() -> Callable:
     """Factory of GuardedWorkspaces: make((ws1_bytes, ws2_bytes), device="cpu", **options)."""
     from .oracles.guards import GuardedWorkspaces
@@ -76,7 +83,7 @@ def report_failure_message(report) -> str:
     return text
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def assert_report_passes() -> Callable:
     """check(report): fail the test with the report and its replay line if it has findings."""
 

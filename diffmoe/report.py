@@ -10,6 +10,8 @@ Owns the finding and report types, their rendering and replay commands. Must not
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,8 +38,27 @@ class Oracles:
     TIMEOUT = "timeout"  # the example ran past its time limit
 
 
+# What `--impl` (diffmoe.runner.load_factory) can load: MODULE:FACTORY, one colon, a top-level
+# attribute of an importable module. Anything else (a lambda, a closure, a label) is a name only.
+_FACTORY_SPEC = re.compile(r"[^\s:<>()]+:[^\s:<>().]+")
+# The stand-in a replay command carries for an implementation no command can load.
+UNREPLAYABLE_IMPL = "MODULE:FACTORY"
+
+
+def is_factory_spec(implementation: str) -> bool:
+    """Whether a report's implementation name is a MODULE:FACTORY spec `--impl` can load (the
+    runner names a factory so only when `import_module(MODULE).FACTORY is factory`)."""
+    return isinstance(implementation, str) and _FACTORY_SPEC.fullmatch(implementation) is not None
+
+
 def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME) -> str:
-    """The `diffmoe check` command line that rebuilds exactly this config."""
+    """The `diffmoe check` command line that rebuilds exactly this config and implementation.
+
+    The default implementation (DEFAULT_IMPLEMENTATION_NAME, or no name) needs no `--impl`; a
+    MODULE:FACTORY spec is passed as `--impl SPEC`. Any other name (a factory no module exports:
+    a lambda, a closure) cannot be loaded by a command: the line then carries
+    `--impl MODULE:FACTORY` and a shell comment saying so, so that pasting it fails with a
+    usage error instead of silently replaying the default implementation."""
     c = config
     parts = [
         "diffmoe check",
@@ -54,7 +75,14 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
         flag = "--" + name.replace("_", "-")
         parts.append(flag if value is True else f"{flag} {value}")
     if implementation and implementation != DEFAULT_IMPLEMENTATION_NAME:
-        parts.append(f"--impl {implementation}")
+        if is_factory_spec(implementation):
+            parts.append(f"--impl {shlex.quote(implementation)}")
+        else:
+            label = " ".join(str(implementation).split())
+            parts.append(
+                f"--impl {UNREPLAYABLE_IMPL}  # implementation {label} is not importable as {UNREPLAYABLE_IMPL}: "
+                "define its factory at module level and name it here, or pass it to run_differential"
+            )
     return " ".join(parts)
 
 
@@ -112,6 +140,9 @@ class Report:
     # None: the inputs were generated from the config, and the replay command rebuilds them.
     # Otherwise a note saying where they came from (run_differential's `problem=`).
     inputs: str | None = None
+    # selected oracles that could not run on this check (name -> why), e.g. teacher forcing for an
+    # implementation without run_stage; a selection is only fully judged when this is empty
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -127,7 +158,8 @@ class Report:
         return None
 
     def replay_command(self) -> str:
-        """A copy-pasteable command that replays this config."""
+        """A copy-pasteable command that replays this config with this implementation
+        (`--impl SPEC` unless it is the default; see check_command for one no command loads)."""
         return check_command(self.config, self.implementation)
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +175,8 @@ class Report:
         }
         if self.inputs is not None:
             d["inputs"] = self.inputs
+        if self.skipped:
+            d["skipped"] = dict(self.skipped)
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -158,6 +192,7 @@ class Report:
             findings=[Finding.from_dict(f) for f in d.get("findings", [])],
             seconds=float(d.get("seconds", 0.0)),
             inputs=d.get("inputs"),
+            skipped=dict(d.get("skipped") or {}),
         )
 
     @classmethod
@@ -176,6 +211,8 @@ class Report:
         ]
         if self.inputs is not None:
             lines.append(f"  inputs:    {self.inputs}")
+        for name, why in self.skipped.items():
+            lines.append(f"  skipped:   {name}: {why}")
         for n, f in enumerate(self.findings[:max_findings], 1):
             lines.append(f"  [{n}] {f.headline()}")
             if f.byte_ranges:

@@ -35,22 +35,25 @@ Must not judge: a verdict in this module belongs in an oracle module (tests/test
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .config import MoEConfig
+from .config import MoEConfig, quoted
 from .contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule
 from .execution import Check, Crash, ProgressCallback, default_device, interpreter_enabled
 from .oracles.call_sequence import SMALL_CALL_DIVISOR, makes_last_order_run
 from .oracles.differential import DERIVED_OUTPUT_REASON
-from .oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
+from .oracles.guards import POISON_PATTERNS, GuardedTensor
 from .oracles.registry import ALL_ORACLES, active_oracles, resolve_oracles
 from .oracles.static_aliasing import check_workspace_fit
 from .problem import Problem
-from .report import Finding, Report
+from .report import Finding, Report, is_factory_spec
 from .vocabulary import Buffers
 from .worker import (  # noqa: F401 - part of this module's API since before worker.py existed
     DEFAULT_INTERPRETER_TIME_LIMIT,
@@ -64,7 +67,7 @@ from .worker import (  # noqa: F401 - part of this module's API since before wor
 __all__ = [
     "ALL_ORACLES", "DEFAULT_IMPLEMENTATION", "DEFAULT_INTERPRETER_TIME_LIMIT", "DERIVED_OUTPUT_REASON", "MAX_TIME_LIMIT",
     "SMALL_CALL_DIVISOR", "DifferentialRun", "WorkerError", "check_time_limit", "default_device", "default_schedules",
-    "default_time_limit", "interpreter_enabled", "load_factory", "resolve_oracles", "resolve_schedules",
+    "default_time_limit", "factory_name", "interpreter_enabled", "load_factory", "resolve_oracles", "resolve_schedules",
     "run_differential",
 ]
 
@@ -77,19 +80,101 @@ def default_schedules(config: MoEConfig) -> tuple[str, ...]:
     return (*FIXED_SCHEDULES, *(f"random:{config.seed + 1 + i}" for i in range(config.random_orders)))
 
 
+def _import_impl_module(name: str):
+    """The module of an --impl spec: a file path ending in .py, loaded under a name unique to its
+    absolute path (once per process), or a module name, resolved from the current directory too
+    (appended to sys.path, after everything installed) so that `--impl mymodule:make` works from
+    the folder that holds mymodule.py without PYTHONPATH=."""
+    if name.endswith(".py"):
+        path = os.path.abspath(name)
+        if not os.path.isfile(path):
+            raise ImportError(f"no file {name!r} (from {os.getcwd()})")
+        unique = "diffmoe_impl_" + "".join(c if c.isalnum() else "_" for c in path)
+        if unique in sys.modules:
+            return sys.modules[unique]
+        spec = importlib.util.spec_from_file_location(unique, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[unique] = module  # dataclasses, pickling and a fork-started worker look it up there
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[unique]
+            raise
+        return module
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return importlib.import_module(name)
+
+
 def load_factory(spec: str) -> ImplementationFactory:
-    """'MODULE:FACTORY' -> the factory callable; a clear ValueError when it cannot be found."""
+    """'MODULE:FACTORY' or 'path/to/file.py:FACTORY' -> the factory callable; a clear ValueError
+    when it cannot be found. A module name is also looked up in the current directory.
+
+    Whatever importing the module raises (an ImportError, a SyntaxError, any exception of its
+    top-level code, even SystemExit; not KeyboardInterrupt) is that ValueError, naming the
+    module and the error: the CLI's usage error (exit 2), not a traceback or a silent exit."""
     if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ValueError(f"--impl must be MODULE:FACTORY (e.g. {DEFAULT_IMPLEMENTATION}), got {spec!r}")
+        raise ValueError(f"--impl must be MODULE:FACTORY or path/to/file.py:FACTORY (e.g. {DEFAULT_IMPLEMENTATION}), "
+                         f"got {spec!r}")
     module_name, attr = spec.split(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_impl_module(module_name)
     except ImportError as exc:
         raise ValueError(f"--impl module {module_name!r} cannot be imported: {exc}") from None
-    factory = getattr(module, attr, None)
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:
+        raise ValueError(f"--impl module {module_name!r} called sys.exit({quoted(exc.code)}) while being imported") from None
+    except BaseException as exc:  # noqa: BLE001 - a broken module is the caller's to fix, with its error named
+        # (a SyntaxError's text already names the file and line)
+        raise ValueError(f"--impl module {module_name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
+    try:
+        factory = getattr(module, attr, None)
+    except Exception as exc:  # noqa: BLE001 - a module __getattr__ that raises
+        raise ValueError(f"--impl {spec!r}: looking up {attr!r} raised {type(exc).__name__}: {exc}") from None
     if not callable(factory):
         raise ValueError(f"--impl {spec!r}: module {module_name!r} has no callable {attr!r}")
     return factory
+
+
+def _is_default_factory(factory: object) -> bool:
+    """Whether `factory` is DEFAULT_IMPLEMENTATION's (asked without importing it: whoever holds
+    that factory has imported its module already)."""
+    module_name, _, attr = DEFAULT_IMPLEMENTATION.partition(":")
+    module = sys.modules.get(module_name)
+    return module is not None and getattr(module, attr, None) is factory
+
+
+def factory_name(factory: ImplementationFactory | None) -> str:
+    """What reports and replay lines call an implementation passed as a factory.
+
+    None (the default implementation) and the default factory itself: DEFAULT_IMPLEMENTATION_NAME.
+    A factory its module exports, `getattr(importlib.import_module(module), qualname) is factory`:
+    the spec `module:qualname`, which `--impl` loads, so the replay line reproduces it. Otherwise
+    (a lambda, a closure, a bound method, a factory defined in `__main__`): its `name` attribute
+    when it has a string one, else its qualified name or repr; the replay line then says no
+    command can load it (diffmoe.report.check_command)."""
+    if factory is None or _is_default_factory(factory):
+        return DEFAULT_IMPLEMENTATION_NAME
+    module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and module != "__main__":
+        spec = f"{module}:{qualname}"
+        try:
+            loaded = importlib.import_module(module)
+            exported = getattr(loaded, qualname, None) is factory
+        except Exception:  # noqa: BLE001 - any import failure only means "not importable by name"
+            loaded, exported = None, False
+        origin = getattr(loaded, "__file__", None)
+        if exported and module.startswith("diffmoe_impl_") and isinstance(origin, str):
+            spec = f"{origin}:{qualname}"  # loaded from a file by load_factory: replayed by its path
+        if exported and is_factory_spec(spec):
+            return spec
+    label = getattr(factory, "name", None)
+    if not isinstance(label, str) or not label.strip():
+        label = qualname if isinstance(qualname, str) else repr(factory)
+    label = " ".join(label.split())
+    return label if len(label) <= 200 else label[:197] + "..."
 
 
 def resolve_schedules(schedules: Sequence[Schedule | str] | None, config: MoEConfig | None = None) -> list[Schedule]:
@@ -124,7 +209,7 @@ class DifferentialRun(Check):
         if fit:
             self.findings += fit  # an undersized workspace is reported before any launch
             return
-        guarded = self.guarded = GuardedWorkspaces(shapes, self.device)
+        guarded = self.guarded = self.allocate(shapes, f"workspace_shapes({cfg.num_tokens})")
         output = None
         if cfg.output == "separate":
             output = self.output = GuardedTensor((t, cfg.hidden), torch.bfloat16, self.device)
@@ -156,8 +241,11 @@ class DifferentialRun(Check):
             return None
         from .oracles import interpreter_races  # imports triton: only when these oracles run
 
-        supported, _why = interpreter_races.races_supported()
+        supported, why = interpreter_races.races_supported()
         if not supported:
+            for o in self.active:
+                if o.records_addresses:
+                    self.skipped[o.name] = why
             return None
         ws1, ws2 = self.guarded.workspaces
         named = {"ws1": ws1, "ws2": ws2, **({Buffers.OUTPUT: self.output.tensor} if self.output is not None else {})}
@@ -187,7 +275,7 @@ def run_differential(
     schedules: Sequence[Schedule | str] | None = None,
     oracles: Collection[str] | None = None,
     device: str | torch.device | None = None,
-    implementation_name: str = DEFAULT_IMPLEMENTATION_NAME,
+    implementation_name: str | None = None,
     problem: Problem | None = None,
     time_limit: float | None = None,
 ) -> Report:
@@ -198,6 +286,11 @@ def run_differential(
         `config` and it may hold 0..config.num_tokens tokens (`make_problem(config,
         num_tokens=0)` is a zero-token call). The report says the inputs were given, since
         its replay command rebuilds the generated ones.
+    implementation_name: what the report calls the implementation, and what its replay
+        command passes as `--impl` (a MODULE:FACTORY spec) unless it is the default's name.
+        None (default): `factory_name(implementation)`: "optimized" for the default, the
+        factory's `module:qualname` when its module exports it, else its `name` attribute or
+        qualified name, and then the replay line says no command can load it.
     time_limit: None (default) runs the check in this process, so an implementation's state
         and a debugger behave as usual. A number of seconds runs it in a worker process
         (fork on a CPU device where the platform has it, spawn otherwise: a forked child
@@ -219,6 +312,10 @@ def run_differential(
         _check_problem_argument(problem, config)
     if implementation is not None and not callable(implementation):
         raise TypeError(f"implementation must be a factory callable (config -> implementation), got {implementation!r}")
+    if implementation_name is None:
+        implementation_name = factory_name(implementation)
+    elif not isinstance(implementation_name, str):
+        raise TypeError(f"implementation_name must be None or a string, got {implementation_name!r}")
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -242,7 +339,7 @@ class _Job:
     implementation_name: str
     problem: Problem | None
 
-    def report(self, findings: list[Finding], seconds: float) -> Report:
+    def report(self, findings: list[Finding], seconds: float, skipped: dict[str, str] | None = None) -> Report:
         return Report(
             config=self.config,
             implementation=self.implementation_name,
@@ -251,6 +348,7 @@ class _Job:
             findings=findings,
             seconds=seconds,
             inputs=_inputs_note(self.problem),
+            skipped=dict(skipped or {}),
         )
 
     def run(self, progress: ProgressCallback | None = None) -> Report:
@@ -262,6 +360,6 @@ class _Job:
             state.run()
         except Crash as crash:
             state.findings.append(crash.finding)
-        return self.report(state.findings, time.perf_counter() - start)
+        return self.report(state.findings, time.perf_counter() - start, state.skipped)
 
 

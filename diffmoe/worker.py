@@ -208,7 +208,7 @@ def run_in_worker(job, limit: float) -> Report:
                 proc.join(_WORKER_JOIN_SECONDS)
                 findings.append(Finding(
                     oracle=Oracles.CRASH, stage=stage,
-                    message=f"the worker process died ({_exit_description(proc.exitcode)}) during {phase}"
+                    message=f"the worker process died ({_exit_description(proc.exitcode)}) before sending its report, during {phase}"
                             + (f", in a launch of stage {stage}" if stage else ""),
                     figures={"exitcode": proc.exitcode, "phase": phase, "worker_pid": proc.pid},
                 ))

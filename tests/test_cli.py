@@ -340,3 +340,66 @@ def test_real_demo():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert "races" in proc.stdout and "static-aliasing" in proc.stdout
+
+
+# ---- fuzz: output paths, counts ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["/proc/x/failure.json", "/proc/x", "folder"])
+def test_fuzz_unwritable_save_failure_is_a_usage_error_before_any_example(fake_runner, capsys, tmp_path, where):
+    path = str(tmp_path) if where == "folder" else where
+    code, out, err = run_cli(capsys, "fuzz", "--max-examples", "5", "--seed", "1", "--save-failure", path)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("diffmoe: error: --save-failure")
+    assert not fake_runner.calls
+
+
+def test_fuzz_save_failure_probe_leaves_no_file(fake_runner, capsys, tmp_path):
+    saved = tmp_path / "failure.json"
+    assert run_cli(capsys, "fuzz", "--max-examples", "5", "--seed", "3", "--save-failure", str(saved))[0] == 0
+    assert not saved.exists()  # nothing failed, nothing written
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_fuzz_report_is_printed_before_a_failing_save(fake_runner, capsys, tmp_path, monkeypatch, as_json):
+    import shutil
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    original = fake_runner.run_differential
+
+    def remove_the_folder(config, *args, **kwargs):
+        shutil.rmtree(folder, ignore_errors=True)  # the path breaks while the fuzz runs
+        return original(config, *args, **kwargs)
+
+    monkeypatch.setattr(fake_runner, "run_differential", remove_the_folder)
+    argv = ["fuzz", "--max-examples", "40", "--seed", "1", "--planner", "legacy", "--save-failure", str(folder / "f.json")]
+    code, out, err = run_cli(capsys, *argv, *(["--json"] if as_json else []))
+    assert code == 2 and "cannot write" in err
+    minimal = MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    if as_json:
+        data = json.loads(out)
+        assert MoEConfig.from_dict(data["config"]) == minimal and data["replay"] == check_command(minimal)
+    else:
+        assert "minimal failing config" in out and check_command(minimal) in out and "saved to" not in out
+
+
+def test_fuzz_summary_counts_examples_and_shrinking_runs_apart(fake_runner, capsys):
+    import re
+
+    code, out, _ = run_cli(capsys, "fuzz", "--max-examples", "40", "--seed", "1", "--planner", "legacy", "--json")
+    data = json.loads(out)
+    code, out, _ = run_cli(capsys, "fuzz", "--max-examples", "40", "--seed", "1", "--planner", "legacy")
+    summary = out.splitlines()[0]
+    match = re.search(r": (\d+) examples? \+ (\d+) shrinking runs? in ", summary)
+    assert match, summary
+    generated, shrinking = int(match[1]), int(match[2])
+    assert generated == data["generated_examples"] <= 40 and shrinking == data["shrink_examples"] > 0
+    assert generated + shrinking == data["examples"]
+
+
+def test_fuzz_help_says_what_max_examples_counts(capsys):
+    code, out, _ = run_cli(capsys, "fuzz", "--help")
+    out = " ".join(out.split())
+    assert code == 0
+    assert "generate phase" in out and "shrinking runs" in out

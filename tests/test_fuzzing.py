@@ -176,3 +176,108 @@ def test_real_fuzz_catches_the_legacy_alias():
     assert outcome.report is not None
     assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
     assert {Buffers.GATE_UP_OUTPUT, Buffers.QUANTED_DOWN_INPUT} <= {b for f in outcome.report.findings for b in f.buffers}
+
+
+# ---- metamorphic findings: the sibling is judged too ---------------------------------------
+
+
+def metamorphic_finding(config):
+    sibling = config.replace(fused=not config.fused)
+    return Finding(
+        Oracles.METAMORPHIC, f"fused={config.fused} and fused={sibling.fused} disagree on quanted_down_input",
+        buffers=[Buffers.QUANTED_DOWN_INPUT], figures={"sibling_config": sibling.to_dict()},
+    )
+
+
+def install_metamorphic_runner(monkeypatch, fused_fails=True):
+    """Legacy configs: the fused one aliases (when fused_fails), and both disagree bitwise."""
+    fake = types.ModuleType("diffmoe.runner")
+    fake.calls = []
+
+    def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None, implementation_name="optimized"):
+        fake.calls.append(config)
+        findings = []
+        if config.planner == "legacy" and config.is_fp8:
+            if config.fused and fused_fails:
+                findings.append(alias_finding())
+            findings.append(metamorphic_finding(config))
+        return Report(config, implementation_name, ["static-aliasing", "metamorphic"], ["identity"], findings)
+
+    fake.run_differential = run_differential
+    monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+    return fake
+
+
+def test_a_metamorphic_only_failure_reports_the_sibling_that_fails_on_its_own(monkeypatch):
+    fake = install_metamorphic_runner(monkeypatch)
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy")
+    # the unfused draw shrinks further (fused=False is simpler), but the bug is the fused run's
+    assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    assert outcome.report.findings[0].oracle == Oracles.STATIC_ALIASING
+    assert outcome.sibling_runs > 0 and outcome.examples + outcome.sibling_runs == len(fake.calls)
+    assert any("failed only the metamorphic oracle" in note for note in outcome.notes)
+    assert outcome.to_dict()["sibling_runs"] == outcome.sibling_runs
+
+
+def test_a_symmetric_metamorphic_disagreement_keeps_the_drawn_config(monkeypatch):
+    install_metamorphic_runner(monkeypatch, fused_fails=False)
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy")
+    assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy", fused=False)
+    assert [f.oracle for f in outcome.report.findings] == [Oracles.METAMORPHIC]
+    assert not any("metamorphic oracle" in note for note in outcome.notes)
+
+
+@pytest.mark.slow
+def test_real_legacy_unfused_config_seen_only_by_metamorphic_reports_its_fused_sibling(monkeypatch):
+    # `fuzz --planner legacy --max-tokens 32 --max-experts 8 --seed 0` used to end here, an
+    # unfused config whose only finding is the metamorphic one; the aliasing is the fused run's.
+    from hypothesis import strategies as st
+
+    from diffmoe import fuzzing
+    from diffmoe.config import MoEConfig
+
+    unfused = MoEConfig(num_tokens=1, num_experts=2, topk=2, hidden=16, inter=257, quant="fp8-tensor", fused=False, planner="legacy")
+    monkeypatch.setattr(fuzzing, "moe_configs", lambda **kwargs: st.just(unfused))
+    outcome = fuzz(
+        max_examples=1, seed=0, planner="legacy",
+        oracles=[Oracles.METAMORPHIC, Oracles.STATIC_ALIASING, Oracles.RUNTIME_ALIASING], schedules=["identity"],
+    )
+    assert outcome.report.config == unfused.replace(fused=True) and outcome.sibling_runs == outcome.examples  # the replay too
+    oracles = {f.oracle for f in outcome.report.findings}
+    assert {Oracles.STATIC_ALIASING, Oracles.RUNTIME_ALIASING} <= oracles
+    meta = [f for f in outcome.report.findings if f.oracle == Oracles.METAMORPHIC]
+    assert meta and meta[0].figures["sibling_config"] == unfused.to_dict()  # the finding names the other run
+
+
+# ---- a database replay resumes an interrupted shrink -----------------------------------------
+
+
+def test_a_database_replay_of_an_interrupted_shrink_shrinks_on(fake_runner, tmp_path):
+    fake_runner()
+    seen = []
+
+    def interrupt_early_in_the_shrink(examples, phase, elapsed, config):
+        seen.append(phase)
+        if phase == "shrink" and seen.count("shrink") == 2:
+            raise KeyboardInterrupt
+
+    first = fuzz(max_examples=50, seed=None, planner="legacy", database=tmp_path / "db", progress=interrupt_early_in_the_shrink)
+    assert first.interrupted and first.report is not None
+    unshrunk = first.report.config
+    assert unshrunk != MINIMAL_FUSED_CONFIG.replace(planner="legacy")  # else the test shows nothing
+    fake = fake_runner()
+    second = fuzz(max_examples=50, seed=None, planner="legacy", database=tmp_path / "db")
+    assert fake.calls[0] == unshrunk  # the stored failure is replayed first...
+    assert second.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")  # ...and shrunk on
+    assert second.shrink_examples > 1
+    # once shrunk, the next replay is the minimal one and needs no shrinking
+    fake = fake_runner()
+    third = fuzz(max_examples=50, seed=None, planner="legacy", database=tmp_path / "db")
+    assert len(fake.calls) <= 2 and third.report.config == second.report.config
+
+
+def test_max_examples_counts_generated_examples_not_shrinking_runs(fake_runner):
+    fake_runner(fails=lambda c: c.num_tokens >= 17)
+    outcome = fuzz(max_examples=50, seed=2)
+    assert outcome.generated_examples == outcome.examples - outcome.shrink_examples <= 50
+    assert outcome.to_dict()["generated_examples"] == outcome.generated_examples

@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
-import os
+import posix
 import time
 
 import pytest
 import torch
+
 
 import diffmoe.runner as runner
 import diffmoe.worker as worker
@@ -214,7 +215,7 @@ def test_the_worker_gives_the_same_report_as_the_process():
 def test_a_worker_that_dies_is_a_crash_finding():
     def factory(config):
         impl = make_implementation(config)
-        impl.run = lambda *a, **k: os._exit(3)  # noqa: E731 - as a segfault or the OOM killer would end it
+        impl.run = lambda *a, **k: posix._exit(3)  # noqa: E731 - below os._exit, as a segfault or the OOM killer would end it
         return impl
 
     report = runner.run_differential(MINIMAL_CONFIG, factory, time_limit=30, **QUICK)

@@ -15,10 +15,18 @@ from ..compare import Rule, compare
 from ..report import Finding, Oracles
 from ..vocabulary import Buffers, producer_stage
 from .base import Oracle
-from .guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
+from .guards import POISON_PATTERNS, GuardedTensor
 
 if TYPE_CHECKING:
     from ..execution import Check
+
+
+def _sibling_figures(sibling_cfg) -> dict:
+    """Which run disagreed with which: two runs cannot tell whose bits are wrong, so the
+    finding names the sibling too (the fuzzer judges it on its own, diffmoe.fuzzing)."""
+    from ..report import check_command
+
+    return {"sibling_config": sibling_cfg.to_dict(), "sibling_replay": check_command(sibling_cfg)}
 
 
 class Metamorphic(Oracle):
@@ -36,6 +44,7 @@ class Metamorphic(Oracle):
             return self._sibling_agrees(check)
         except Crash as crash:  # the sibling's crash is this check's finding; the rest stands
             crash.finding.message = f"metamorphic sibling (fused={not check.config.fused}): {crash.finding.message}"
+            crash.finding.figures = {**(crash.finding.figures or {}), **_sibling_figures(check.config.replace(fused=not check.config.fused))}
             return [crash.finding]
 
     def _sibling_agrees(self, check: Check) -> list[Finding]:
@@ -44,7 +53,7 @@ class Metamorphic(Oracle):
         sibling_cfg = check.config.replace(fused=not check.config.fused)
         sibling = check.build(sibling_cfg)
         shapes = check.workspace_shapes(sibling, sibling_cfg.num_tokens)
-        guarded = GuardedWorkspaces(shapes, check.device)
+        guarded = check.allocate(shapes, f"workspace_shapes({sibling_cfg.num_tokens})")
         t = check.problem.num_tokens
         output = GuardedTensor((t, sibling_cfg.hidden), torch.bfloat16, check.device) \
             if sibling_cfg.output == "separate" else None
@@ -61,6 +70,6 @@ class Metamorphic(Oracle):
                 found.append(Finding(
                     oracle=Oracles.METAMORPHIC, stage=producer_stage(check.config, name), buffers=[name],
                     message=f"fused={check.config.fused} and fused={sibling_cfg.fused} disagree on {c.summary()}",
-                    figures=c.figures(),
+                    figures={**c.figures(), **_sibling_figures(sibling_cfg)},
                 ))
         return found

@@ -27,10 +27,13 @@ class TeacherForcing(Oracle):
 
     def finish(self, check: Check) -> list[Finding]:
         """Each stage on the reference's inputs, judged with the forced rules."""
-        from ..execution import crash_finding, numpy_quiet
+        from ..execution import crash_finding, exits_intercepted, implementation_failed, numpy_quiet
 
-        if check.problem.num_tokens == 0 or not hasattr(check.impl, "run_stage"):
-            return []  # a zero-token call has no stage to force
+        if check.problem.num_tokens == 0:
+            return []  # a zero-token call has no stage to force: nothing to judge, nothing skipped
+        if not hasattr(check.impl, "run_stage"):
+            check.skipped[self.name] = "the implementation has no run_stage (diffmoe/contract.py)"
+            return []
         found: list[Finding] = []
         ref = check.reference.intermediates
         check.enter("teacher forcing")
@@ -41,9 +44,11 @@ class TeacherForcing(Oracle):
             what = f"teacher-forced stage {stage.name}"
             check.inputs.start(False)
             try:
-                with numpy_quiet():
+                with numpy_quiet(), exits_intercepted():
                     outputs = check.impl.run_stage(stage.name, inputs, check.problem)
-            except Exception as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001 - SystemExit included: see execution.implementation_failed
+                if not implementation_failed(exc):
+                    raise
                 found += check.inputs.finish(what)
                 found.append(crash_finding(exc, stage.name, what))
                 continue
