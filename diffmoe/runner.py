@@ -239,6 +239,10 @@ class DifferentialRun(Check):
         """The interpreter's per-program address recorder, when an active oracle judges it."""
         if not any(o.records_addresses for o in self.active):
             return None
+        if "triton" not in sys.modules and not torch.cuda.is_available():
+            # no GPU and nothing imported Triton yet (a torch implementation, a peer not yet
+            # loaded): Triton here can only be the interpreter, and the recorder hooks it
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         from .oracles import interpreter_races  # imports triton: only when these oracles run
 
         supported, why = interpreter_races.races_supported()
