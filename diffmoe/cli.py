@@ -608,19 +608,13 @@ def default_factory():
     return _runner().load_factory(DEFAULT_IMPLEMENTATION)
 
 
-def workspace_plan_for(config: MoEConfig, spec: str | None) -> WorkspacePlan:
-    """The plan the implementation (the default, or --impl's) declares for the config's T, asked
-    through the contract: its factory's cheap `plan_workspaces` where it has one, else built."""
-    factory, _ = load_implementation(spec)
-    return factory_plan(factory if factory is not None else default_factory(), config)
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    load_implementation(args.impl)  # an --impl that cannot be loaded: a usage error, exit 2
+    factory, _ = load_implementation(args.impl)  # an --impl that cannot be loaded: a usage error, exit 2
     try:
         with implementation_output_to_stderr():
-            plan = workspace_plan_for(config, args.impl)
+            # asked through the contract: the factory's cheap `plan_workspaces` where it has one, else built
+            plan = factory_plan(factory if factory is not None else default_factory(), config)
     except Exception as exc:  # noqa: BLE001 - the implementation's fault, not the harness's: a finding
         print(f"{PROG}: the implementation's plan failed: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_FINDINGS

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet  # noqa: F401 - oracles use them from here
+from .call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet
 from .compare import Comparison, Rule, compare
 from .config import MoEConfig, quoted
 from .contract import ImplementationFactory, Schedule, WorkspacePlan

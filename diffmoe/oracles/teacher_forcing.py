@@ -27,7 +27,8 @@ class TeacherForcing(Oracle):
 
     def finish(self, check: Check) -> list[Finding]:
         """Each stage on the reference's inputs, judged with the forced rules."""
-        from ..execution import crash_finding, exits_intercepted, implementation_failed, numpy_quiet
+        from ..call_environment import exits_intercepted, numpy_quiet
+        from ..execution import crash_finding, implementation_failed
 
         if check.problem.num_tokens == 0:
             return []  # a zero-token call has no stage to force: nothing to judge, nothing skipped
