@@ -1,7 +1,9 @@
 """Fuzzing speed: examples per second, and how long the known bug takes to find and shrink.
 
-* fixed planner: `fuzz(max_examples=N, seed=0, planner="fixed")` with the CLI's defaults
-  otherwise (every oracle, default schedules, T up to 96); N is --fuzz-examples (default 5).
+* fixed planner: `fuzz(max_examples=N, seed=0, planner="fixed", tier=TIER)` with the CLI's
+  defaults otherwise (T up to 96), once per execution tier: "run" (the cheap oracle set, every
+  8th example full) and "full" (every oracle, every default schedule); N is --fuzz-examples
+  (default 5).
   Nothing is expected to fail, so every example is a full generate-phase run.
 * legacy planner: what `diffmoe fuzz --planner legacy --seed 0` does (max 100 examples):
   the seconds and examples until the first failing config, then until shrinking ends, and
@@ -49,19 +51,22 @@ def _outcome_info(outcome) -> dict:
     return info
 
 
-def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device):
+@pytest.mark.parametrize("tier", ["run", "full"])
+def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device, tier):
+    """Examples/s of each execution tier (diffmoe/fuzz_tiers.py) on the same seed's draws."""
     fuzz = _fuzz()
     examples = request.config.getoption("fuzz_examples")
     outcomes = []
 
     def session():
-        outcomes.append(fuzz(max_examples=examples, seed=SEED, planner="fixed", device=str(moe_device)))
+        outcomes.append(fuzz(max_examples=examples, seed=SEED, planner="fixed", device=str(moe_device), tier=tier))
 
     measure(session, config=MINIMAL_FUSED_CONFIG, provider="diffmoe", group="fuzz", rounds=1, warmup=0)
     outcome = outcomes[-1]
     info = _outcome_info(outcome)
     info["examples_per_s"] = round(outcome.examples / outcome.seconds, 4) if outcome.seconds else None
     info["planner"] = "fixed"
+    info["tier"] = tier
     info["max_examples"] = examples
     benchmark.extra_info.update(info)
     benchmark.extra_info.pop("config")  # the drawn configs vary; the seed is the reproducer

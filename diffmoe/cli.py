@@ -86,6 +86,8 @@ IN_PROCESS_NOTICE = (f"{PROG}: running in process (no time limit): an implementa
                      f"below Python (C's exit(), a signal) ends {PROG} with its status; trust exit 0 only with the "
                      "report printed")
 EXIT_BROKEN_PIPE = 141  # stdout closed by its reader: 128 + SIGPIPE, as a shell reports it
+DEFAULT_FUZZ_EXAMPLES = 100  # execution-tier examples of a fuzz
+DEFAULT_PLAN_EXAMPLES = 10_000  # plans of the static first phase: about a second (bench/bench_plan_tier.py)
 # --time-limit's upper bound, the same as diffmoe.runner.MAX_TIME_LIMIT (not imported: the
 # runner pulls in torch, and argument errors must answer at once).
 MAX_TIME_LIMIT_S = 7 * 24 * 3600
@@ -467,12 +469,93 @@ def _sigterm_interrupts():
             signal.signal(signal.SIGTERM, previous)
 
 
+def _plan_phase(args, factory, name, seed: int | None, printer):
+    """The static first phase of a fuzz (every tier; the whole fuzz with --tier plan): the plan
+    tier's outcome, or None when it does not run (--plan-examples 0, no cheap plan)."""
+    from .contract import PLAN_WORKSPACES, factory_attribute
+    from .plan_tier import fuzz_plans
+
+    only = args.tier == "plan"
+    count = args.max_examples if only else args.plan_examples
+    if count == 0:
+        return None
+    if factory is not None and factory_attribute(factory, PLAN_WORKSPACES) is None:
+        if only:
+            raise UsageError(f"--tier plan: {name} declares no cheap plan (a {PLAN_WORKSPACES} attribute on its factory, "
+                             "see diffmoe/contract.py)")
+        print(f"{PROG}: fuzz: no plan tier for {name} (its factory has no {PLAN_WORKSPACES} attribute)", file=sys.stderr)
+        return None
+    plan_seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+    try:
+        return fuzz_plans(max_examples=count, seed=plan_seed, planner=args.planner, implementation=factory,
+                          implementation_name=name, progress=printer)
+    finally:
+        printer.finish()
+
+
+def _plan_decides(args, outcome) -> bool:
+    """Whether the plan tier's outcome ends the fuzz (a finding, an interrupt, --tier plan)."""
+    return outcome is not None and (args.tier == "plan" or outcome.report is not None or outcome.interrupted)
+
+
+def _finish_plan(args, outcome, name) -> int:
+    """Print the plan tier's outcome when it ended the fuzz; its exit code."""
+    report = outcome.report
+    if args.json:
+        data = {"tier": "plan", "plan_tier": outcome.to_dict()}
+        if report is not None:
+            data["config"] = report.config.to_dict()
+            data["replay"] = check_command(report.config, name)
+        _print_json(data)
+    else:
+        print(_plan_summary(outcome))
+        if report is not None:
+            print("minimal failing config:")
+            print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
+            print(report.render())
+    if report is not None:
+        return EXIT_USAGE if _save_failure(args, report) is not None else EXIT_FINDINGS
+    return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
+
+
+def _plan_summary(outcome) -> str:
+    rate = outcome.configs_per_second
+    head = (f"plan tier (seed {outcome.seed}): {outcome.generated_examples} config{'s' if outcome.generated_examples != 1 else ''}"
+            f" in {outcome.seconds:.2f} s" + (f" ({rate:,.0f} configs/s)" if rate else ""))
+    if outcome.report is None:
+        return head + (", interrupted, no finding so far" if outcome.interrupted else ", no finding")
+    return head + f"; first failure after {outcome.seconds_to_first_failure:.3f} s, shrunk in {outcome.shrink_examples} steps"
+
+
+def _save_failure(args, report) -> int | None:
+    """--save-failure: write the minimal failing config; EXIT_USAGE when the file cannot be written."""
+    if args.save_failure is None:
+        return None
+    try:
+        with open(args.save_failure, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(report.config.to_dict(), indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        sys.stdout.flush()
+        print(f"{PROG}: error: cannot write {args.save_failure}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.json:
+        print(f"saved to {args.save_failure} (replay with: {PROG} check --config {args.save_failure})")
+    return None
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from .fuzzing import MAX_EXAMPLES_LIMIT, fuzz
+    from .plan_tier import MAX_PLAN_EXAMPLES
     from .strategies import MAX_EXPERTS as FUZZ_MAX_EXPERTS
 
+    if args.max_examples is None:
+        args.max_examples = DEFAULT_PLAN_EXAMPLES * 10 if args.tier == "plan" else DEFAULT_FUZZ_EXAMPLES
     # Checked here so a bad value is a usage error, before any example runs.
-    if args.max_examples > MAX_EXAMPLES_LIMIT:
+    if args.tier == "plan" and args.max_examples > MAX_PLAN_EXAMPLES:
+        raise UsageError(f"--max-examples must be in [1, {MAX_PLAN_EXAMPLES}] with --tier plan, got {args.max_examples}")
+    if args.plan_examples > MAX_PLAN_EXAMPLES:
+        raise UsageError(f"--plan-examples must be in [0, {MAX_PLAN_EXAMPLES}], got {args.plan_examples}")
+    if args.tier != "plan" and args.max_examples > MAX_EXAMPLES_LIMIT:
         raise UsageError(f"--max-examples must be in [1, {MAX_EXAMPLES_LIMIT}], got {args.max_examples}")
     if args.max_tokens > MAX_TOKENS:
         raise UsageError(f"--max-tokens must be in [1, {MAX_TOKENS}], got {args.max_tokens}")
@@ -505,7 +588,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         previous = None
     try:
         with implementation_output_to_stderr():
-            outcome = fuzz(
+            plan_outcome = _plan_phase(args, factory, name, seed, printer)
+            outcome = None if _plan_decides(args, plan_outcome) else fuzz(
                 max_examples=args.max_examples,
                 seed=seed,
                 planner=args.planner,
@@ -519,15 +603,23 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 database=args.database,
                 time_limit=limit,
                 **({"special_rows": True} if args.special_rows else {}),
+                **({"tier": args.tier} if args.tier != "run" else {}),
+                **({"shrink": False} if args.no_shrink else {}),
             )
     finally:
         printer.finish()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
+    if outcome is None:
+        return _finish_plan(args, plan_outcome, name)
+    if plan_outcome is not None and not args.json:
+        print(_plan_summary(plan_outcome))
     report = outcome.report
     if args.json:
-        data = outcome.to_dict()
+        data = {"tier": args.tier, **outcome.to_dict()}
+        if plan_outcome is not None:
+            data["plan_tier"] = plan_outcome.to_dict()
         if report is not None:
             data["config"] = report.config.to_dict()
             data["replay"] = check_command(report.config, name)
@@ -539,16 +631,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
             print(report.render())
     # Written after the report is out: if the path broke during the fuzz, only the file is lost.
-    if report is not None and args.save_failure is not None:
-        try:
-            with open(args.save_failure, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(report.config.to_dict(), indent=2, sort_keys=True) + "\n")
-        except OSError as exc:
-            sys.stdout.flush()
-            print(f"{PROG}: error: cannot write {args.save_failure}: {exc.strerror or exc}", file=sys.stderr)
-            return EXIT_USAGE
-        if not args.json:
-            print(f"saved to {args.save_failure} (replay with: {PROG} check --config {args.save_failure})")
+    if report is not None and _save_failure(args, report) is not None:
+        return EXIT_USAGE
     if report is not None:
         # the smallest failure is the harness's own crash (run_differential raised): nothing was judged
         if all(f.oracle == Oracles.CRASH and f.message.startswith("run_differential raised") for f in report.findings):
@@ -774,8 +858,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check)
 
     fz = sub.add_parser("fuzz", help="draw configs until one fails, then shrink it", description="Draw configs until one fails, then shrink it.")
-    fz.add_argument("--max-examples", type=_positive_int, default=100, metavar="N",
-                    help="configs drawn in the generate phase (default 100); the shrinking runs after a failure, a database replay and metamorphic sibling runs are not counted in N")
+    fz.add_argument("--max-examples", type=_positive_int, default=None, metavar="N",
+                    help=f"configs drawn in the generate phase (default {DEFAULT_FUZZ_EXAMPLES}; with --tier plan, plans, default {DEFAULT_PLAN_EXAMPLES * 10}); the shrinking runs after a failure, a database replay and metamorphic sibling runs are not counted in N")
+    fz.add_argument("--tier", choices=("run", "full", "plan"), default="run",
+                    help="run (default): most examples judged by a cheap oracle set, every 8th, every failure and the shrinking by all; full: every oracle on every example; plan: only the static plan tier (no execution). run and full start with --plan-examples plans")
+    fz.add_argument("--plan-examples", type=_non_negative_int, default=DEFAULT_PLAN_EXAMPLES, metavar="N",
+                    help=f"plans the static first phase judges before any execution (default {DEFAULT_PLAN_EXAMPLES}, about a second; 0: none)")
+    fz.add_argument("--no-shrink", action="store_true", help="report the first failing example as found, unshrunk")
     fz.add_argument("--seed", type=_non_negative_int, metavar="S", help="fuzzing seed (default: a fresh one, printed)")
     fz.add_argument("--planner", choices=PLANNERS, default="fixed", help="planner of every drawn config (default fixed)")
     _add_impl_option(fz)

@@ -29,13 +29,7 @@ shows; a smaller config of the sibling's own shape may exist below it.
 max_examples bounds the configs drawn in the generate phase only (Hypothesis's meaning):
 shrinking runs, a database replay and sibling runs come on top and are counted apart.
 
-A database replay resumes shrinking. Hypothesis saves every new smallest failure under its
-primary key and takes a failure replayed from there as already shrunk (it skips the shrink
-phase). A run that ends before its shrink does (Ctrl-C, SIGTERM, a kill) would so leave an
-unshrunk failure that every later run replays and reports as minimal. `_ResumingDatabase`
-therefore marks the primary entries as shrunk when a run's shrink completes, and at the start
-of a run moves unmarked primary entries to Hypothesis's secondary key: they are replayed
-first all the same, and then shrunk on (Phase.reuse, then Phase.shrink).
+A database replay resumes shrinking (diffmoe/fuzz_database.py: `ResumingDatabase`).
 
 Crashes, timeouts and contract violations of the implementation are findings of the report
 (diffmoe.runner), so they shrink like any other failure. A crash of the harness itself on
@@ -52,6 +46,7 @@ import importlib
 import os
 import time
 import traceback
+import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
@@ -61,6 +56,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from .config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
 from .contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule
+from .fuzz_database import ResumingDatabase
+from .fuzz_tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy
 from .report import Finding, Oracles, Report
 from .strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
 
@@ -94,6 +91,8 @@ class FuzzOutcome:
 
     examples: int = 0
     shrink_examples: int = 0
+    full_examples: int = 0  # examples judged by every oracle (diffmoe/fuzz_tiers.py); the rest by the cheap set
+    escalations: int = 0  # cheap checks that failed and were judged again by every oracle (counted in full_examples)
     sibling_runs: int = 0
     seconds: float = 0.0
     seconds_to_first_failure: float | None = None
@@ -123,10 +122,12 @@ class FuzzOutcome:
             "examples": self.examples,
             "generated_examples": self.generated_examples,
             "shrink_examples": self.shrink_examples,
+            "full_examples": self.full_examples,
+            "escalations": self.escalations,
             "sibling_runs": self.sibling_runs,
-            "seconds": round(self.seconds, 3),
-            "seconds_to_first_failure": None if self.seconds_to_first_failure is None else round(self.seconds_to_first_failure, 3),
-            "seconds_shrinking": None if self.seconds_shrinking is None else round(self.seconds_shrinking, 3),
+            "seconds": round(self.seconds, 4),
+            "seconds_to_first_failure": None if self.seconds_to_first_failure is None else round(self.seconds_to_first_failure, 4),
+            "seconds_shrinking": None if self.seconds_shrinking is None else round(self.seconds_shrinking, 4),
             "seed": self.seed,
             "notes": list(self.notes),
             "report": None if self.report is None else self.report.to_dict(),
@@ -157,63 +158,6 @@ def _sibling_of(report: Report) -> MoEConfig | None:
 def _fails_on_its_own(report: Report) -> bool:
     """A finding that is not merely a disagreement with (or a crash of) its own sibling."""
     return any((f.figures or {}).get("sibling_config") is None and f.oracle != Oracles.METAMORPHIC for f in report.findings)
-
-
-SHRUNK_MARK = b".diffmoe-shrunk"
-_HYPOTHESIS_SUB_KEYS = (b".secondary", b".pareto", SHRUNK_MARK)
-
-
-class _ResumingDatabase(ExampleDatabase):
-    """The user's database, with unshrunk primary entries moved aside (see the module doc).
-
-    Hypothesis's primary keys are the test digests; its sub keys append ".secondary" and
-    ".pareto"; the marks of entries whose shrink completed live under ".diffmoe-shrunk".
-    """
-
-    def __init__(self, inner: ExampleDatabase) -> None:
-        super().__init__()
-        self.inner = inner
-        self.primary_keys: list[bytes] = []
-
-    def __repr__(self) -> str:
-        return f"_ResumingDatabase({self.inner!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ResumingDatabase) and self.inner == other.inner
-
-    __hash__ = object.__hash__
-
-    def _note_primary(self, key: bytes) -> None:
-        if key.endswith(_HYPOTHESIS_SUB_KEYS) or key in self.primary_keys:
-            return
-        self.primary_keys.append(key)
-        shrunk = set(self.inner.fetch(key + SHRUNK_MARK))
-        for value in list(self.inner.fetch(key)):
-            if value not in shrunk:  # replayed from the secondary key, then shrunk on
-                self.inner.move(key, key + b".secondary", value)
-
-    def fetch(self, key: bytes):
-        self._note_primary(key)
-        return self.inner.fetch(key)
-
-    def save(self, key: bytes, value: bytes) -> None:
-        self._note_primary(key)
-        self.inner.save(key, value)
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        self.inner.delete(key, value)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        self.inner.move(src, dest, value)
-
-    def mark_shrunk(self) -> None:
-        """The run's shrink completed: its primary entries are minimal; drop stale marks."""
-        for key in self.primary_keys:
-            current = set(self.inner.fetch(key))
-            for value in current:
-                self.inner.save(key + SHRUNK_MARK, value)
-            for value in set(self.inner.fetch(key + SHRUNK_MARK)) - current:
-                self.inner.delete(key + SHRUNK_MARK, value)
 
 
 def _crash_report(
@@ -251,6 +195,9 @@ def fuzz(
     device: str | None = None,
     time_limit: float | None = None,
     special_rows: bool = False,
+    tier: str = TIER_RUN,
+    full_every: int = FULL_EVERY,
+    shrink: bool = True,
 ) -> FuzzOutcome:
     """Draw up to `max_examples` configs; stop at the first failure and shrink it.
 
@@ -266,6 +213,11 @@ def fuzz(
     are exclusive. special_rows: also draw all-zero, NaN and Inf rows (the
     `moe_configs(special_rows=True)` profile). oracles, schedules, device, time_limit: passed to `run_differential`
     unchanged (None: its defaults; time_limit None runs each example in this process).
+    tier: "run" (default) judges most generated examples with the cheap oracle set and every
+    `full_every`-th, every failing one, every shrinking run and every database replay with all
+    of them; "full" judges every example with every oracle (diffmoe/fuzz_tiers.py). Naming
+    `oracles` or `schedules` turns the tiers off. shrink: False reports the first failing
+    example as found, unshrunk (Hypothesis's shrink phase off).
     """
     check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)
     if seed is not None:
@@ -281,11 +233,13 @@ def fuzz(
         raise ValueError(f"time_limit must be None or a number of seconds > 0, got {time_limit!r}")
     db = _database(database)
     if db is not None:
-        db = _ResumingDatabase(db)
+        db = ResumingDatabase(db)
     if seed is not None and db is not None:
         raise ValueError("seed and database are exclusive: a seeded run is reproducible and replays no stored failure")
-    if not isinstance(special_rows, bool):
-        raise TypeError(f"special_rows must be a bool, got {special_rows!r}")
+    for flag, value in (("special_rows", special_rows), ("shrink", shrink)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, got {value!r}")
+    policy = TierPolicy(tier, oracles, schedules, full_every)
     strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts, special_rows=special_rows)
     # Imported here, not at module import: tests replace the module, and importing the
     # runner pulls in the optimized implementation only when a fuzz actually starts.
@@ -303,13 +257,13 @@ def fuzz(
     first_failure_at: list[float] = []
     smallest: list[FailingReport] = []
 
-    def judge(config: MoEConfig) -> Report:
+    def judge(config: MoEConfig, how: Judging) -> Report:
         try:
             report = runner.run_differential(
                 config,
                 implementation,
-                schedules=schedules,
-                oracles=oracles,
+                schedules=how.schedules,
+                oracles=how.oracles,
                 device=device,
                 # None: run_differential names the factory (module:qualname)
                 **({} if implementation_name is None else {"implementation_name": implementation_name}),
@@ -321,23 +275,33 @@ def fuzz(
             if name is None:  # as run_differential names it
                 namer = getattr(runner, "factory_name", None)
                 name = namer(implementation) if namer is not None else DEFAULT_IMPLEMENTATION_NAME
-            report = _crash_report(config, exc, name, oracles, schedules)
+            report = _crash_report(config, exc, name, how.oracles, how.schedules)
         return report
+
+    replaying = [False]  # inside the database-replay pass (see below)
 
     def run_one(config: MoEConfig) -> None:
         outcome.examples += 1
         phase = PHASE_SHRINK if first_failure_at else PHASE_GENERATE
         if first_failure_at:
             outcome.shrink_examples += 1
+        how = policy.judging(config, failed_before=bool(first_failure_at), replaying=replaying[0])
+        label = config.short() if how.full or not policy.tiered else f"{config.short()} (cheap oracle set)"
         if progress is not None:
-            progress(outcome.examples, phase, time.perf_counter() - start, config.short())
-        report = judge(config)
+            progress(outcome.examples, phase, time.perf_counter() - start, label)
+        report = judge(config, how)
+        if not report.passed and not how.full and policy.tiered:  # escalate: the full set's report
+            how = policy.full_judging()
+            outcome.escalations += 1
+            full_report = judge(config, how)
+            report = full_report if not full_report.passed else report
+        outcome.full_examples += how.full
         sibling = None if report.passed else _sibling_of(report)
         if sibling is not None:  # only the metamorphic oracle saw it: judge the sibling too
             outcome.sibling_runs += 1
             if progress is not None:
                 progress(outcome.examples, phase, time.perf_counter() - start, f"{sibling.short()} (metamorphic sibling)")
-            sibling_report = judge(sibling)
+            sibling_report = judge(sibling, how)
             if _fails_on_its_own(sibling_report):
                 report = sibling_report
         if not report.passed:
@@ -347,26 +311,37 @@ def fuzz(
             smallest[:] = [failure]  # the shrinker only tries smaller examples
             raise failure
 
-    phases = [Phase.generate, Phase.shrink]
-    if db is not None:
-        phases.insert(0, Phase.reuse)
-    test = settings(
-        max_examples=max_examples,
-        derandomize=False,
-        database=db,
-        deadline=None,
-        phases=phases,
-        verbosity=Verbosity.quiet,  # the outcome is the report; nothing goes to stdout
-        report_multiple_bugs=False,
-        print_blob=False,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
-    )(given(strategy)(run_one))
-    if seed is not None:
-        test = hypothesis_seed(seed)(test)
+    shrinking = [Phase.shrink] if shrink else []
+
+    def hypothesis_test(phases: list):
+        test = settings(
+            max_examples=max_examples,
+            derandomize=False,
+            database=db,
+            deadline=None,
+            phases=phases,
+            verbosity=Verbosity.quiet,  # the outcome is the report; nothing goes to stdout
+            report_multiple_bugs=False,
+            print_blob=False,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+        )(given(strategy)(run_one))
+        return test if seed is None else hypothesis_seed(seed)(test)
+
+    def search() -> None:
+        # A database's failures are replayed in a pass of their own, every oracle judging them
+        # (one may have been stored by a full check the cheap set cannot repeat), then the search.
+        if db is not None:
+            replaying[0] = True
+            try:
+                hypothesis_test([Phase.reuse, *shrinking])()
+            except unittest.SkipTest:  # nothing stored: Hypothesis says it was told to run nothing
+                pass
+            replaying[0] = False
+        hypothesis_test([Phase.generate, *shrinking])()
 
     final: FailingReport | None = None
     try:
-        test()
+        search()
         if db is not None:
             db.mark_shrunk()
     except FailingReport as exc:

@@ -9,7 +9,9 @@ Under the Triton interpreter it is also where the interpreter's numeric defects 
 per process, before any kernel of ours runs (diffmoe.interpreter_fixes: exact float32 <-> bf16 /
 e4m3fn casts and bf16 / fp8 dots): at import, so the conformance probes (diffmoe.conformance, run
 by optimized.backend, which this module imports) already see the fixed primitives and the backend traits turn the
-corresponding software workarounds off, and again (a dictionary check) at each launch.
+corresponding software workarounds off, and again (a dictionary check) at each launch. The
+interpreter fast path (diffmoe.interpreter_speed: jit helpers skip re-patching triton.language,
+same ops, same bits) is installed at the same moment.
 
 Owns launching and installing the interpreter fixes. Must not choose tiles or traits.
 """
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffmoe import interpreter_fixes
+from diffmoe import interpreter_fixes, interpreter_speed
 from diffmoe.contract import LaunchInfo, LaunchRecorder, Schedule
 
 from .backend import interpreter_enabled
@@ -30,6 +32,7 @@ def install_interpreter_fixes() -> interpreter_fixes.FixStatus | None:
     """Fix the interpreter's numeric defects (idempotent); None when the interpreter is not in use."""
     if not interpreter_enabled():
         return None
+    interpreter_speed.install()  # exact: helpers skip re-patching triton.language (diffmoe/interpreter_speed.py)
     return interpreter_fixes.install()
 
 

@@ -48,6 +48,9 @@ def fake_runner(monkeypatch):
     fake.run_differential = run_differential
     fake.load_factory = load_factory
     monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+    # these tests drive the execution fuzz through the stand-in: no plan-tier first phase by
+    # default (test_fuzz_plan_tier_finds_the_legacy_planner_first runs it for real)
+    monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
     return fake
 
 
@@ -403,3 +406,17 @@ def test_fuzz_help_says_what_max_examples_counts(capsys):
     out = " ".join(out.split())
     assert code == 0
     assert "generate phase" in out and "shrinking runs" in out
+
+
+def test_fuzz_plan_tier_finds_the_legacy_planner_first(capsys):
+    code, out, err = run_cli(capsys, "fuzz", "--planner", "legacy", "--seed", "0")
+    assert code == 1
+    assert out.startswith("plan tier (seed 0): ") and "first failure after" in out
+    minimal = MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    assert check_command(minimal) in out and "static-aliasing" in out
+
+
+def test_fuzz_plan_tier_alone_is_quiet_on_the_fixed_planner(capsys):
+    code, out, _ = run_cli(capsys, "fuzz", "--tier", "plan", "--max-examples", "3000", "--seed", "2", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["tier"] == "plan" and data["plan_tier"]["passed"] and data["plan_tier"]["examples"] == 3000

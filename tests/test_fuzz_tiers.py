@@ -1,0 +1,101 @@
+"""The execution tier: which oracles judge each fuzz example (diffmoe/fuzz_tiers.py).
+
+A recording stand-in for diffmoe.runner shows the policy exactly (cheap set, every
+FULL_EVERY-th example full, escalation, full shrinking, full database replay); real runs show
+that a bug only the full set sees is still found from a cold start, and that the cheap set
+alone catches what it claims to.
+"""
+
+import sys
+import types
+
+import pytest
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from diffmoe.fuzz_tiers import CHEAP_ORACLES, FULL_EVERY, TierPolicy, cheap_schedule
+from diffmoe.fuzzing import fuzz
+from diffmoe.report import Finding, Oracles, Report
+
+
+def recording_runner(fails=lambda config, oracles: False):
+    fake = types.ModuleType("diffmoe.runner")
+    fake.calls = []
+
+    def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None,
+                         implementation_name="optimized"):
+        fake.calls.append((config, None if oracles is None else tuple(oracles), None if schedules is None else tuple(schedules)))
+        findings = [Finding(Oracles.DIFFERENTIAL, "wrong")] if fails(config, oracles) else []
+        return Report(config, implementation_name, ["differential"], ["identity"], findings)
+
+    fake.run_differential = run_differential
+    return fake
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    def install(**kwargs):
+        fake = recording_runner(**kwargs)
+        monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+        return fake
+
+    return install
+
+
+def test_generated_examples_are_cheap_but_every_nth_is_full(runner):
+    fake = runner()
+    outcome = fuzz(max_examples=2 * FULL_EVERY + 1, seed=3)
+    assert outcome.passed and len(fake.calls) == 2 * FULL_EVERY + 1
+    for n, (config, oracles, schedules) in enumerate(fake.calls):
+        if n % FULL_EVERY == 0:
+            assert oracles is None and schedules is None, n  # every oracle, every default order
+        else:
+            assert oracles == CHEAP_ORACLES and schedules == (cheap_schedule(config),), n
+    assert outcome.full_examples == 3 and outcome.escalations == 0
+
+
+def test_a_cheap_failure_is_judged_again_by_every_oracle_and_shrunk_with_all(runner):
+    fake = runner(fails=lambda config, oracles: config.num_tokens >= 5)
+    outcome = fuzz(max_examples=200, seed=4)
+    assert not outcome.passed and outcome.report.config.num_tokens == 5
+    first_fail = next(n for n, call in enumerate(fake.calls) if call[0].num_tokens >= 5)
+    if fake.calls[first_fail][1] is not None:  # found by a cheap check: the next call is the full one
+        assert fake.calls[first_fail + 1][0] == fake.calls[first_fail][0] and fake.calls[first_fail + 1][1] is None
+        assert outcome.escalations == 1
+    shrinking = fake.calls[first_fail + 2:]
+    assert shrinking and all(oracles is None for _, oracles, _ in shrinking)
+
+
+def test_a_bug_only_the_full_set_sees_is_found_on_a_full_example(runner):
+    # a stand-in for the schedule / poison / metamorphic classes: invisible to the cheap set
+    fake = runner(fails=lambda config, oracles: oracles is None and config.num_tokens >= 3)
+    outcome = fuzz(max_examples=100, seed=5)
+    assert not outcome.passed and outcome.report.config.num_tokens == 3
+    assert all(oracles is None for _, oracles, _ in fake.calls[-5:])
+
+
+def test_the_full_tier_and_named_oracles_turn_the_tiers_off(runner):
+    fake = runner()
+    fuzz(max_examples=10, seed=6, tier="full")
+    assert all(oracles is None for _, oracles, _ in fake.calls)
+    fake = runner()
+    fuzz(max_examples=10, seed=6, oracles=["differential"])
+    assert all(oracles == ("differential",) for _, oracles, _ in fake.calls)
+
+
+def test_database_replays_are_judged_by_every_oracle(runner, tmp_path):
+    # stored by a full check: the cheap set would pass it and Hypothesis would drop it
+    only_full = lambda config, oracles: oracles is None and config.num_tokens >= 2  # noqa: E731
+    runner(fails=only_full)
+    first = fuzz(max_examples=100, seed=None, database=tmp_path / "db")
+    assert not first.passed
+    fake = runner(fails=only_full)
+    second = fuzz(max_examples=100, seed=None, database=DirectoryBasedExampleDatabase(str(tmp_path / "db")))
+    assert not second.passed and second.report.config == first.report.config
+    assert fake.calls[0][1] is None and fake.calls[0][0] == first.report.config
+
+
+def test_bad_tier_arguments_are_clear():
+    with pytest.raises(ValueError, match="tier must be one of"):
+        TierPolicy("quick", None, None)
+    with pytest.raises(ValueError, match="full_every must be an int >= 1"):
+        TierPolicy("run", None, None, full_every=0)
