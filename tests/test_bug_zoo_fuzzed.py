@@ -1,0 +1,48 @@
+"""Every bug-zoo mutant is found by the default fuzz (the execution tier, cheap oracle set and
+every FULL_EVERY-th example full) from a cold start: no database, a fixed seed, nothing about
+the mutant told to the fuzzer but the flags a user would pass for its input class (the
+planner for the legacy planner, --special-rows for the NaN and zero-row mutants). A finding
+counts when the shipped implementation passes the config reported.
+
+Shrinking is off (`shrink=False`): finding is what the tiers could lose; the shrinker's own
+tests are tests/test_fuzzing.py's. The domain is narrowed (T <= 32, E <= 8) only to keep the
+suite short: each example is still drawn by the default strategies.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bug_zoo import MUTANTS
+from diffmoe.fuzzing import fuzz
+from diffmoe.runner import run_differential
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
+
+MAX_EXAMPLES = 60
+# Known gap, kept visible (strict: the day the fuzz finds it, this fails and the mark goes): the
+# router weight on the input needs K = 1 and a weight below 1 (a softmax over E >= 2 logits, not
+# renormalised). Seed 0 drew no such example in 60 (E <= 8), nor in 300 with E <= 2: the
+# strategies draw that input class too rarely. The bug zoo's own test catches the mutant.
+RARELY_DRAWN = {"input-router-weight-dropped"}
+
+
+def _cases():
+    for name in sorted(MUTANTS):
+        marks = [pytest.mark.xfail(strict=True, reason="input class the strategies rarely draw")] if name in RARELY_DRAWN else []
+        yield pytest.param(name, marks=marks, id=name)
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_the_default_fuzz_finds_the_mutant_from_a_cold_start(name):
+    mutant = MUTANTS[name]
+    special = bool(mutant.config.nan_rows or mutant.config.zero_rows or mutant.config.inf_rows)
+    outcome = fuzz(seed=0, planner=mutant.config.planner, implementation=mutant.factory,
+                   implementation_name=mutant.impl, special_rows=special, shrink=False, max_examples=MAX_EXAMPLES, max_tokens=32, max_experts=8)
+    assert outcome.report is not None, f"{name}: no failure in {outcome.examples} examples"
+    # Any oracle may be the one: on a drawn config a mutant may first crash (a view carved past
+    # ws1, fp8 scales read on a bf16 config) or show to another oracle than on its minimal config.
+    # What makes it the mutant's doing is the control: the shipped implementation passes the
+    # very config reported (with the fixed planner: the legacy planner is that mutant's bug).
+    control = run_differential(outcome.report.config.replace(planner="fixed"))
+    assert control.passed, (name, control.render())
