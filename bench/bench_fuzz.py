@@ -5,9 +5,13 @@
   8th example full) and "full" (every oracle, every default schedule); N is --fuzz-examples
   (default 5).
   Nothing is expected to fail, so every example is a full generate-phase run.
-* legacy planner: what `diffmoe fuzz --planner legacy --seed 0` does (max 100 examples):
-  the seconds and examples until the first failing config, then until shrinking ends, and
-  the minimal config, all in extra_info.
+* legacy planner: what `diffmoe fuzz --planner legacy --seed S --plan-examples 0 --workers 1`
+  does (the execution tier alone, max 100 examples) for S in 0..4: the seconds and examples
+  until the first failing config, then until shrinking ends, and the minimal config, all in
+  extra_info (bench_plan_tier.py times the plan tier on the same seeds).
+* workers: `fuzz_in_workers(workers=W, max_examples=N, seed=0)` (the run tier) for W = 1 and
+  2: the speed-up of `--workers 2` is the ratio of the two examples/s (same N, same seed; the
+  two workers draw different streams, so the configs differ: compare rates, not seconds).
 
 Each is timed once (one round): a fuzz session is long and its work is fixed by the seed.
 The untimed warm-up is one harness run of the smallest config, which pays the interpreter's
@@ -24,6 +28,7 @@ from diffmoe.runner import run_differential
 from diffmoe.strategies import MINIMAL_FUSED_CONFIG
 
 SEED = 0
+LEGACY_SEEDS = range(5)
 LEGACY_MAX_EXAMPLES = 100  # the CLI's default --max-examples
 
 
@@ -72,16 +77,39 @@ def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device, 
     benchmark.extra_info.pop("config")  # the drawn configs vary; the seed is the reproducer
 
 
-def test_fuzz_legacy_planner_find_and_shrink(warmed_up, measure, benchmark, moe_device):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fuzz_workers(warmed_up, measure, benchmark, request, moe_device, workers):
+    """Examples/s of the run tier in `workers` processes (diffmoe/fuzz_workers.py)."""
+    from diffmoe.fuzz_workers import fuzz_in_workers
+
+    examples = request.config.getoption("fuzz_examples")
+    outcomes = []
+
+    def session():
+        outcomes.append(fuzz_in_workers(workers=workers, max_examples=examples, seed=SEED, planner="fixed",
+                                        device=str(moe_device)))
+
+    measure(session, config=MINIMAL_FUSED_CONFIG, provider="diffmoe", group="fuzz workers", rounds=1, warmup=0)
+    outcome = outcomes[-1]
+    info = _outcome_info(outcome)
+    info.update(workers=workers, max_examples=examples, tier="run",
+                examples_per_s=round(outcome.examples / outcome.seconds, 4) if outcome.seconds else None)
+    benchmark.extra_info.update(info)
+    benchmark.extra_info.pop("config")
+
+
+@pytest.mark.parametrize("seed", LEGACY_SEEDS)
+def test_fuzz_legacy_planner_find_and_shrink(warmed_up, measure, benchmark, moe_device, seed):
     fuzz = _fuzz()
     outcomes = []
 
     def session():
-        outcomes.append(fuzz(max_examples=LEGACY_MAX_EXAMPLES, seed=SEED, planner="legacy", device=str(moe_device)))
+        outcomes.append(fuzz(max_examples=LEGACY_MAX_EXAMPLES, seed=seed, planner="legacy", device=str(moe_device)))
 
     measure(session, config=MINIMAL_FUSED_CONFIG, provider="diffmoe", group="fuzz", rounds=1, warmup=0)
     info = _outcome_info(outcomes[-1])
     info["planner"] = "legacy"
+    info["seed"] = seed
     info["max_examples"] = LEGACY_MAX_EXAMPLES
     benchmark.extra_info.update(info)
     benchmark.extra_info.pop("config")

@@ -5,7 +5,9 @@ the problem, runs the reference, plans and guards the workspaces and runs the op
 once with the launch log. Each oracle is then timed alone with the same single schedule,
 except `schedule`, which needs several program orders and gets the runner's default ones
 (identity, reversed and the config's random orders); "all" is the runner's default (every oracle, default schedules);
-"previous" is the default of 2026-12-02, before call-sequence, store-extent and the second random order.
+"previous" is the default of 2026-12-02, before call-sequence, store-extent and the second random order;
+"cheap" is the fuzz execution tier's cheap set with its one random order (diffmoe/fuzz_tiers.py), what
+most fuzz examples cost.
 Timed with `--benchmark-timer time.process_time` the figures are CPU seconds of this process, which a
 busy machine disturbs far less than wall time.
 The overhead of an oracle is its time minus the baseline's from the same run
@@ -21,6 +23,7 @@ from __future__ import annotations
 import pytest
 
 from diffmoe.config import MoEConfig
+from diffmoe.fuzz_tiers import CHEAP_ORACLES, cheap_schedule
 from diffmoe.oracles.static_aliasing import check_static_aliasing
 from diffmoe.report import Oracles
 from diffmoe.runner import ALL_ORACLES, default_schedules, run_differential
@@ -36,7 +39,8 @@ ALL = "all"
 PREVIOUS = "previous"
 PREVIOUS_ORACLES = tuple(o for o in ALL_ORACLES if o not in (Oracles.CALL_SEQUENCE, Oracles.STORE_EXTENT))
 PREVIOUS_SCHEDULES = ("identity", "reversed", "random:1")
-VARIANTS = (BASELINE, *ALL_ORACLES, PREVIOUS, ALL)
+CHEAP = "cheap"
+VARIANTS = (BASELINE, *ALL_ORACLES, PREVIOUS, CHEAP, ALL)
 
 
 def _selection(variant: str) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
@@ -46,6 +50,8 @@ def _selection(variant: str) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
         return None, default_schedules(CONFIG)
     if variant == PREVIOUS:
         return PREVIOUS_ORACLES, PREVIOUS_SCHEDULES
+    if variant == CHEAP:
+        return CHEAP_ORACLES, (cheap_schedule(CONFIG),)
     return (variant,), default_schedules(CONFIG) if variant == Oracles.SCHEDULE else ("identity",)
 
 

@@ -2,7 +2,7 @@
 
     diffmoe check [config options | --config FILE.json] [--impl MODULE:FACTORY] [--oracles a,b]
                   [--time-limit S] [--json]
-    diffmoe fuzz  [--max-examples N] [--seed S | --database DIR] [--planner P] [--impl ...]
+    diffmoe fuzz  [--max-examples N] [--seed S | --database DIR] [--workers N] [--planner P] [--impl ...]
                   [--max-tokens T] [--max-experts E] [--oracles a,b] [--time-limit S] [--json]
                   [--save-failure FILE.json]
     diffmoe plan  [config options | --config FILE.json] [--impl ...] [--png FILE]
@@ -43,7 +43,10 @@ CUDA. Ctrl-C or SIGTERM stops a fuzz at once: it prints the smallest failure fou
 (exit 1) or that none was found (exit 130). --database DIR keeps Hypothesis's example
 database there: a failure found (even by an interrupted run) is replayed first by the next
 run with the same DIR. A seeded run replays nothing (Hypothesis's @seed turns the database
-off), so --seed and --database exclude each other.
+off), so --seed and --database exclude each other. Without either, DIFFMOE_HYPOTHESIS_DB (the
+pytest profiles' shared database, diffmoe/hypothesis_profiles.py) names the database; --seed
+still wins over it. --workers N (default: the cores this process may use) runs the execution
+tier in N processes sharing the database (diffmoe/fuzz_workers.py); the plan tier runs here.
 
 The runner, the implementation under test (reached only through diffmoe.contract) and
 matplotlib are imported inside the commands that need them, so `--help` and argument errors answer at once.
@@ -87,6 +90,7 @@ IN_PROCESS_NOTICE = (f"{PROG}: running in process (no time limit): an implementa
                      "report printed")
 EXIT_BROKEN_PIPE = 141  # stdout closed by its reader: 128 + SIGPIPE, as a shell reports it
 DEFAULT_FUZZ_EXAMPLES = 100  # execution-tier examples of a fuzz
+DEFAULT_FUZZ_WORKERS: int | None = None  # None: diffmoe.fuzz_workers.default_workers(), the usable cores
 DEFAULT_PLAN_EXAMPLES = 10_000  # plans of the static first phase: about a second (bench/bench_plan_tier.py)
 # --time-limit's upper bound, the same as diffmoe.runner.MAX_TIME_LIMIT (not imported: the
 # runner pulls in torch, and argument errors must answer at once).
@@ -544,7 +548,9 @@ def _save_failure(args, report) -> int | None:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from .fuzzing import MAX_EXAMPLES_LIMIT, fuzz
+    from .fuzz_workers import MAX_WORKERS, default_workers, fuzz_in_workers
+    from .fuzzing import MAX_EXAMPLES_LIMIT
+    from .hypothesis_profiles import SHARED_DATABASE_ENV
     from .plan_tier import MAX_PLAN_EXAMPLES
     from .strategies import MAX_EXPERTS as FUZZ_MAX_EXPERTS
 
@@ -563,6 +569,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-experts must be in [1, {FUZZ_MAX_EXPERTS}], got {args.max_experts}")
     if args.seed is not None and args.seed > MAX_SEED:
         raise UsageError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
+    if args.workers is None:
+        args.workers = DEFAULT_FUZZ_WORKERS or default_workers()
+    if args.workers > MAX_WORKERS:
+        raise UsageError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
+    shared = os.environ.get(SHARED_DATABASE_ENV, "").strip()
+    if args.database is None and args.seed is None and shared:
+        args.database = shared  # as the pytest profiles use it; an explicit --seed or --database wins
+        print(f"{PROG}: fuzz: example database {shared} (from {SHARED_DATABASE_ENV})", file=sys.stderr)
     if args.database is not None:
         if args.seed is not None:
             raise UsageError("--seed and --database cannot be combined: a seeded run is reproducible and replays no stored failure")
@@ -589,7 +603,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     try:
         with implementation_output_to_stderr():
             plan_outcome = _plan_phase(args, factory, name, seed, printer)
-            outcome = None if _plan_decides(args, plan_outcome) else fuzz(
+            outcome = None if _plan_decides(args, plan_outcome) else fuzz_in_workers(
+                workers=args.workers,
                 max_examples=args.max_examples,
                 seed=seed,
                 planner=args.planner,
@@ -876,7 +891,9 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--time-limit", type=_time_limit, metavar="S",
                     help="per-example limit on seconds without progress (no launch), past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
     fz.add_argument("--database", metavar="DIR",
-                    help="Hypothesis example database: failures are saved there and replayed first next time (not with --seed)")
+                    help="Hypothesis example database: failures are saved there and replayed first next time (not with --seed; default $DIFFMOE_HYPOTHESIS_DB when set and no --seed is given)")
+    fz.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                    help="processes running the execution tier, sharing the database and splitting --max-examples (default: the usable cores; 1: this process)")
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     fz.add_argument("--save-failure", metavar="FILE.json", help="write the minimal failing config here (replay with check --config)")
     fz.set_defaults(handler=cmd_fuzz)

@@ -112,7 +112,7 @@ def draw_config(rng: random.Random, planner: str | None = "fixed") -> MoEConfig:
     router_weight = "input" if k == 1 and r() < 0.5 else "down"
     chosen = planner if planner is not None else PLANNERS[int(r() * len(PLANNERS))]
     call_tokens = 1 + int(r() * (t - 1)) if t > 1 and r() < 0.25 else None
-    return MoEConfig(
+    return MoEConfig.unchecked(  # valid by construction; test_plan_tier validates every draw
         num_tokens=t, num_experts=e, topk=k, hidden=h, inter=i, quant=quant, fused=fused, router_weight=router_weight,
         planner=chosen, output=output, expert_map=expert_map, call_tokens=call_tokens,
     )

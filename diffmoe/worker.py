@@ -9,6 +9,7 @@ a job (`job.run(progress)`, `job.report(findings, seconds)`, `job.device`) and m
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing
 import os
@@ -76,11 +77,13 @@ def worker_start_method(device: torch.device) -> str:
     return "fork"
 
 
-_DEFERRED_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# SIGALRM too: a fuzz worker (diffmoe/fuzz_workers.py) raises its stop again on SIGALRM when
+# the first KeyboardInterrupt was swallowed; raised inside fork it would orphan the check's worker.
+_DEFERRED_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGALRM}
 
 
 @contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM while a worker is forked or stopped; they arrive when the block
     ends. A Python handler (the CLI turns SIGTERM into KeyboardInterrupt) that ran inside
     fork's at-fork hooks would have its exception printed and dropped, so the interrupt would
@@ -93,6 +96,20 @@ def _signals_deferred() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the process that started it dies, however it dies (a
+    parent killed with SIGKILL cannot stop it, and a worker in its own process group is not
+    reached by the signals sent to the parent's). Elsewhere: nothing (the parent's stop stands)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _worker_main(conn, job, env: dict[str, str], forked: bool) -> None:
@@ -109,6 +126,7 @@ def _worker_main(conn, job, env: dict[str, str], forked: bool) -> None:
         os.setpgid(0, 0)  # its own process group: the parent kills the group, a terminal's Ctrl-C reaches the parent only
     except OSError:
         pass
+    _die_with_parent()
     for signum in _DEFERRED_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)  # not the CLI's handlers, inherited by fork
     if hasattr(signal, "pthread_sigmask"):
@@ -178,7 +196,7 @@ def run_in_worker(job, limit: float) -> Report:
     findings: list[Finding] = []
     phase, stage = "starting the worker process", None
     try:
-        with _signals_deferred(), warnings.catch_warnings():
+        with signals_deferred(), warnings.catch_warnings():
             # Python >= 3.12 warns about forking a process with threads (torch's OpenMP pool
             # counts); the one hazard it means is handled in _worker_main (one thread).
             warnings.filterwarnings("ignore", message=r".*multi-threaded.*fork", category=DeprecationWarning)
@@ -224,7 +242,7 @@ def run_in_worker(job, limit: float) -> Report:
             else:
                 raise WorkerError(f"run_differential failed in the worker: {message[1]}\n{message[2]}")
     finally:
-        with _signals_deferred():
+        with signals_deferred():
             _stop_worker(proc)
             sender.close()
             receiver.close()

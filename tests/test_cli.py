@@ -51,6 +51,10 @@ def fake_runner(monkeypatch):
     # these tests drive the execution fuzz through the stand-in: no plan-tier first phase by
     # default (test_fuzz_plan_tier_finds_the_legacy_planner_first runs it for real)
     monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
+    # the stand-in records its calls in this process: the fuzz runs here, not in workers
+    # (tests/test_fuzz_workers.py and test_robustness_cli.py run the workers)
+    monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
+    monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake
 
 

@@ -140,7 +140,8 @@ def test_same_seed_same_sequence_and_outcome():
 def test_the_sampler_draws_valid_configs_covering_the_domain():
     configs = list(itertools.islice(plan_configs(0, None), 20_000))
     for c in configs:
-        c.validate()
+        c.validate()  # the sampler builds with MoEConfig.unchecked: this is its check
+        assert MoEConfig.from_dict(c.to_dict()) == c  # every field known, none missing
         assert c.routed_rows <= MAX_ROUTED_ROWS and c.estimated_bytes <= MAX_PROBLEM_BYTES
         assert 1 <= c.num_experts <= PLAN_MAX_EXPERTS and 1 <= c.topk <= min(c.num_experts, PLAN_MAX_TOPK)
         assert c.hidden <= PLAN_MAX_SIZE and c.inter <= PLAN_MAX_SIZE
