@@ -8,6 +8,7 @@
     diffmoe plan  [config options | --config FILE.json] [--impl ...] [--png FILE]
     diffmoe demo
     diffmoe doctor [--device D] [--json]
+    diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
     diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
                   [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
                   [--jobs N] [--json]
@@ -271,7 +272,8 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_impl_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE)")
+    p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
+                                                          "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers)")
 
 
 def config_from_args(args: argparse.Namespace) -> MoEConfig:
@@ -761,6 +763,12 @@ def demo_conclusion(fixed: Report, legacy: Report) -> str:
     return f"Conclusion: on {size}, the demo did not go as expected: {'; '.join(problems)}."
 
 
+def cmd_peers(args: argparse.Namespace) -> int:
+    from .peer_wheels import main as peers_main
+
+    return peers_main(args.rest, prog=f"{PROG} peers")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     # The probes are the harness's; what the default implementation does about each primitive
@@ -859,7 +867,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -915,6 +923,12 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--device", help="torch device (default: the implementation's)")
     doctor.add_argument("--json", action="store_true", help="print the report as one JSON object")
     doctor.set_defaults(handler=cmd_doctor)
+
+    peers = sub.add_parser(
+        "peers", help="fetch and list the peers' pinned wheels (third-party kernels run behind the contract)",
+        description="diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list (diffmoe/peer_wheels.py)", add_help=False)
+    peers.add_argument("rest", nargs=argparse.REMAINDER, help="fetch NAME [--wheel FILE.whl], or list")
+    peers.set_defaults(handler=cmd_peers)
 
     cc = sub.add_parser(
         "compile-check", help="compile every kernel specialization for a GPU, no GPU needed",
@@ -974,7 +988,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: check, fuzz, plan, demo, doctor or compile-check (see diffmoe --help)")
+            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check or peers (see diffmoe --help)")
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
         return status

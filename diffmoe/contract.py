@@ -38,7 +38,12 @@ implementation (building one may probe its backend or import Triton):
 * `conformance_hooks() -> diffmoe.conformance.ConformanceHooks`: for a Triton implementation,
   which workaround it applies per backend primitive, its software paths, its switches on a
   device and its launcher, for `diffmoe doctor` (see diffmoe/conformance.py; without it, the
-  doctor judges the backend alone). `factory_attribute` reads either.
+  doctor judges the backend alone);
+* `supports(config) -> str | None`: None when the implementation runs this config, else one
+  line naming the field it refuses and why (a peer without an unfused path, say). The harness
+  then does not ask it: `run_differential` refuses the config (the CLI's usage error), the
+  fuzzers draw around it, and the metamorphic oracle, whose sibling it refuses, is skipped
+  with that reason instead of reporting the refusal as a crash. `factory_attribute` reads each.
 
 Nothing here imports Triton: implementations may be written in anything that takes torch
 tensors.
@@ -202,19 +207,34 @@ DEFAULT_IMPLEMENTATION = "optimized:make_implementation"
 # What reports, replay lines and JSON call it ("optimized", its module); an implementation named
 # with --impl is called by its spec as given, and its replay lines carry `--impl SPEC`.
 DEFAULT_IMPLEMENTATION_NAME = DEFAULT_IMPLEMENTATION.partition(":")[0]
+# Short names for the peers (peers/, third-party kernels run from their own wheels): `--impl vllm`.
+IMPLEMENTATION_ALIASES = {"vllm": "peers.vllm_0_33:make"}
 
 # The optional factory attributes (module docstring).
 PLAN_WORKSPACES = "plan_workspaces"
 CONFORMANCE_HOOKS = "conformance_hooks"
+SUPPORTS = "supports"
+FACTORY_ATTRIBUTES = (PLAN_WORKSPACES, CONFORMANCE_HOOKS, SUPPORTS)
 
 
 def factory_attribute(factory: Callable, name: str) -> Callable | None:
-    """One of the factory's optional cheap attributes (PLAN_WORKSPACES, CONFORMANCE_HOOKS), or
-    None when it has none (callers then build the implementation, or do without)."""
-    if name not in (PLAN_WORKSPACES, CONFORMANCE_HOOKS):
-        raise ValueError(f"no optional factory attribute {name!r}; known: {[PLAN_WORKSPACES, CONFORMANCE_HOOKS]}")
+    """One of the factory's optional cheap attributes (FACTORY_ATTRIBUTES), or None when it has
+    none (callers then build the implementation, or do without)."""
+    if name not in FACTORY_ATTRIBUTES:
+        raise ValueError(f"no optional factory attribute {name!r}; known: {list(FACTORY_ATTRIBUTES)}")
     attr = getattr(factory, name, None)
     return attr if callable(attr) else None
+
+
+def unsupported(factory: Callable | None, config: MoEConfig) -> str | None:
+    """Why the factory's implementation refuses `config` (its `supports` attribute), or None."""
+    supports = None if factory is None else factory_attribute(factory, SUPPORTS)
+    if supports is None:
+        return None
+    reason = supports(config)
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"{SUPPORTS}(config) must return None or a str, got {type(reason).__name__}")
+    return reason
 
 
 def factory_plan(factory: ImplementationFactory, config: MoEConfig, num_tokens: int | None = None) -> WorkspacePlan:

@@ -50,12 +50,12 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from .config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
-from .contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule
+from .contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, unsupported
 from .fuzz_database import ResumingDatabase
 from .fuzz_tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy
 from .report import Finding, Oracles, Report
@@ -281,6 +281,8 @@ def fuzz(
     replaying = [False]  # inside the database-replay pass (see below)
 
     def run_one(config: MoEConfig) -> None:
+        if unsupported(implementation, config) is not None:
+            reject()  # the implementation's own `supports` refuses it: not an example (contract.SUPPORTS)
         outcome.examples += 1
         phase = PHASE_SHRINK if first_failure_at else PHASE_GENERATE
         if first_failure_at:
@@ -323,7 +325,8 @@ def fuzz(
             verbosity=Verbosity.quiet,  # the outcome is the report; nothing goes to stdout
             report_multiple_bugs=False,
             print_blob=False,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example,
+                                   HealthCheck.filter_too_much],  # an implementation refusing much of the domain
         )(given(strategy)(run_one))
         return test if seed is None else hypothesis_seed(seed)(test)
 

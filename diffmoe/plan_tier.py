@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator
 from .config import (
     MAX_PROBLEM_BYTES, MAX_ROUTED_ROWS, MAX_SEED, MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, MoEConfig, check_int,
 )
-from .contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, PLAN_WORKSPACES, factory_attribute
+from .contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, PLAN_WORKSPACES, SUPPORTS, factory_attribute
 from .fuzzing import FuzzOutcome
 from .oracles.static_aliasing import check_static_aliasing, check_workspace_fit
 from .report import Finding, Oracles, Report
@@ -140,6 +140,8 @@ def plan_function(factory: Callable) -> PlanFn:
 def judge_config(plan: PlanFn, config: MoEConfig) -> list[Finding]:
     """Static aliasing of the call's plan, and its fit in the workspaces declared for max T."""
     full = plan(config, config.num_tokens)
+    if full is None:  # a config the implementation refuses (contract.SUPPORTS): nothing to judge
+        return []
     call = full if config.call_tokens is None or config.call_tokens == config.num_tokens else plan(config, config.call_tokens)
     return check_static_aliasing(call) + check_workspace_fit(call, tuple(full.workspace_bytes))
 
@@ -283,6 +285,13 @@ def fuzz_plans(
 
     factory = runner.load_factory(DEFAULT_IMPLEMENTATION) if implementation is None else implementation
     plan = plan_function(factory)
+    supports = factory_attribute(factory, SUPPORTS)  # draw around what it refuses (contract.SUPPORTS)
+    if supports is not None:
+        declared = plan
+
+        def plan(config: MoEConfig, num_tokens: int):
+            return None if supports(config) is not None else declared(config, num_tokens)
+    refused = 0
     if implementation_name is not None:
         name = implementation_name
     else:
@@ -303,6 +312,9 @@ def fuzz_plans(
         configs = plan_configs(seed, planner)
         for n in range(max_examples):
             config = next(configs)
+            if supports is not None and supports(config) is not None:
+                refused += 1  # not a plan of this implementation: not counted as judged
+                continue
             outcome.examples += 1
             findings = judge_config(plan, config)
             if findings:
@@ -330,6 +342,8 @@ def fuzz_plans(
         outcome.interrupted = True
     end = time.perf_counter()
     outcome.seconds = end - start
+    if refused:
+        outcome.notes.append(f"{refused} drawn configs skipped: the implementation's {SUPPORTS} refuses them")
     if failure:
         config, findings = failure[-1]
         outcome.report = Report(config=config, implementation=name, oracles=list(_PLAN_ORACLES), schedules=[],

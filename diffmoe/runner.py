@@ -45,7 +45,9 @@ from dataclasses import dataclass
 import torch
 
 from .config import MoEConfig, quoted
-from .contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule
+from .contract import (
+    DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ImplementationFactory, Schedule, unsupported,
+)
 from .execution import Check, Crash, ProgressCallback, default_device, interpreter_enabled
 from .oracles.call_sequence import SMALL_CALL_DIVISOR, makes_last_order_run
 from .oracles.differential import DERIVED_OUTPUT_REASON
@@ -114,9 +116,11 @@ def load_factory(spec: str) -> ImplementationFactory:
     Whatever importing the module raises (an ImportError, a SyntaxError, any exception of its
     top-level code, even SystemExit; not KeyboardInterrupt) is that ValueError, naming the
     module and the error: the CLI's usage error (exit 2), not a traceback or a silent exit."""
+    if isinstance(spec, str) and spec in IMPLEMENTATION_ALIASES:
+        spec = IMPLEMENTATION_ALIASES[spec]
     if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ValueError(f"--impl must be MODULE:FACTORY or path/to/file.py:FACTORY (e.g. {DEFAULT_IMPLEMENTATION}), "
-                         f"got {spec!r}")
+        raise ValueError(f"--impl must be MODULE:FACTORY, path/to/file.py:FACTORY or a peer's name "
+                         f"({', '.join(IMPLEMENTATION_ALIASES)}) (e.g. {DEFAULT_IMPLEMENTATION}), got {spec!r}")
     module_name, attr = spec.split(":")
     try:
         module = _import_impl_module(module_name)
@@ -320,6 +324,9 @@ def run_differential(
         implementation_name = factory_name(implementation)
     elif not isinstance(implementation_name, str):
         raise TypeError(f"implementation_name must be None or a string, got {implementation_name!r}")
+    refused = unsupported(implementation, config)
+    if refused is not None:  # its own `supports` says it does not run this config: nothing to judge
+        raise ValueError(f"{implementation_name} does not run this config: {refused}")
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

@@ -40,6 +40,13 @@ class Metamorphic(Oracle):
 
         if check.problem.num_tokens == 0 or not check.config.is_fp8:
             return []
+        from ..contract import unsupported
+
+        sibling_cfg = check.config.replace(fused=not check.config.fused)
+        refused = unsupported(check.factory, sibling_cfg)
+        if refused is not None:  # the implementation has no sibling to compare with (its own word)
+            check.skipped[self.name] = f"the implementation does not run the sibling (fused={sibling_cfg.fused}): {refused}"
+            return []
         try:
             return self._sibling_agrees(check)
         except Crash as crash:  # the sibling's crash is this check's finding; the rest stands

@@ -1,0 +1,265 @@
+"""The peer wheel cache: third-party MoE kernels (peers/) are loaded from their own pinned wheels.
+
+A peer package cannot be a pip extra beside diffmoe's torch/triton pins (vllm 0.33.0 pins
+torch==2.14.0), and no third-party source is copied into this repository. Instead
+`diffmoe peers fetch NAME` runs
+
+    python -m pip download --no-deps --only-binary :all: --platform PLATFORM NAME==VERSION -d TMP
+
+checks the wheel's sha256 against the constant pinned here, extracts only the files the
+adapter loads (PeerWheel.files) into the cache directory, writes a small manifest, and deletes
+the wheel. After one fetch everything is offline: `peer_root(name)` only reads the cache.
+
+Cache directory: $DIFFMOE_PEER_CACHE when set, else ~/.cache/diffmoe/peers; a peer lives in
+<cache>/<name>-<version>/ with its files at their paths inside the wheel
+(<cache>/vllm-0.33.0/vllm/model_executor/layers/fused_moe/fused_moe.py, ...).
+
+Command line (wired by diffmoe.cli as `diffmoe peers ...`; `main(argv)` returns the exit code):
+
+    diffmoe peers fetch NAME [--wheel FILE.whl]   download (or take FILE.whl), verify, extract
+    diffmoe peers list                            every known peer, its pin and whether it is cached
+
+Owns the pinned wheels (name, version, sha256, files kept) and the cache layout. Must not
+import a peer's code or an implementation: it only moves files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+CACHE_ENV = "DIFFMOE_PEER_CACHE"
+DEFAULT_CACHE = Path("~/.cache/diffmoe/peers")
+MANIFEST = "diffmoe-peer.json"
+
+
+@dataclass(frozen=True)
+class PeerWheel:
+    """One pinned third-party wheel and the files of it an adapter loads."""
+
+    name: str  # the `diffmoe peers fetch NAME` name
+    package: str  # the PyPI distribution
+    version: str
+    filename: str  # the wheel pip downloads for this platform
+    sha256: str
+    files: tuple[str, ...]  # paths inside the wheel kept in the cache; "dir/" keeps every file below dir/
+    license: str
+    platform: str = "manylinux_2_28_x86_64"  # pip download --platform: the pinned file on any machine
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+_VLLM_MOE = "vllm/model_executor/layers/fused_moe"
+PEERS: dict[str, PeerWheel] = {
+    "vllm": PeerWheel(
+        name="vllm",
+        package="vllm",
+        version="0.33.0",
+        filename="vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        # measured on the wheel PyPI served on 2026-12-04 (336,361,138 bytes)
+        sha256="4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
+        files=(
+            f"{_VLLM_MOE}/fused_moe.py",  # fused_moe_kernel, invoke_fused_moe_triton_kernel, configs
+            f"{_VLLM_MOE}/moe_align_block_size.py",  # the Python side of the alignment op
+            f"{_VLLM_MOE}/experts/triton_moe.py",  # TritonExperts: workspace_shapes, apply (the carving)
+            f"{_VLLM_MOE}/utils.py",  # _resize_cache, moe_kernel_quantize_input, enable_swap_ab
+            f"{_VLLM_MOE}/modular_kernel.py",  # FusedMoEExperts(Modular): TritonExperts' base classes
+            f"{_VLLM_MOE}/configs/",  # the tuned tile configs fused_moe.py reads per GPU name (339 JSON files, ~1.1 MB)
+        ),
+        license="Apache-2.0",
+    ),
+}
+
+
+class PeerError(RuntimeError):
+    """A peer cannot be fetched or is not cached; the message is one line naming the fix."""
+
+
+def cache_dir() -> Path:
+    """The cache root: $DIFFMOE_PEER_CACHE, else ~/.cache/diffmoe/peers."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else DEFAULT_CACHE.expanduser()
+
+
+def peer(name: str) -> PeerWheel:
+    if name not in PEERS:
+        raise PeerError(f"unknown peer {name!r}; known peers: {sorted(PEERS)}")
+    return PEERS[name]
+
+
+def fetch_command(name: str) -> str:
+    return f"diffmoe peers fetch {name}"
+
+
+def _manifest_ok(root: Path, wheel: PeerWheel) -> bool:
+    try:
+        data = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    extracted = data.get("extracted")
+    return (data.get("sha256") == wheel.sha256 and data.get("version") == wheel.version
+            and data.get("files") == list(wheel.files) and isinstance(extracted, list)
+            and all((root / f).is_file() for f in extracted))
+
+
+def _members(wheel: PeerWheel, names: list[str], wheel_name: str) -> list[str]:
+    """The wheel's members PeerWheel.files names (a "dir/" entry: every file below it)."""
+    chosen = []
+    for entry in wheel.files:
+        if entry.endswith("/"):
+            below = sorted(n for n in names if n.startswith(entry) and not n.endswith("/"))
+            if not below:
+                raise PeerError(f"{wheel_name} has no files under {entry}")
+            chosen += below
+        elif entry in names:
+            chosen.append(entry)
+        else:
+            raise PeerError(f"{wheel_name} has no {entry}")
+    return chosen
+
+
+def peer_root(name: str) -> Path:
+    """The cached root of peer `name` (its files at their wheel paths below it), or PeerError
+    with one line naming the fetch command."""
+    wheel = peer(name)
+    root = cache_dir() / wheel.dirname
+    if not _manifest_ok(root, wheel):
+        raise PeerError(f"{wheel.requirement} is not in the peer cache ({root}); run `{fetch_command(name)}` "
+                        f"once (needs network; set {CACHE_ENV} to move the cache)")
+    return root
+
+
+def is_cached(name: str) -> bool:
+    try:
+        peer_root(name)
+    except PeerError:
+        return False
+    return True
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _download(wheel: PeerWheel, into: Path) -> Path:
+    # the pinned wheel's platform whatever this machine is: only its .py files are kept, and the
+    # sha256 pins that one file
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--platform", wheel.platform,
+           wheel.requirement, "-d", str(into), "--quiet"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise PeerError(f"pip download {wheel.requirement} failed (exit {done.returncode}): {tail[0]}")
+    found = sorted(into.glob(f"{wheel.package}-{wheel.version}-*.whl"))
+    if not found:
+        raise PeerError(f"pip download {wheel.requirement} left no wheel in {into}")
+    return found[0]
+
+
+def _extract(wheel: PeerWheel, wheel_file: Path, root: Path) -> int:
+    """Verify and extract the kept files into a fresh `root`; returns the bytes written."""
+    digest = sha256_of(wheel_file)
+    if digest != wheel.sha256:
+        raise PeerError(f"{wheel_file.name} has sha256 {digest}, the pin for {wheel.requirement} is {wheel.sha256}; "
+                        "refusing to use it")
+    staging = root.with_name(root.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    written = 0
+    with zipfile.ZipFile(wheel_file) as zf:
+        members = _members(wheel, zf.namelist(), wheel_file.name)
+        for member in members:
+            target = (staging / member).resolve()
+            if staging.resolve() not in target.parents:
+                raise PeerError(f"{wheel_file.name}: member {member!r} points outside the cache")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = zf.read(member)
+            target.write_bytes(data)
+            written += len(data)
+    (staging / MANIFEST).write_text(json.dumps({
+        "name": wheel.name, "package": wheel.package, "version": wheel.version, "wheel": wheel_file.name,
+        "sha256": wheel.sha256, "license": wheel.license, "files": list(wheel.files), "extracted": members,
+    }, indent=1) + "\n")
+    shutil.rmtree(root, ignore_errors=True)
+    staging.rename(root)
+    return written
+
+
+def fetch(name: str, wheel_file: str | os.PathLike | None = None) -> Path:
+    """Put peer `name` in the cache and return its root: nothing to do when it is cached; else
+    pip-download the pinned wheel (or take `wheel_file`, e.g. one downloaded elsewhere), check its
+    sha256, keep only PeerWheel.files and delete the downloaded wheel (a given one is left alone)."""
+    wheel = peer(name)
+    root = cache_dir() / wheel.dirname
+    if _manifest_ok(root, wheel):
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    if wheel_file is not None:
+        path = Path(wheel_file)
+        if not path.is_file():
+            raise PeerError(f"no wheel file {str(path)!r}")
+        _extract(wheel, path, root)
+        return root
+    with tempfile.TemporaryDirectory(prefix=f"diffmoe-{wheel.name}-", dir=root.parent) as tmp:
+        downloaded = _download(wheel, Path(tmp))
+        try:
+            _extract(wheel, downloaded, root)
+        finally:
+            downloaded.unlink(missing_ok=True)  # the wheel goes whatever happened
+    return root
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe peers") -> int:
+    """`diffmoe peers fetch NAME [--wheel FILE]` / `diffmoe peers list`; returns the exit code
+    (0 done, 1 a fetch that failed, 2 usage). Messages go to stdout (results) and stderr (errors)."""
+    parser = argparse.ArgumentParser(prog=prog, description="Third-party MoE kernels judged by diffmoe, from their pinned wheels.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fetch", help="download the pinned wheel (no dependencies), verify it and keep the files the adapter loads")
+    f.add_argument("name", choices=sorted(PEERS))
+    f.add_argument("--wheel", metavar="FILE.whl", help="use this wheel file instead of downloading it (sha256 still checked)")
+    sub.add_parser("list", help="known peers, their pins and whether they are cached")
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:
+        return 0 if exc.code == 0 else 2
+    if args.command == "list":
+        print(f"cache: {cache_dir()} (${CACHE_ENV} overrides)")
+        for wheel in PEERS.values():
+            state = "cached" if is_cached(wheel.name) else f"not cached: {fetch_command(wheel.name)}"
+            print(f"{wheel.name:8} {wheel.requirement:16} sha256 {wheel.sha256[:16]}...  {state}")
+        return 0
+    try:
+        root = fetch(args.name, args.wheel)
+    except PeerError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{PEERS[args.name].requirement}: {root} ({_tree_bytes(root)} bytes, sha256 verified)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

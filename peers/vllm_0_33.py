@@ -1,0 +1,525 @@
+"""vLLM 0.33.0's Triton fused MoE (`TritonExperts`) as a diffmoe implementation: `--impl peers.vllm_0_33:make`.
+
+What runs is vLLM's own code, from the files `diffmoe peers fetch vllm` cached out of the pinned
+wheel (diffmoe/peer_wheels.py), executed by path: fused_moe.py (fused_moe_kernel,
+invoke_fused_moe_triton_kernel, the tile configs: tuned JSON per GPU name from the cached
+configs/, else vLLM's defaults, always under the interpreter; the expert assignment),
+moe_align_block_size.py, utils.py (_resize_cache, moe_kernel_quantize_input), modular_kernel.py
+(the FusedMoEExperts base classes) and experts/triton_moe.py (TritonExperts.workspace_shapes and
+TritonExperts.apply, which carves the workspaces and launches both GEMMs). What they import
+beyond those files is peers/vllm_standins.py's stand-in modules, vLLM's compiled CUDA ops
+included (peers/vllm_ops.py's torch versions).
+
+One call, as vLLM's modular kernel (modular_kernel.py, no-DP/EP prepare/finalize) makes it:
+  * prepare (prepare_finalize/no_dp_ep.py): the router weight on the input multiplies the bf16
+    hidden states (K = 1), then vLLM's moe_kernel_quantize_input quantises them: quant_input;
+  * buffers (FusedMoEKernelModularImpl._allocate_buffers): diffmoe's ws1 and ws2, viewed in the
+    activation dtype (bf16), are vLLM's workspace13 (common workspace of max(workspace13,
+    output) elements) and workspace2; the output is the caller's tensor (output='separate',
+    vLLM's output alias) or `_resize_cache(workspace13, (T, H))` (output='workspace');
+  * TritonExperts.apply: align, gate_up_gemm into intermediate_cache1 = workspace2 (T, K, 2I),
+    silu_and_mul into intermediate_cache2 = workspace13 (T*K, I), the down input's quant (a fresh
+    FP8 copy; for 128-block FP8 vLLM always fuses silu with the quant: act_quant), down_gemm
+    into intermediate_cache3 = workspace2 (T, K, H) over cache1 (dead by then), moe_sum: reduce.
+Every launch is reported with vocabulary names: cache1 = gate_up_output, cache2 =
+activation_output, the FP8 copy = quanted_down_input, cache3 = down_output.
+
+The declared plan (`plan_workspaces`) takes its workspace sizes from vLLM's own
+TritonExperts.workspace_shapes and places cache1/cache3 at offset 0 of ws2 and cache2 (and a
+workspace output) at offset 0 of ws1, exactly as apply carves them; the static oracle then
+judges vLLM's real layout (cache1 and cache3 share bytes, their live ranges do not meet).
+
+Supported: quant bf16, fp8-tensor, fp8-token (unfused: vLLM has no fused silu+quant for them),
+fp8-block (fused only: vLLM 0.33 always fuses there), router_weight down or input (K = 1),
+output separate or workspace. Refused with a ValueError naming the field: expert_map (vLLM's EP
+path is not wired), fused=True except with fp8-block, fused=False with fp8-block.
+Program order: under the interpreter a non-identity schedule permutes the programs of each
+Triton launch at the interpreter's grid loop (triton 3.9 only); the torch stand-ins have no
+program order; on a GPU the hardware order runs.
+
+Teacher forcing (`run_stage`) runs the same sequence with the stage's inputs written over the
+buffers that hold them right after the launch that produced them.
+
+Longer than 400 lines because it holds the loader, the declared plan, the run sequence and the
+launch reporter, which all drive the same loaded vLLM modules.
+
+Owns the adapter (loading vLLM's files, the run sequence, launch reporting, the declared plan).
+Must not copy vLLM source or change vLLM's numerics: differences are reported, not fixed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import math
+import sys
+import threading
+import types
+from pathlib import Path
+
+import torch
+
+from diffmoe import peer_wheels
+from diffmoe.config import QUANT_BLOCK, MoEConfig
+from diffmoe.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan
+from diffmoe.vocabulary import Buffers, Stages, buffer_spec, pipeline_stages
+
+from . import vllm_ops, vllm_standins
+
+PEER = "vllm"
+VERSION = peer_wheels.PEERS[PEER].version
+B = Buffers
+PER_CALL_FIELDS = ("num_tokens", "seed", "skew")
+_MOE = "vllm.model_executor.layers.fused_moe"
+# vLLM's files, executed in this order (each imports only the ones before it and stand-ins)
+REAL_MODULES = (
+    (f"{_MOE}.utils", "vllm/model_executor/layers/fused_moe/utils.py"),
+    (f"{_MOE}.moe_align_block_size", "vllm/model_executor/layers/fused_moe/moe_align_block_size.py"),
+    (f"{_MOE}.modular_kernel", "vllm/model_executor/layers/fused_moe/modular_kernel.py"),
+    (f"{_MOE}.fused_moe", "vllm/model_executor/layers/fused_moe/fused_moe.py"),
+    (f"{_MOE}.experts.triton_moe", "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"),
+)
+VARIANTS = ("vllm", "cache2-in-ws2")  # the second: a planted carve bug (tests), cache2 carved from workspace2
+SUPPORTED_TRITON_FOR_ORDER = (3, 9)  # the interpreter grid loop the program-order control was read from
+
+
+def _interpreting() -> bool:
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+class VllmFiles:
+    """vLLM's five files loaded once per (cache root, device), with their stand-ins."""
+
+    _cache: dict[tuple[str, str], VllmFiles] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, root: Path, device: torch.device):
+        self.root = root
+        self.modules: dict[str, types.ModuleType] = vllm_standins.standin_modules(device)
+        vllm_standins.link_parents(self.modules)
+        with self.installed():
+            for name, rel in REAL_MODULES:
+                path = root / rel
+                spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(spec)
+                self.modules[name] = module
+                sys.modules[name] = module
+                vllm_standins.link_parents({name: module, name.rpartition(".")[0]: self.modules[name.rpartition(".")[0]]})
+                spec.loader.exec_module(module)
+        self.utils = self.modules[f"{_MOE}.utils"]
+        self.fused_moe = self.modules[f"{_MOE}.fused_moe"]
+        self.triton_moe = self.modules[f"{_MOE}.experts.triton_moe"]
+        self.TritonExperts = self.triton_moe.TritonExperts
+        # instrumentation, not a change: apply() reaches the GEMM launcher through this module
+        # global; the wrapper reports each call and runs vLLM's launcher unchanged
+        self.invoke_gemm = self.fused_moe.invoke_fused_moe_triton_kernel
+        self.triton_moe.invoke_fused_moe_triton_kernel = self._reporting_gemm
+        self._gemm_signature = inspect.signature(self.invoke_gemm)
+
+    @classmethod
+    def get(cls, device: torch.device) -> VllmFiles:
+        root = peer_wheels.peer_root(PEER)  # one line naming `diffmoe peers fetch vllm` when missing
+        key = (str(root), str(device))
+        with cls._lock:
+            if key not in cls._cache:
+                _install_interpreter_fixes()
+                cls._cache[key] = cls(root, device)
+            return cls._cache[key]
+
+    @contextlib.contextmanager
+    def installed(self):
+        """vLLM's module names resolve to these modules (vLLM imports some at call time)."""
+        saved = {name: sys.modules.get(name) for name in self.modules}
+        sys.modules.update(self.modules)
+        try:
+            yield self
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+
+    def _reporting_gemm(self, *args, **kwargs):
+        reporter = vllm_ops.ACTIVE_REPORTER.get()
+        if reporter is None or not isinstance(reporter, RunReporter):
+            return self.invoke_gemm(*args, **kwargs)
+        bound = self._gemm_signature.bind(*args, **kwargs)
+        return reporter.gemm(self.invoke_gemm, bound)
+
+    def experts(self, config: MoEConfig, quant: vllm_standins.FusedMoEQuantConfig):
+        return self.TritonExperts(vllm_standins.FusedMoEConfig(num_experts=config.num_experts), quant)
+
+
+def _install_interpreter_fixes() -> None:
+    """As optimized/launch.py: under the interpreter, diffmoe's exact casts and dots."""
+    if not _interpreting():
+        return
+    from diffmoe import interpreter_fixes, interpreter_speed
+
+    interpreter_speed.install()
+    interpreter_fixes.install()
+
+
+def quant_config(config: MoEConfig, w1_scale=None, w2_scale=None) -> vllm_standins.FusedMoEQuantConfig:
+    """vLLM's quant config for diffmoe's scheme: dynamic activations, static weight scales."""
+    q = config.quant
+    if q == "bf16":
+        return vllm_standins.FusedMoEQuantConfig()
+    return vllm_standins.FusedMoEQuantConfig(
+        quant_dtype=vllm_ops.FP8, per_act_token_quant=q == "fp8-token", per_out_ch_quant=q == "fp8-token",
+        block_shape=[QUANT_BLOCK, QUANT_BLOCK] if q == "fp8-block" else None, w1_scale=w1_scale, w2_scale=w2_scale,
+    )
+
+
+def check_supported(config: MoEConfig) -> None:
+    """ValueError naming the field for what the adapter does not run."""
+    if config.expert_map is not None:
+        raise ValueError("expert_map must be None for peers.vllm_0_33: vLLM's expert-parallel path (ignore_invalid_experts, "
+                         "the pad-aware moe_sum) is not wired into the adapter")
+    if config.quant == "fp8-block" and not config.fused:
+        raise ValueError("fused must be true for quant='fp8-block' with peers.vllm_0_33: vLLM 0.33 always fuses silu "
+                         "with the 128-block quant (ops.silu_and_mul_per_block_quant), there is no unfused path")
+    if config.fused and config.quant != "fp8-block":
+        raise ValueError(f"fused must be false for quant={config.quant!r} with peers.vllm_0_33: vLLM 0.33 fuses silu "
+                         "with the down input's quant only for 128-block FP8")
+    if config.activation != "silu":
+        raise ValueError(f"activation must be 'silu' for peers.vllm_0_33, got {config.activation!r}")
+
+
+def vllm_shapes(files: VllmFiles, config: MoEConfig, num_tokens: int):
+    """(workspace13, workspace2, output) shapes from vLLM's TritonExperts.workspace_shapes."""
+    experts = files.experts(config, quant_config(config))
+    return experts.workspace_shapes(num_tokens, 2 * config.inter, config.hidden, config.topk, config.num_experts,
+                                    config.num_local_experts, None, vllm_standins.MoEActivation.SILU)
+
+
+def plan_workspaces(config: MoEConfig, num_tokens: int, variant: str = "vllm", device=None) -> WorkspacePlan:
+    """vLLM's layout for `num_tokens` tokens: sizes from workspace_shapes, the carving of apply()."""
+    check_supported(config)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
+    files = VllmFiles.get(torch.device(device) if device is not None else _default_device())
+    ws13, ws2, out = vllm_shapes(files, config, num_tokens)
+    item = torch.bfloat16.itemsize  # workspace_dtype(activation dtype)
+    sizes = (item * max(math.prod(ws13), math.prod(out)), item * math.prod(ws2))
+    t, k, n, h = num_tokens, config.topk, 2 * config.inter, config.hidden
+    cache2_ws = 1 if variant == "cache2-in-ws2" else 0
+    carved = [  # (buffer, workspace, elements) as TritonExperts.apply / _allocate_buffers carve them
+        (B.GATE_UP_OUTPUT, 1, t * k * n),  # intermediate_cache1 = _resize_cache(workspace2, (T, K, N))
+        (B.ACTIVATION_OUTPUT, cache2_ws, t * k * (n // 2)),  # intermediate_cache2 = _resize_cache(workspace13, (T*K, N/2))
+        (B.DOWN_OUTPUT, 1, t * k * h),  # intermediate_cache3 = _resize_cache(workspace2, (T, K, K_hidden))
+    ]
+    if config.output == "workspace":
+        carved.append((B.OUTPUT, cache2_ws, t * h))  # fused_out = _resize_cache(common workspace13, (T, H))
+    if config.fused:
+        carved = [c for c in carved if c[0] != B.ACTIVATION_OUTPUT]  # act_quant never writes cache2
+    placements = []
+    for name, ws, elements in carved:
+        nbytes = elements * item
+        assert nbytes == buffer_spec(config, name, num_tokens).nbytes, (name, nbytes)
+        placements.append(Placement(name, ws, 0, nbytes))
+    if variant == "cache2-in-ws2":
+        sizes = (0, max(sizes))
+    return WorkspacePlan(
+        planner=f"vllm-{VERSION}" + ("" if variant == "vllm" else f" ({variant})"),
+        buffer_list=tuple(p.buffer for p in placements),
+        placements=tuple(placements),
+        stages=tuple(pipeline_stages(config)),
+        workspace_bytes=sizes,
+    )
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+class RunReporter(vllm_ops.OpReporter):
+    """One run's launch reporting: vocabulary names and stages from the op and the run's phase."""
+
+    def __init__(self, impl: VllmTritonMoE, problem, recorder, schedule: Schedule,
+                 force: dict[str, torch.Tensor] | None = None, capture: str | None = None):
+        self.impl, self.problem, self.recorder, self.schedule = impl, problem, recorder, schedule
+        self.phase = "prepare"
+        self.gemms = 0
+        self.triton_launches = 0
+        # teacher forcing (run_stage): buffers overwritten with given values right after the launch
+        # that writes them, and the writes of stage `capture` copied out
+        self.force, self.capture = force or {}, capture
+        self.captured: dict[str, torch.Tensor] | None = None
+
+    def _report(self, stage: str, kernel: str, grid, reads: dict, writes: dict, compute):
+        info = None
+        if self.recorder is not None:
+            info = LaunchInfo(stage=stage, kernel=kernel, grid=tuple(grid), reads=reads, writes=writes)
+            self.recorder.before_launch(info)
+        result = compute()
+        if info is not None:
+            self.recorder.after_launch(info)
+        if stage == self.capture:
+            self.captured = {name: view.clone() for name, view in writes.items()}
+        for name, view in writes.items():
+            if name in self.force:
+                view.copy_(self.force[name].reshape(view.shape).to(view.dtype))
+        return result
+
+    def launch(self, op, kernel, grid, tensors, compute):
+        cfg, p = self.impl.config, self.problem
+        if op == "moe_align_block_size":
+            stage, reads = Stages.ALIGN, {B.TOPK_IDS: tensors["topk_ids"]}
+            writes = {n: tensors[n] for n in (B.SORTED_TOKEN_IDS, B.EXPERT_IDS, B.NUM_TOKENS_POST_PADDED)}
+        elif op in ("dynamic_scaled_fp8_quant", "dynamic_per_token_scaled_fp8_quant", "per_token_group_fp8_quant"):
+            if self.phase == "prepare":
+                stage = Stages.QUANT_INPUT
+                reads = {B.HIDDEN_STATES: p.hidden_states}
+                if cfg.router_weight == "input":
+                    reads[B.TOPK_WEIGHTS] = p.topk_weights
+                codes, scales = B.QUANTED_GATE_UP_INPUT, B.QUANTED_GATE_UP_INPUT_SCALES
+            else:
+                stage, reads = Stages.QUANT_DOWN_INPUT, {B.ACTIVATION_OUTPUT: tensors["input"]}
+                codes, scales = B.QUANTED_DOWN_INPUT, B.QUANTED_DOWN_INPUT_SCALES
+            writes = {codes: tensors["output"], scales: tensors["scale"]}
+        elif op == "silu_and_mul":
+            stage = Stages.ACTIVATION
+            reads, writes = {B.GATE_UP_OUTPUT: tensors["input"]}, {B.ACTIVATION_OUTPUT: tensors["output"]}
+        elif op == "silu_and_mul_per_block_quant":
+            stage, reads = Stages.ACT_QUANT, {B.GATE_UP_OUTPUT: tensors["input"]}
+            writes = {B.QUANTED_DOWN_INPUT: tensors["output"], B.QUANTED_DOWN_INPUT_SCALES: tensors["scale"]}
+        elif op == "moe_sum":
+            x = tensors["input"]
+            stage, reads = Stages.REDUCE, {B.DOWN_OUTPUT: x.view(-1, x.shape[-1]) if x.is_contiguous() else x}
+            writes = {B.OUTPUT: tensors["output"]}
+        else:
+            raise NotImplementedError(f"vLLM op {op} has no diffmoe stage (phase {self.phase})")
+        return self._report(stage, kernel, grid, reads, writes, compute)
+
+    def gemm(self, invoke, bound: inspect.BoundArguments):
+        a = bound.arguments
+        cfg, p = self.impl.config, self.problem
+        A, Bw, C, a_scale = a["A"], a["B"], a["C"], a.get("A_scale")
+        tile = a["config"]
+        sorted_ids, top_k = a.get("sorted_token_ids"), a["top_k"]
+        bm, bn = tile["BLOCK_SIZE_M"], tile["BLOCK_SIZE_N"]
+        if sorted_ids is not None:  # invoke_fused_moe_triton_kernel's EM and grid
+            em = sorted_ids.size(0) if A.size(0) >= bm else min(sorted_ids.size(0), A.size(0) * top_k * bm)
+        else:
+            em = A.size(0) * top_k * bm
+        grid = (-(em // -bm) * -(Bw.size(1) // -bn),)
+        first = self.gemms == 0
+        self.gemms += 1
+        if first:
+            stage, out = Stages.GATE_UP_GEMM, B.GATE_UP_OUTPUT
+            a_name = B.QUANTED_GATE_UP_INPUT if cfg.is_fp8 else B.HIDDEN_STATES
+            s_name, w_name, ws_name = B.QUANTED_GATE_UP_INPUT_SCALES, B.W1, B.W1_SCALE
+        else:
+            stage, out = Stages.DOWN_GEMM, B.DOWN_OUTPUT
+            a_name = B.QUANTED_DOWN_INPUT if cfg.is_fp8 else B.ACTIVATION_OUTPUT
+            s_name, w_name, ws_name = B.QUANTED_DOWN_INPUT_SCALES, B.W2, B.W2_SCALE
+        reads = {a_name: p.hidden_states if (first and not cfg.is_fp8) else A, w_name: Bw}
+        if first and cfg.router_weight == "input" and not cfg.is_fp8:
+            reads[B.TOPK_WEIGHTS] = p.topk_weights
+        if a_scale is not None:
+            reads[s_name] = a_scale
+        if a.get("B_scale") is not None:
+            reads[ws_name] = a["B_scale"]
+        if a.get("mul_routed_weight"):
+            reads[B.TOPK_WEIGHTS] = a["topk_weights"]
+        for name, key in ((B.SORTED_TOKEN_IDS, "sorted_token_ids"), (B.EXPERT_IDS, "expert_ids"),
+                          (B.NUM_TOKENS_POST_PADDED, "num_tokens_post_padded")):
+            if a.get(key) is not None:
+                reads[name] = a[key]
+        writes = {out: C.view(-1, C.shape[-1])}
+        index = self.triton_launches
+        self.triton_launches += 1
+        return self._report(stage, "fused_moe_kernel", grid, reads, writes,
+                            lambda: self._in_order(grid[0], index, lambda: invoke(*bound.args, **bound.kwargs)))
+
+    def _in_order(self, programs: int, index: int, launch):
+        """Run `launch` with its programs in the schedule's order (interpreter only)."""
+        if self.schedule.is_identity or not _interpreting():
+            return launch()
+        from triton.runtime import interpreter
+
+        from diffmoe.triton_pin import triton_release
+
+        version, major_minor, _ = triton_release()
+        if major_minor != SUPPORTED_TRITON_FOR_ORDER:
+            raise RuntimeError("program-order control is written for triton 3.9's interpreter grid loop "
+                               f"(GridExecutor.__call__), this is triton {version}; run with the identity schedule")
+        builder = interpreter.interpreter_builder
+        order = self.schedule.order(programs, index)
+        had = "set_grid_idx" in vars(builder)
+        previous = vars(builder).get("set_grid_idx")
+        original = builder.set_grid_idx
+
+        def remapped(x, y, z):  # the grid loop asks for x = 0, 1, ...; program order[x] runs
+            if not (0 <= x < programs and y == 0 and z == 0):
+                raise RuntimeError(f"vLLM launched a grid the adapter did not expect ({x}, {y}, {z}) of {programs}")
+            original(order[x], y, z)
+
+        builder.set_grid_idx = remapped
+        try:
+            return launch()
+        finally:
+            if had:
+                builder.set_grid_idx = previous
+            else:
+                del builder.set_grid_idx
+
+
+class VllmTritonMoE:
+    """vLLM 0.33.0's TritonExperts behind diffmoe's plug-in contract (diffmoe.contract)."""
+
+    name = f"vllm-{VERSION}"
+
+    def __init__(self, config: MoEConfig, device=None, variant: str = "vllm"):
+        config.validate()
+        check_supported(config)
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
+        self.config, self.variant = config, variant
+        self.device = torch.device(device) if device is not None else _default_device()
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.max_tokens = config.num_tokens
+        self.files = VllmFiles.get(self.device)
+
+    # ---- the declared plan -------------------------------------------------------------
+    def workspace_plan(self, num_tokens: int) -> WorkspacePlan:
+        return plan_workspaces(self.config, num_tokens, self.variant, self.device)
+
+    def workspace_shapes(self, max_tokens: int | None = None) -> tuple[int, int]:
+        return self.workspace_plan(max_tokens or self.max_tokens).workspace_bytes
+
+    # ---- running -----------------------------------------------------------------------
+    def run(self, problem, workspaces, *, output=None, schedule: Schedule = Schedule(), recorder=None) -> RunResult:
+        self._check_problem(problem)
+        plan = self.workspace_plan(problem.num_tokens)
+        self._check_workspaces(workspaces, plan, problem.num_tokens)
+        out, _ = self._execute(problem, workspaces, output, schedule, recorder)
+        return RunResult(output=out)
+
+    def run_stage(self, stage: str, inputs: dict[str, torch.Tensor], problem, *, schedule: Schedule = Schedule(),
+                  recorder=None) -> dict[str, torch.Tensor]:
+        """One stage on given inputs (teacher forcing), through vLLM's own sequence: a whole call
+        on fresh workspaces in which each buffer the stage reads is overwritten with the given
+        value right after the launch that writes it; returns the stage's writes."""
+        self._check_problem(problem)
+        spec = next((s for s in pipeline_stages(self.config) if s.name == stage), None)
+        if spec is None:
+            raise ValueError(f"stage must be one of {[s.name for s in pipeline_stages(self.config)]}, got {stage!r}")
+        t = problem.num_tokens
+        if t == 0:
+            return {}
+        n1, n2 = self.workspace_plan(t).workspace_bytes
+        workspaces = (torch.zeros(n1, dtype=torch.uint8, device=self.device),
+                      torch.zeros(n2, dtype=torch.uint8, device=self.device))
+        output = None if self.config.output == "workspace" else \
+            torch.empty(t, self.config.hidden, dtype=torch.bfloat16, device=self.device)
+        force = {n: v for n, v in inputs.items() if n not in problem.inputs()}
+        _, reporter = self._execute(problem, workspaces, output, schedule, recorder, force=force, capture=stage)
+        if reporter.captured is None:
+            raise RuntimeError(f"vLLM's call made no {stage} launch")
+        return {n: v for n, v in reporter.captured.items() if n in spec.writes}
+
+    def _execute(self, problem, workspaces, output, schedule, recorder, force=None, capture=None):
+        cfg = self.config
+        t = problem.num_tokens
+        if cfg.output == "workspace" and output is not None:
+            raise ValueError("output must be None when the config's output placement is 'workspace': vLLM's modular "
+                             "kernel carves the result from workspace13 (ws1) and returns it")
+        if cfg.output == "separate":
+            out = output if output is not None else torch.empty(t, cfg.hidden, dtype=torch.bfloat16, device=self.device)
+            if out.shape != (t, cfg.hidden) or out.dtype != torch.bfloat16 or out.device != self.device:
+                raise ValueError(f"output must be a [{t}, {cfg.hidden}] bf16 tensor on {self.device}")
+        files = self.files
+        ws13_shape, ws2_shape, out_shape = vllm_shapes(files, cfg, t)
+        ws13_src, ws2_src = workspaces if self.variant == "vllm" else (workspaces[1], workspaces[1])
+        item = torch.bfloat16.itemsize
+        common = ws13_src[: item * max(math.prod(ws13_shape), math.prod(out_shape))].view(torch.bfloat16)
+        workspace2 = ws2_src[: item * math.prod(ws2_shape)].view(torch.bfloat16).view(ws2_shape)
+        resize = files.utils._resize_cache  # vLLM's carving rule
+        if cfg.output == "workspace":
+            out = resize(common, out_shape)
+        if t == 0:
+            return out, None  # the modular kernel returns before any launch (M_full == 0)
+        workspace13 = resize(common, ws13_shape)
+        reporter = RunReporter(self, problem, recorder, schedule, force, capture)
+        token = vllm_ops.ACTIVE_REPORTER.set(reporter)
+        try:
+            with files.installed():
+                self._interpreter_ready()
+                a1 = problem.hidden_states
+                if cfg.router_weight == "input":  # no_dp_ep.prepare (K == 1)
+                    a1 = a1 * problem.topk_weights.to(a1.dtype)
+                q = quant_config(cfg, problem.w1_scale, problem.w2_scale)
+                a1q, a1q_scale = files.utils.moe_kernel_quantize_input(
+                    a1, q.a1_scale, quant_dtype=q.quant_dtype, per_act_token_quant=q.per_act_token_quant,
+                    block_shape=q.block_shape)
+                reporter.phase = "apply"
+                experts = files.experts(cfg, q)
+                experts.apply(
+                    output=out, hidden_states=a1q, w1=problem.w1, w2=problem.w2, topk_weights=problem.topk_weights,
+                    topk_ids=problem.topk_ids, activation=vllm_standins.MoEActivation.SILU, global_num_experts=cfg.num_experts,
+                    expert_map=None, a1q_scale=a1q_scale, a2_scale=None, workspace13=workspace13, workspace2=workspace2,
+                    expert_tokens_meta=None, apply_router_weight_on_input=cfg.router_weight == "input",
+                )
+        finally:
+            vllm_ops.ACTIVE_REPORTER.reset(token)
+        if reporter.gemms != 2:
+            raise RuntimeError(f"vLLM's apply made {reporter.gemms} GEMM launches, the adapter expects 2")
+        return out, reporter
+
+    @staticmethod
+    def _interpreter_ready() -> None:
+        if _interpreting():
+            from diffmoe import interpreter_fixes
+
+            if not interpreter_fixes.installed():
+                _install_interpreter_fixes()
+
+    # ---- checks --------------------------------------------------------------------------
+    def _check_problem(self, problem) -> None:
+        base = {f: v for f, v in problem.config.to_dict().items() if f not in PER_CALL_FIELDS}
+        mine = {f: v for f, v in self.config.to_dict().items() if f not in PER_CALL_FIELDS}
+        if base != mine:
+            raise ValueError(f"problem config differs from the implementation's in {sorted(f for f in base if base[f] != mine[f])}")
+        if problem.num_tokens > self.max_tokens:
+            raise ValueError(f"num_tokens must be in [0, {self.max_tokens}], got {problem.num_tokens}")
+        if problem.device != self.device:
+            raise ValueError(f"problem is on {problem.device}, the implementation runs on {self.device}")
+
+    def _check_workspaces(self, workspaces, plan: WorkspacePlan, t: int) -> None:
+        if not isinstance(workspaces, (tuple, list)) or len(workspaces) != 2:
+            raise TypeError("workspaces must be a pair (ws1, ws2) of uint8 tensors")
+        for idx, ws in enumerate(workspaces):
+            if not isinstance(ws, torch.Tensor) or ws.dtype != torch.uint8 or ws.dim() != 1 or not ws.is_contiguous():
+                raise TypeError(f"ws{idx + 1} must be a contiguous 1-D uint8 tensor")
+            if ws.numel() < plan.workspace_bytes[idx]:
+                raise ValueError(f"ws{idx + 1} holds {ws.numel()} bytes, vLLM's layout for T={t} needs {plan.workspace_bytes[idx]}")
+            if ws.device != self.device:
+                raise ValueError(f"ws{idx + 1} is on {ws.device}, the implementation runs on {self.device}")
+
+
+def make(config: MoEConfig, device=None) -> VllmTritonMoE:
+    """The factory: `--impl peers.vllm_0_33:make`."""
+    return VllmTritonMoE(config, device)
+
+
+def _plan(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
+    return plan_workspaces(config, num_tokens)
+
+
+def _supports(config: MoEConfig) -> str | None:
+    try:
+        check_supported(config)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+make.plan_workspaces = _plan
+make.supports = _supports  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses

@@ -1,0 +1,210 @@
+"""vLLM's compiled CUDA ops, in torch: what `vllm._custom_ops` (and fp8_utils' group quant) compute.
+
+vLLM's MoE files (run by peers/vllm_0_33.py from the wheel) call compiled ops that have no
+Python fallback in vLLM: moe_align_block_size, moe_sum, silu_and_mul, scaled_fp8_quant,
+silu_and_mul_per_block_quant and per_token_group_quant_fp8. These are diffmoe's own torch
+versions, each following the vLLM source it names below, each reported as a launch through the
+run's `OpReporter` (ACTIVE_REPORTER). peers/vllm_standins.py puts them where vLLM imports them.
+
+CUDA numerics followed (vLLM csrc; the points where they differ from diffmoe's reference):
+  * silu_and_mul (csrc/activation_kernels.cu): silu(g) = g / (1 + exp(-g)) in float32, rounded
+    to bf16, times `up` in bf16 arithmetic (float product rounded to bf16);
+  * moe_sum (csrc/moe/moe_align_sum_kernels.cu): K = 2, 3, 4 accumulate in bf16 (each add
+    rounded), other K sum via at::sum_out;
+  * scaled_fp8_quant (csrc/quantization/w8a8/fp8/common.cu): dynamic per tensor: scale =
+    amax / 448 with no floor, codes = x * (1 / scale); dynamic per token: scale = max(amax /
+    448, 1 / (448 * 512)), codes = x / scale; amax drops NaN (fmaxf), the clamp
+    fmaxf(-448, fminf(x, 448)) turns NaN into +448;
+  * per-token-group quant (csrc/quantization/w8a8/fp8/per_token_group_quant.cu): scale =
+    max(amax, 1e-10) / 448, codes = fminf(fmaxf(x / scale, -448), 448) (NaN -> -448);
+  * silu_and_mul_per_block_quant (csrc/quantization/fused_kernels/, the fused silu+block quant):
+    silu(g) * up in float32, never rounded to bf16, scale = max(amax / 448, 1 / (448 * 512)),
+    codes = x / scale;
+  * moe_align_block_size (csrc/moe/moe_align_sum_kernels.cu): per expert, its routed rows in
+    ascending order, padded to the block size with the pad id TK; one expert id per block.
+
+Owns the torch versions of vLLM's compiled ops and the reporting hook they call. Must not hold
+vLLM source: every line here is diffmoe's own.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Callable
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+MIN_SCALING_FACTOR = 1.0 / (FP8_MAX * 512.0)  # csrc min_scaling_factor<c10::Float8_e4m3fn>
+GROUP_EPS = 1e-10  # per_token_group_quant_fp8's eps
+
+# ---- reporting: the adapter's run sets this; each op asks it for stage and names ------------
+
+
+class OpReporter:
+    """What a run of the adapter supplies: `launch(op, tensors, compute)` names the op's tensors
+    (vocabulary names and stage, from the run's phase) and reports it around `compute()`."""
+
+    def launch(self, op: str, kernel: str, grid: tuple[int, ...], tensors: dict[str, torch.Tensor],
+               compute: Callable[[], None]) -> None:  # pragma: no cover - interface
+        compute()
+
+
+ACTIVE_REPORTER: ContextVar[OpReporter | None] = ContextVar("diffmoe_vllm_reporter", default=None)
+
+
+def _launch(op: str, grid: tuple[int, ...], tensors: dict[str, torch.Tensor], compute: Callable[[], None]) -> None:
+    reporter = ACTIVE_REPORTER.get()
+    if reporter is None:
+        compute()
+    else:
+        reporter.launch(op, f"vllm._C.{op} (diffmoe torch stand-in)", grid, tensors, compute)
+
+
+# ---- the compiled ops, in torch ---------------------------------------------------------------
+
+
+def _amax_dropping_nan(x: torch.Tensor, dim=None, keepdim: bool = False) -> torch.Tensor:
+    """max |x| as fmaxf(acc, fabsf(v)) from 0: NaN operands are dropped."""
+    a = x.float().abs().nan_to_num(nan=0.0)
+    return a.amax() if dim is None else a.amax(dim=dim, keepdim=keepdim)
+
+
+def _clamp_min_first(x: torch.Tensor) -> torch.Tensor:
+    """fmaxf(-448, fminf(x, 448)): NaN -> +448 (scaled_fp8_conversion)."""
+    return torch.where(torch.isnan(x), torch.full_like(x, FP8_MAX), x.clamp(-FP8_MAX, FP8_MAX))
+
+
+def _clamp_max_first(x: torch.Tensor) -> torch.Tensor:
+    """fminf(fmaxf(x, -448), 448): NaN -> -448 (per-token-group quant)."""
+    return torch.where(torch.isnan(x), torch.full_like(x, -FP8_MAX), x.clamp(-FP8_MAX, FP8_MAX))
+
+
+def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad,
+                         expert_map=None, scatter_idx=None) -> None:
+    if expert_map is not None or scatter_idx is not None:
+        raise NotImplementedError("moe_align_block_size stand-in: expert_map / scatter_idx are not supported")
+    flat = topk_ids.reshape(-1).long()
+    numel = flat.numel()
+
+    def compute():
+        counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
+        padded = (counts + block_size - 1) // block_size * block_size
+        starts = torch.cumsum(padded, 0) - padded  # first padded row of each expert
+        total = int(padded.sum())
+        order = torch.sort(flat, stable=True).indices  # rows grouped by expert, ascending within one
+        experts_sorted = flat[order]
+        first_of_group = torch.cumsum(counts, 0) - counts
+        rank = torch.arange(numel, device=flat.device) - first_of_group[experts_sorted]
+        sorted_token_ids.fill_(numel)
+        sorted_token_ids[(starts[experts_sorted] + rank)] = order.to(sorted_token_ids.dtype)
+        experts_ids.fill_(-1)
+        blocks = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_size)
+        experts_ids[: blocks.numel()] = blocks.to(experts_ids.dtype)
+        num_tokens_post_pad.fill_(total)
+
+    _launch("moe_align_block_size", (1,), {"topk_ids": topk_ids, "sorted_token_ids": sorted_token_ids,
+                                           "expert_ids": experts_ids, "num_tokens_post_padded": num_tokens_post_pad},
+            compute)
+
+
+def moe_sum(input: torch.Tensor, output: torch.Tensor, topk_ids=None, expert_map=None) -> None:
+    if expert_map is not None:
+        raise NotImplementedError("moe_sum stand-in: the expert-map (pad-aware) variant is not supported")
+    topk = input.shape[1]
+
+    def compute():
+        if 2 <= topk <= 4:
+            acc = torch.zeros(output.shape, dtype=output.dtype, device=output.device)
+            for k in range(topk):  # scalar_t x = 0; x += input[k]: every add rounded to bf16
+                acc = (acc.float() + input[:, k].float()).to(output.dtype)
+            output.copy_(acc)
+        else:
+            torch.sum(input, dim=1, out=output)
+
+    _launch("moe_sum", (input.shape[0],), {"input": input, "output": output}, compute)
+
+
+def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
+    d = x.shape[-1] // 2
+
+    def compute():
+        g = x[..., :d].float()
+        silu = (g / (1.0 + torch.exp(-g))).to(x.dtype)  # silu_kernel returns scalar_t
+        out.copy_((silu.float() * x[..., d:].float()).to(out.dtype))  # scalar_t * scalar_t
+
+    _launch("silu_and_mul", (x.shape[0],), {"input": x, "output": out}, compute)
+
+
+def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None, use_per_token_if_dynamic=False,
+                     output=None, group_shape=None):
+    assert input.ndim == 2
+    if num_token_padding or scale_ub is not None or group_shape is not None:
+        raise NotImplementedError("scaled_fp8_quant stand-in: padding, scale_ub and group_shape are not supported")
+    if output is None:
+        output = torch.empty(input.shape, device=input.device, dtype=FP8)
+    static = scale is not None
+    if not static:
+        rows = input.shape[0] if use_per_token_if_dynamic else 1
+        scale = torch.empty((rows, 1) if use_per_token_if_dynamic else (1,), device=input.device, dtype=torch.float32)
+
+    def compute():
+        x = input.float()
+        if static:
+            if scale.numel() != 1:
+                raise NotImplementedError("scaled_fp8_quant stand-in: only a per-tensor static scale is supported")
+            output.copy_(_clamp_min_first(x * (1.0 / scale.reshape(()))).to(FP8))
+        elif use_per_token_if_dynamic:
+            s = torch.clamp_min(_amax_dropping_nan(x, dim=1, keepdim=True) / FP8_MAX, MIN_SCALING_FACTOR)
+            scale.copy_(s)
+            output.copy_(_clamp_min_first(x / s).to(FP8))
+        else:
+            s = _amax_dropping_nan(x) / FP8_MAX  # atomicMaxFloat(scale, amax / 448): no floor
+            scale.copy_(s.reshape(1))
+            output.copy_(_clamp_min_first(x * (1.0 / s)).to(FP8))  # reciprocal, then multiply
+
+    op = "static_scaled_fp8_quant" if static else (
+        "dynamic_per_token_scaled_fp8_quant" if use_per_token_if_dynamic else "dynamic_scaled_fp8_quant")
+    _launch(op, (input.shape[0],), {"input": input, "output": output, "scale": scale}, compute)
+    return output, scale
+
+
+def per_token_group_quant_fp8(x, group_size, eps=GROUP_EPS, dtype=None, column_major_scales=False,
+                              tma_aligned_scales=False, out_q=None, use_ue8m0=None):
+    if column_major_scales or tma_aligned_scales or use_ue8m0:
+        raise NotImplementedError("per_token_group_quant_fp8 stand-in: column-major, TMA-aligned and UE8M0 scales "
+                                  "are not supported")
+    assert x.shape[-1] % group_size == 0 and x.stride(-1) == 1
+    x_q = out_q if out_q is not None else torch.empty(x.shape, device=x.device, dtype=dtype or FP8)
+    x_s = torch.empty(x.shape[:-1] + (x.shape[-1] // group_size,), device=x.device, dtype=torch.float32)
+
+    def compute():
+        g = x.float().reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)
+        s = torch.clamp_min(_amax_dropping_nan(g, dim=-1, keepdim=True), eps) / FP8_MAX  # local_absmax = eps first
+        x_s.copy_(s.squeeze(-1))
+        x_q.copy_(_clamp_max_first(g / s).reshape(x.shape).to(x_q.dtype))
+
+    _launch("per_token_group_fp8_quant", (x.numel() // group_size,), {"input": x, "output": x_q, "scale": x_s}, compute)
+    return x_q, x_s
+
+
+def silu_and_mul_per_block_quant(input, group_size, quant_dtype, scale_ub=None, is_scale_transposed=False):
+    assert input.ndim == 2 and input.shape[-1] % 2 == 0
+    if scale_ub is not None or is_scale_transposed:
+        raise NotImplementedError("silu_and_mul_per_block_quant stand-in: scale_ub and transposed scales are not supported")
+    tokens, hidden = input.shape[0], input.shape[-1] // 2
+    output = torch.empty((tokens, hidden), device=input.device, dtype=quant_dtype)
+    scales = torch.empty((tokens, hidden // group_size), device=input.device, dtype=torch.float32)
+
+    def compute():
+        gate, up = input[:, :hidden].float(), input[:, hidden:].float()
+        result = gate * (1.0 / (1.0 + torch.exp(-gate))) * up  # float32 throughout
+        groups = result.reshape(tokens, hidden // group_size, group_size)
+        s = torch.clamp_min(_amax_dropping_nan(groups, dim=-1, keepdim=True) / FP8_MAX, MIN_SCALING_FACTOR)
+        scales.copy_(s.squeeze(-1))
+        output.copy_(_clamp_min_first(groups / s).reshape(tokens, hidden).to(quant_dtype))
+
+    _launch("silu_and_mul_per_block_quant", (tokens, hidden // group_size),
+            {"input": input, "output": output, "scale": scales}, compute)
+    return output, scales

@@ -1,0 +1,138 @@
+"""The peer wheel cache (diffmoe/peer_wheels.py): pinned sha256, only the listed files kept,
+the wheel deleted, one-line errors naming the fetch command, offline after one fetch.
+
+These tests build their own small wheels (zip files) and fake `pip download`: no network. The
+real vLLM wheel is fetched by tests/test_peers_vllm.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from diffmoe import peer_wheels
+from diffmoe.peer_wheels import PeerError, PeerWheel
+
+KEPT = ("pkg/kernels/moe.py", "pkg/kernels/align.py", "pkg/configs/")
+KEPT_FILES = ("pkg/kernels/moe.py", "pkg/kernels/align.py", "pkg/configs/a.json", "pkg/configs/b.json")
+
+
+def make_wheel(path: Path, extra: dict[str, bytes] | None = None) -> str:
+    files = {KEPT[0]: b"def moe(): return 1\n", KEPT[1]: b"def align(): return 2\n",
+             "pkg/configs/a.json": b"{}", "pkg/configs/b.json": b"{}",
+             "pkg/__init__.py": b"raise ImportError('a package __init__ must never run')\n",
+             "pkg/big.bin": b"x" * 10_000, **(extra or {})}
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def fake_peer(tmp_path, monkeypatch):
+    """A pinned peer 'toy' whose wheel is tmp_path/toy-1.0-py3-none-any.whl, the cache in tmp_path/cache."""
+    wheel = tmp_path / "toy-1.0-py3-none-any.whl"
+    digest = make_wheel(wheel)
+    pin = PeerWheel(name="toy", package="toy", version="1.0", filename=wheel.name, sha256=digest, files=KEPT,
+                    license="MIT")
+    monkeypatch.setitem(peer_wheels.PEERS, "toy", pin)
+    monkeypatch.setenv(peer_wheels.CACHE_ENV, str(tmp_path / "cache"))
+    return pin, wheel
+
+
+def test_the_vllm_pin():
+    pin = peer_wheels.PEERS["vllm"]
+    assert pin.requirement == "vllm==0.33.0" and len(pin.sha256) == 64 and int(pin.sha256, 16)
+    assert all(f.startswith("vllm/model_executor/layers/fused_moe/") and f.endswith((".py", "/")) for f in pin.files)
+
+
+def test_cache_dir_default_and_override(monkeypatch, tmp_path):
+    monkeypatch.delenv(peer_wheels.CACHE_ENV, raising=False)
+    assert peer_wheels.cache_dir() == Path("~/.cache/diffmoe/peers").expanduser()
+    monkeypatch.setenv(peer_wheels.CACHE_ENV, str(tmp_path / "elsewhere"))
+    assert peer_wheels.cache_dir() == tmp_path / "elsewhere"
+
+
+def test_missing_peer_is_one_line_naming_the_fetch_command(fake_peer):
+    with pytest.raises(PeerError) as exc:
+        peer_wheels.peer_root("toy")
+    message = str(exc.value)
+    assert "\n" not in message and "`diffmoe peers fetch toy`" in message and peer_wheels.CACHE_ENV in message
+    with pytest.raises(PeerError, match="unknown peer 'nope'"):
+        peer_wheels.peer_root("nope")
+
+
+def test_fetch_from_a_wheel_keeps_only_the_listed_files(fake_peer, tmp_path):
+    pin, wheel = fake_peer
+    root = peer_wheels.fetch("toy", wheel)
+    assert root == tmp_path / "cache" / "toy-1.0" and peer_wheels.peer_root("toy") == root
+    kept = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert kept == sorted([*KEPT_FILES, peer_wheels.MANIFEST])
+    assert (root / KEPT[0]).read_bytes() == b"def moe(): return 1\n"
+    manifest = json.loads((root / peer_wheels.MANIFEST).read_text())
+    assert manifest["sha256"] == pin.sha256 and manifest["files"] == list(KEPT)
+    assert manifest["extracted"] == list(KEPT_FILES)
+    (root / KEPT_FILES[-1]).unlink()  # a cache missing a file is not a cache
+    assert not peer_wheels.is_cached("toy")
+    assert wheel.exists()  # a wheel the caller handed over is theirs
+    assert not any(p.name.endswith(".partial") for p in root.parent.iterdir())
+
+
+def test_a_wheel_with_another_sha256_is_refused_and_nothing_is_cached(fake_peer, tmp_path):
+    _, wheel = fake_peer
+    make_wheel(wheel, {"pkg/kernels/moe.py": b"def moe(): return 'tampered'\n"})
+    with pytest.raises(PeerError, match="refusing to use it"):
+        peer_wheels.fetch("toy", wheel)
+    assert not peer_wheels.is_cached("toy")
+
+
+def test_fetch_downloads_without_dependencies_and_deletes_the_wheel(fake_peer, monkeypatch):
+    pin, wheel = fake_peer
+    calls = []
+    saved = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        into = Path(cmd[cmd.index("-d") + 1])
+        target = into / pin.filename
+        target.write_bytes(wheel.read_bytes())
+        saved.append(target)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(peer_wheels.subprocess, "run", fake_run)
+    root = peer_wheels.fetch("toy")
+    assert calls and "--no-deps" in calls[0] and "toy==1.0" in calls[0] and calls[0][1:4] == ["-m", "pip", "download"]
+    assert saved and not saved[0].exists()  # the downloaded wheel is gone
+    assert (root / KEPT[1]).is_file()
+    # offline after one fetch: a second fetch does not run pip
+    monkeypatch.setattr(peer_wheels.subprocess, "run", lambda *a, **k: pytest.fail("fetched again"))
+    assert peer_wheels.fetch("toy") == root
+
+
+def test_a_failed_download_is_one_line(fake_peer, monkeypatch):
+    monkeypatch.setattr(peer_wheels.subprocess, "run",
+                        lambda cmd, **k: subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution\n"))
+    with pytest.raises(PeerError) as exc:
+        peer_wheels.fetch("toy")
+    assert "\n" not in str(exc.value) and "No matching distribution" in str(exc.value)
+    assert not peer_wheels.is_cached("toy")
+
+
+def test_main_fetch_list_and_usage(fake_peer, capsys):
+    _, wheel = fake_peer
+    assert peer_wheels.main(["list"]) == 0
+    assert "toy==1.0" in capsys.readouterr().out
+    assert peer_wheels.main(["fetch", "toy", "--wheel", str(wheel.with_name("missing.whl"))]) == 1
+    assert "no wheel file" in capsys.readouterr().err
+    assert peer_wheels.main(["fetch", "toy", "--wheel", str(wheel)]) == 0
+    assert "sha256 verified" in capsys.readouterr().out
+    assert peer_wheels.main(["list"]) == 0
+    line = capsys.readouterr().out.split("toy==1.0")[1].splitlines()[0]
+    assert line.rstrip().endswith("cached") and "not cached" not in line
+    assert peer_wheels.main(["fetch", "unknown-peer"]) == 2
+    assert peer_wheels.main([]) == 2
