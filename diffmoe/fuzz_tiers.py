@@ -41,7 +41,7 @@ CHEAP_ORACLES = (
     Oracles.RACES, Oracles.STORE_EXTENT, Oracles.RED_ZONE,
 )
 # 1 in 8: the five full-only bug classes are still met within the first few dozen examples,
-# while the cheap set carries seven examples in eight (bench/bench_fuzz_tiers.py measures both).
+# while the cheap set carries seven examples in eight (bench/bench_fuzz.py times both tiers).
 FULL_EVERY = 8
 
 

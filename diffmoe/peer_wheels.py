@@ -38,6 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: fetches are not serialised
+    fcntl = None
+
 CACHE_ENV = "DIFFMOE_PEER_CACHE"
 DEFAULT_CACHE = Path("~/.cache/diffmoe/peers")
 MANIFEST = "diffmoe-peer.json"
@@ -214,6 +219,17 @@ def fetch(name: str, wheel_file: str | os.PathLike | None = None) -> Path:
     if _manifest_ok(root, wheel):
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
+    # One fetch at a time per peer (pytest-xdist workers, two shells): the second waits, then
+    # finds the files cached instead of extracting over the first one's staging folder.
+    with open(root.parent / f"{wheel.dirname}.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if _manifest_ok(root, wheel):
+            return root
+        return _fetch_locked(wheel, root, wheel_file)
+
+
+def _fetch_locked(wheel: PeerWheel, root: Path, wheel_file: str | os.PathLike | None) -> Path:
     if wheel_file is not None:
         path = Path(wheel_file)
         if not path.is_file():

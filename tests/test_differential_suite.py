@@ -5,10 +5,16 @@ strategy's space (diffmoe/strategies.py). Examples per run come from the Hypothe
 `ci` (derandomized; the default of this suite and CI's), `dev` or `thorough`
 (`pytest --hypothesis-profile thorough`). A failure prints the shrunk config as JSON and the
 `diffmoe check` command that replays it.
+
+The fixed-planner property is judged as `diffmoe fuzz` judges (diffmoe/fuzz_tiers.py): the
+cheap oracle set on most examples, every oracle on every FULL_EVERY-th, on a cheap failure
+(escalated, so the failure shown is the full set's) and on every example once one has failed
+(Hypothesis's shrinking and replay), so a shrunk example is one the whole set still fails.
 """
 
 from hypothesis import given
 
+from diffmoe.fuzz_tiers import TIER_RUN, TierPolicy
 from diffmoe.report import Oracles
 from diffmoe.runner import run_differential
 from diffmoe.strategies import moe_configs
@@ -18,9 +24,17 @@ def _reproducer(report) -> str:
     return f"{report.render()}\nconfig JSON: {report.config.to_json()}\nreplay: {report.replay_command()}"
 
 
+_POLICY = TierPolicy(TIER_RUN, None, None)
+_FAILED_BEFORE = [False]
+
+
 @given(config=moe_configs(planner="fixed"))
 def test_fixed_planner_has_no_findings(config):
-    report = run_differential(config)
+    how = _POLICY.judging(config, failed_before=_FAILED_BEFORE[0], replaying=False)
+    report = run_differential(config, oracles=how.oracles, schedules=how.schedules)
+    if not report.passed and not how.full:
+        report = run_differential(config)  # escalate: the full set's report
+    _FAILED_BEFORE[0] = _FAILED_BEFORE[0] or not report.passed
     assert report.passed, _reproducer(report)
 
 

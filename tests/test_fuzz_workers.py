@@ -19,19 +19,9 @@ from diffmoe import cli
 from diffmoe.fuzz_workers import WorkerFailed, fuzz_in_workers, split_examples, worker_seed
 from diffmoe.fuzzing import fuzz
 from diffmoe.strategies import MINIMAL_FUSED_CONFIG
-from test_fuzzing import make_fake_runner
+from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture, shared
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forked workers and /proc: Linux")
-
-
-@pytest.fixture
-def fake_runner(monkeypatch):
-    def install(**kwargs):
-        fake = make_fake_runner(**kwargs)
-        monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
-        return fake
-
-    return install
 
 
 def _children() -> list[int]:

@@ -136,3 +136,35 @@ def test_main_fetch_list_and_usage(fake_peer, capsys):
     assert line.rstrip().endswith("cached") and "not cached" not in line
     assert peer_wheels.main(["fetch", "unknown-peer"]) == 2
     assert peer_wheels.main([]) == 2
+
+
+def test_concurrent_fetches_download_once(fake_peer, monkeypatch):
+    # pytest-xdist workers fetch the same peer at once: the lock makes the second wait and reuse
+    import threading
+    import time
+
+    pin, wheel = fake_peer
+    downloads = []
+
+    def slow_run(cmd, **kwargs):
+        downloads.append(cmd)
+        time.sleep(0.3)  # both callers are inside fetch() by now
+        (Path(cmd[cmd.index("-d") + 1]) / pin.filename).write_bytes(wheel.read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(peer_wheels.subprocess, "run", slow_run)
+    roots, errors = [], []
+
+    def fetch():
+        try:
+            roots.append(peer_wheels.fetch("toy"))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fetch) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(roots) == 2 and roots[0] == roots[1]
+    assert len(downloads) == 1 and (roots[0] / KEPT[0]).is_file()
