@@ -286,11 +286,12 @@ def fuzz_plans(
     factory = runner.load_factory(DEFAULT_IMPLEMENTATION) if implementation is None else implementation
     plan = plan_function(factory)
     supports = factory_attribute(factory, SUPPORTS)  # draw around what it refuses (contract.SUPPORTS)
-    if supports is not None:
-        declared = plan
+    if supports is None:
+        shrink_plan = plan
+    else:  # the generate loop skips refused draws; shrink candidates are refused here
 
-        def plan(config: MoEConfig, num_tokens: int):
-            return None if supports(config) is not None else declared(config, num_tokens)
+        def shrink_plan(config: MoEConfig, num_tokens: int):
+            return None if supports(config) is not None else plan(config, num_tokens)
     refused = 0
     if implementation_name is not None:
         name = implementation_name
@@ -337,7 +338,7 @@ def fuzz_plans(
                 failure[:] = [(config, findings)]
 
             config, findings = failure[0]
-            shrink_config(plan, config, findings[0].oracle, on_step=on_step, on_accept=on_accept, findings=findings)
+            shrink_config(shrink_plan, config, findings[0].oracle, on_step=on_step, on_accept=on_accept, findings=findings)
     except KeyboardInterrupt:
         outcome.interrupted = True
     end = time.perf_counter()

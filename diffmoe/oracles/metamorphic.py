@@ -48,16 +48,15 @@ class Metamorphic(Oracle):
             check.skipped[self.name] = f"the implementation does not run the sibling (fused={sibling_cfg.fused}): {refused}"
             return []
         try:
-            return self._sibling_agrees(check)
+            return self._sibling_agrees(check, sibling_cfg)
         except Crash as crash:  # the sibling's crash is this check's finding; the rest stands
-            crash.finding.message = f"metamorphic sibling (fused={not check.config.fused}): {crash.finding.message}"
-            crash.finding.figures = {**(crash.finding.figures or {}), **_sibling_figures(check.config.replace(fused=not check.config.fused))}
+            crash.finding.message = f"metamorphic sibling (fused={sibling_cfg.fused}): {crash.finding.message}"
+            crash.finding.figures = {**(crash.finding.figures or {}), **_sibling_figures(sibling_cfg)}
             return [crash.finding]
 
-    def _sibling_agrees(self, check: Check) -> list[Finding]:
+    def _sibling_agrees(self, check: Check, sibling_cfg) -> list[Finding]:
         """fused and unfused runs must give bitwise the same quanted_down_input."""
         run = check.runs[0]
-        sibling_cfg = check.config.replace(fused=not check.config.fused)
         sibling = check.build(sibling_cfg)
         shapes = check.workspace_shapes(sibling, sibling_cfg.num_tokens)
         guarded = check.allocate(shapes, f"workspace_shapes({sibling_cfg.num_tokens})")
