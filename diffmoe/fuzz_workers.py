@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from .config import MAX_SEED, check_int
-from .fuzzing import PHASE_SHRINK, FuzzOutcome, ProgressCallback, fuzz
+from .fuzzing import MAX_EXAMPLES_LIMIT, PHASE_SHRINK, FuzzOutcome, ProgressCallback, fuzz
 from .worker import signals_deferred, worker_start_method
 
 MAX_WORKERS = 256
@@ -188,7 +188,7 @@ def fuzz_in_workers(*, workers: int, max_examples: int, seed: int | None,
     (database must then be None or a directory path, as every worker opens it itself).
     """
     check_int("workers", workers, 1, MAX_WORKERS)
-    check_int("max_examples", max_examples, 1, 10**9)
+    check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)  # fuzz()'s own bound, checked before any worker starts
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable or None, got {progress!r}")
     shares = split_examples(max_examples, workers)
