@@ -552,7 +552,7 @@ def _save_failure(args, report) -> int | None:
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from .fuzz_workers import MAX_WORKERS, default_workers, fuzz_in_workers
     from .fuzzing import MAX_EXAMPLES_LIMIT
-    from .hypothesis_profiles import SHARED_DATABASE_ENV
+    from .hypothesis_profiles import SHARED_DATABASE_ENV, shared_database_path
     from .plan_tier import MAX_PLAN_EXAMPLES
     from .strategies import MAX_EXPERTS as FUZZ_MAX_EXPERTS
 
@@ -575,7 +575,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         args.workers = DEFAULT_FUZZ_WORKERS or default_workers()
     if args.workers > MAX_WORKERS:
         raise UsageError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
-    shared = os.environ.get(SHARED_DATABASE_ENV, "").strip()
+    shared = shared_database_path()
     if args.database is None and args.seed is None and shared:
         args.database = shared  # as the pytest profiles use it; an explicit --seed or --database wins
         print(f"{PROG}: fuzz: example database {shared} (from {SHARED_DATABASE_ENV})", file=sys.stderr)

@@ -43,9 +43,14 @@ _QUIET_CHECKS = [HealthCheck.too_slow]
 _NO_EXPLAIN = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 
 
+def shared_database_path(environ: dict[str, str] | None = None) -> str | None:
+    """The directory DIFFMOE_HYPOTHESIS_DB names (`diffmoe fuzz` uses it too), or None."""
+    return (os.environ if environ is None else environ).get(SHARED_DATABASE_ENV, "").strip() or None
+
+
 def shared_database(environ: dict[str, str] | None = None) -> dict:
     """settings keyword for the shared example database named by DIFFMOE_HYPOTHESIS_DB, if any."""
-    path = (os.environ if environ is None else environ).get(SHARED_DATABASE_ENV, "").strip()
+    path = shared_database_path(environ)
     return {"database": DirectoryBasedExampleDatabase(path)} if path else {}
 
 
