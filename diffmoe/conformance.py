@@ -54,7 +54,7 @@ Exit code of the doctor: 0 when every primitive is ok or has its workaround appl
 the sweep runs that workaround, it came out right), 1 otherwise.
 
 Longer than 400 lines because the suite is one piece: each probe's inputs, kernel, comparison
-and verdict sit next to the others they share helpers with (eleven primitives), and the doctor's
+and verdict sit next to the others they share helpers with (twelve primitives), and the doctor's
 report renders exactly those rows; split, every probe would span three files.
 
 Owns the probes and the doctor's report. Must not import an implementation: it gets one's hooks through the contract.
@@ -172,6 +172,8 @@ PRIMITIVES = (
     Primitive("fp32_dot", "float32 tl.dot (ieee)", "float32 GEMMs on it are off"),
     Primitive("exp", "tl.exp", "silu's error exceeds what the tolerance table assumes"),
     Primitive("program_order", "program order table", "the schedule-permutation oracle does not permute anything"),
+    Primitive("grid_order", "grid-loop program order (interpreter)",
+              "a plug-in without an order table is not reordered: the schedule oracle compares runs of one order"),
     Primitive("aliasing", "aliasing tensor views", "kernels do not see real storage: the aliasing oracles' premise fails"),
     Primitive("fp32_div", "float32 division", "`/` is not correctly rounded (tl.math.div_rn would be)"),
 )
@@ -305,6 +307,14 @@ def _order_probe_kernel(counter_ptr, seen_ptr, order_ptr, REORDER: tl.constexpr)
         pid = tl.load(order_ptr + pid)
     slot = tl.atomic_add(counter_ptr, 1)
     tl.store(seen_ptr + slot, pid)
+
+
+@triton.jit
+def _grid_order_probe_kernel(counter_ptr, seen_ptr):
+    """As _order_probe_kernel on a 2-D grid without an order table: `seen` is the order in which
+    the programs, by linear id x + nx * y, ran."""
+    slot = tl.atomic_add(counter_ptr, 1)
+    tl.store(seen_ptr + slot, tl.program_id(0) + tl.num_programs(0) * tl.program_id(1))
 
 
 @triton.jit
@@ -624,6 +634,39 @@ def probe_program_order(device: torch.device, full: bool, hooks: ConformanceHook
     return ProbeResult("program_order", DEFECT if bad else OK, bad, 2 * n, detail)
 
 
+GRID_ORDER_GRID = (4, 4)
+
+
+def probe_grid_order(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    """diffmoe.grid_order, which reorders the programs of kernels without an order table for the
+    schedule oracle: under reversed and random:1 a plain 2-D launch must run its programs in
+    exactly that order. Compiled backends have no grid loop to steer: nothing to check there."""
+    from . import grid_order
+
+    if not _sequential_backend(device):
+        return ProbeResult("grid_order", OK, 0, 0, "not applicable: compiled launches run in the hardware's order; "
+                                                   "the schedule oracle permutes through order tables there")
+    n = GRID_ORDER_GRID[0] * GRID_ORDER_GRID[1]
+    schedules = (Schedule("reversed"), Schedule("random", 1))
+    problem = grid_order.control_problem()
+    if problem is not None:
+        return ProbeResult("grid_order", DEFECT, len(schedules) * n, len(schedules) * n, problem)
+    bad, notes = 0, []
+    for schedule in schedules:
+        counter = torch.zeros(1, dtype=torch.int32, device=device)
+        seen = torch.full((n,), -1, dtype=torch.int32, device=device)
+        with grid_order.program_order(schedule):
+            _grid_order_probe_kernel[GRID_ORDER_GRID](counter, seen)
+        ran = seen.cpu().tolist()
+        wrong = sum(s != w for s, w in zip(ran, schedule.order(n)))
+        bad += wrong
+        if wrong:
+            notes.append(f"{schedule}: ran {ran}")
+    detail = f"a {GRID_ORDER_GRID} grid without an order table; " + (
+        "; ".join(notes) if notes else "reversed and random:1 ran as asked")
+    return ProbeResult("grid_order", DEFECT if bad else OK, bad, len(schedules) * n, detail)
+
+
 ALIAS_BYTES = 1024
 
 
@@ -678,6 +721,7 @@ PROBES = {
     "fp32_dot": probe_fp32_dot,
     "exp": probe_exp,
     "program_order": probe_program_order,
+    "grid_order": probe_grid_order,
     "aliasing": probe_aliasing,
     "fp32_div": probe_fp32_div,
 }
@@ -740,8 +784,8 @@ _EXACT = "bit for bit: a mismatch is any result that differs from the reference,
 _DOT_RULE = (f"a mismatch is a result outside the float32 accumulation bound |c - exact| <= gamma_K * sum|a||b| "
              f"(K={DOT_K}, any summation order), and ok means none is")
 CRITERIA = {
-    **{key: _EXACT for key in ("fp8_cast", "fp8_upcast", "bf16_cast", "bf16_upcast", "program_order", "aliasing",
-                               "fp32_div")},
+    **{key: _EXACT for key in ("fp8_cast", "fp8_upcast", "bf16_cast", "bf16_upcast", "program_order", "grid_order",
+                               "aliasing", "fp32_div")},
     "fp8_dot": _DOT_RULE,
     "bf16_dot": _DOT_RULE,
     "fp32_dot": _DOT_RULE,

@@ -45,6 +45,12 @@ implementation (building one may probe its backend or import Triton):
   fuzzers draw around it, and the metamorphic oracle, whose sibling it refuses, is skipped
   with that reason instead of reporting the refusal as a crash. `factory_attribute` reads each.
 
+An implementation (the built object, not its factory) may set `orders_programs = True` when its
+`run` applies the schedule itself, as the shipped kernels do with an order table they read. Without
+it the harness runs `run` inside diffmoe.grid_order's control, which reorders every launch made
+under the Triton interpreter at its grid loop, so any Triton kernel is judged by the schedule
+oracle without an order table (`applies_own_order` reads it; the two together would reorder twice).
+
 Nothing here imports Triton: implementations may be written in anything that takes torch
 tensors.
 
@@ -215,6 +221,14 @@ PLAN_WORKSPACES = "plan_workspaces"
 CONFORMANCE_HOOKS = "conformance_hooks"
 SUPPORTS = "supports"
 FACTORY_ATTRIBUTES = (PLAN_WORKSPACES, CONFORMANCE_HOOKS, SUPPORTS)
+# The implementation's optional attribute (module docstring): its run applies the schedule itself.
+ORDERS_PROGRAMS = "orders_programs"
+
+
+def applies_own_order(impl: object) -> bool:
+    """Whether `impl` applies the program schedule itself (`orders_programs` is True), so the
+    harness must not reorder its launches at the interpreter's grid loop too."""
+    return getattr(impl, ORDERS_PROGRAMS, False) is True
 
 
 def factory_attribute(factory: Callable, name: str) -> Callable | None:

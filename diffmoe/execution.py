@@ -2,8 +2,9 @@
 
 Owns: building instances (with poisoned private buffers), calling the implementation's
 methods so that any exception becomes a finding, one guarded call (`Check.execute`: poison,
-launch recording, red-zone and input watchers), the reference's stage on a candidate's
-buffers, bitwise comparison of two runs, and progress. It judges nothing itself: the
+launch recording, red-zone and input watchers, and the program order: an implementation that
+does not apply the schedule itself runs inside diffmoe.grid_order's control), the reference's
+stage on a candidate's buffers, bitwise comparison of two runs, and progress. It judges nothing itself: the
 oracles (`diffmoe/oracles/`) do, through the hooks the runner dispatches (`Check.judge_run`).
 It must not import an oracle module or an implementation: the runner hands it the active
 oracles and the factory.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import os
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +39,8 @@ import torch
 from .call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet
 from .compare import Comparison, Rule, compare
 from .config import MoEConfig, quoted
-from .contract import ImplementationFactory, Schedule, WorkspacePlan
+from . import grid_order
+from .contract import ImplementationFactory, Schedule, WorkspacePlan, applies_own_order
 from .oracles.guards import GuardedTensor, GuardedWorkspaces
 from .problem import Problem, make_problem
 from .recording import ChainedRecorder, LaunchLog
@@ -302,7 +305,7 @@ class Check:
         self.inputs.start(attribute_input_writes)
         recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, extra_recorder)
         try:
-            with numpy_quiet(), exits_intercepted():
+            with numpy_quiet(), exits_intercepted(), self.program_order(impl, schedule):
                 result = run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
                              schedule=schedule, recorder=recorder)
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
@@ -336,6 +339,22 @@ class Check:
         buffers[Buffers.OUTPUT] = out
         watch.check()  # writes made outside any reported launch
         return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates))
+
+    def program_order(self, impl, schedule: Schedule):
+        """The control `run` is called in: diffmoe.grid_order's, which reorders the programs of every
+        interpreter launch, unless the schedule is the identity or the implementation applies it
+        itself (`orders_programs`). Compiled launches have no grid loop to steer: nothing is
+        added, the hardware orders them. Where the interpreter's grid loop cannot be hooked
+        (another Triton release) the schedule oracle is reported skipped with the reason, since
+        its later orders would rerun the first."""
+        if schedule.is_identity or applies_own_order(impl) or not grid_order.interpreting():
+            return nullcontext()
+        problem = grid_order.control_problem()
+        if problem is not None:
+            if self.selected(Oracles.SCHEDULE):
+                self.skipped.setdefault(Oracles.SCHEDULE, f"programs cannot be reordered: {problem}")
+            return nullcontext()
+        return grid_order.program_order(schedule)
 
     # ---- what oracles share -------------------------------------------------------------
     def judge_run(self, run: Run, first: bool) -> list[Finding]:

@@ -60,6 +60,9 @@ class TritonFP8MoE:
     name = "optimized"
     # `diffmoe compile-check` compiles both trait sets (optimized.backend.COMPILE_VARIANTS)
     compile_variants = tuple(COMPILE_VARIANTS)
+    # optimized.launch passes the schedule's order table (kernels/program_order.py), which works
+    # compiled too: the harness must not also reorder at the interpreter's grid loop (diffmoe.grid_order)
+    orders_programs = True
 
     def __init__(self, config: MoEConfig, device: torch.device | str | None = None):
         config.validate()

@@ -34,7 +34,8 @@ fp8-block (fused only: vLLM 0.33 always fuses there), router_weight down or inpu
 output separate or workspace. Refused with a ValueError naming the field: expert_map (vLLM's EP
 path is not wired), fused=True except with fp8-block, fused=False with fp8-block.
 Program order: under the interpreter a non-identity schedule permutes the programs of each
-Triton launch at the interpreter's grid loop (triton 3.9 only); the torch stand-ins have no
+Triton launch of the call at the interpreter's grid loop (diffmoe.grid_order, triton 3.9 only;
+the adapter applies it itself, so it sets `orders_programs`); the torch stand-ins have no
 program order; on a GPU the hardware order runs.
 
 Teacher forcing (`run_stage`) runs the same sequence with the stage's inputs written over the
@@ -60,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from diffmoe import peer_wheels
+from diffmoe import grid_order, peer_wheels
 from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan
 from diffmoe.vocabulary import Buffers, Stages, buffer_spec, pipeline_stages
@@ -81,7 +82,6 @@ REAL_MODULES = (
     (f"{_MOE}.experts.triton_moe", "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"),
 )
 VARIANTS = ("vllm", "cache2-in-ws2")  # the second: a planted carve bug (tests), cache2 carved from workspace2
-SUPPORTED_TRITON_FOR_ORDER = (3, 9)  # the interpreter grid loop the program-order control was read from
 
 
 def _interpreting() -> bool:
@@ -245,7 +245,6 @@ class RunReporter(vllm_ops.OpReporter):
         self.impl, self.problem, self.recorder, self.schedule = impl, problem, recorder, schedule
         self.phase = "prepare"
         self.gemms = 0
-        self.triton_launches = 0
         # teacher forcing (run_stage): buffers overwritten with given values right after the launch
         # that writes them, and the writes of stage `capture` copied out
         self.force, self.capture = force or {}, capture
@@ -332,48 +331,14 @@ class RunReporter(vllm_ops.OpReporter):
             if a.get(key) is not None:
                 reads[name] = a[key]
         writes = {out: C.view(-1, C.shape[-1])}
-        index = self.triton_launches
-        self.triton_launches += 1
-        return self._report(stage, "fused_moe_kernel", grid, reads, writes,
-                            lambda: self._in_order(grid[0], index, lambda: invoke(*bound.args, **bound.kwargs)))
-
-    def _in_order(self, programs: int, index: int, launch):
-        """Run `launch` with its programs in the schedule's order (interpreter only)."""
-        if self.schedule.is_identity or not _interpreting():
-            return launch()
-        from triton.runtime import interpreter
-
-        from diffmoe.triton_pin import triton_release
-
-        version, major_minor, _ = triton_release()
-        if major_minor != SUPPORTED_TRITON_FOR_ORDER:
-            raise RuntimeError("program-order control is written for triton 3.9's interpreter grid loop "
-                               f"(GridExecutor.__call__), this is triton {version}; run with the identity schedule")
-        builder = interpreter.interpreter_builder
-        order = self.schedule.order(programs, index)
-        had = "set_grid_idx" in vars(builder)
-        previous = vars(builder).get("set_grid_idx")
-        original = builder.set_grid_idx
-
-        def remapped(x, y, z):  # the grid loop asks for x = 0, 1, ...; program order[x] runs
-            if not (0 <= x < programs and y == 0 and z == 0):
-                raise RuntimeError(f"vLLM launched a grid the adapter did not expect ({x}, {y}, {z}) of {programs}")
-            original(order[x], y, z)
-
-        builder.set_grid_idx = remapped
-        try:
-            return launch()
-        finally:
-            if had:
-                builder.set_grid_idx = previous
-            else:
-                del builder.set_grid_idx
+        return self._report(stage, "fused_moe_kernel", grid, reads, writes, lambda: invoke(*bound.args, **bound.kwargs))
 
 
 class VllmTritonMoE:
     """vLLM 0.33.0's TritonExperts behind diffmoe's plug-in contract (diffmoe.contract)."""
 
     name = f"vllm-{VERSION}"
+    orders_programs = True  # _execute runs the call inside diffmoe.grid_order's control itself
 
     def __init__(self, config: MoEConfig, device=None, variant: str = "vllm"):
         config.validate()
@@ -450,7 +415,9 @@ class VllmTritonMoE:
         reporter = RunReporter(self, problem, recorder, schedule, force, capture)
         token = vllm_ops.ACTIVE_REPORTER.set(reporter)
         try:
-            with files.installed():
+            # the control's launch index counts the call's interpreter launches: the two GEMMs
+            # are launches 0 and 1 (everything else runs as torch stand-ins)
+            with files.installed(), grid_order.program_order(schedule):
                 self._interpreter_ready()
                 a1 = problem.hidden_states
                 if cfg.router_weight == "input":  # no_dp_ep.prepare (K == 1)

@@ -210,31 +210,40 @@ def test_vllms_nan_squashing_is_a_measured_difference_at_quant_input():
 
 
 def test_the_schedule_permutes_the_programs_of_each_triton_launch(monkeypatch):
-    from diffmoe.execution import interpreter_enabled
+    """Both GEMM launches (launch indices 0 and 1 of the call) run their programs in the schedule's
+    order at the interpreter's grid loop (diffmoe.grid_order), with the same output bits."""
+    from diffmoe import grid_order
 
-    if not interpreter_enabled():
+    if not grid_order.interpreting():
         pytest.skip("program order is controlled at the Triton interpreter's grid loop")
     from triton.runtime import interpreter
 
-    seen = []
-    original = type(interpreter.interpreter_builder).set_grid_idx
+    launches = []
+    cls = type(interpreter.interpreter_builder)
+    set_dim, set_idx = cls.set_grid_dim, cls.set_grid_idx
 
-    def recording(self, x, y, z):
-        seen.append(x)
-        return original(self, x, y, z)
+    def dim(self, *grid):
+        launches.append([])
+        return set_dim(self, *grid)
 
-    monkeypatch.setattr(type(interpreter.interpreter_builder), "set_grid_idx", recording)
+    def idx(self, x, y, z):
+        launches[-1].append(x)
+        return set_idx(self, x, y, z)
+
+    monkeypatch.setattr(cls, "set_grid_dim", dim)
+    monkeypatch.setattr(cls, "set_grid_idx", idx)
     c = config("bf16")
     impl = vllm_factory()(c)
+    assert impl.orders_programs  # the runner leaves its order to it
     problem = make_problem(c, impl.device)
     out = {}
     for schedule in (Schedule("identity"), Schedule("reversed"), Schedule("random", 3)):
-        seen.clear()
+        launches.clear()
         out[str(schedule)] = impl.run(problem, _workspaces(impl), schedule=schedule).output.clone()
-        first = seen[: len(set(seen))]  # the gate-up GEMM's programs
-        n = len(first)
-        assert sorted(first) == list(range(n)) and n > 1
-        assert first == schedule.order(n, 0)
+        assert len(launches) == 2 and all(len(ran) > 1 for ran in launches)  # gate-up and down GEMMs
+        for index, ran in enumerate(launches):
+            assert ran == schedule.order(len(ran), index)
+        assert not grid_order.installed()
     assert torch.equal(out["identity"], out["reversed"]) and torch.equal(out["identity"], out["random:3"])
 
 

@@ -1,7 +1,9 @@
 """The schedule oracle: a result must not depend on the order program instances run in.
 
 Owns the comparison of every later order's run with the first, bitwise. The runs themselves
-are the runner's (and the last one may be call-sequence's, see call_sequence.py).
+are the runner's (and the last one may be call-sequence's, see call_sequence.py); the order is
+applied by the implementation (an order table, `orders_programs`) or, under the interpreter, at
+the grid loop by diffmoe.grid_order (execution.Check.program_order).
 """
 
 from __future__ import annotations
