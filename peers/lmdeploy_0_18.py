@@ -39,6 +39,9 @@ non-identity schedule permutes each launch's programs (all grid dimensions linea
 the interpreter's grid loop (triton 3.9 only); on a GPU the hardware order runs. No
 `run_stage`: the buffers a stage would be fed live inside lmdeploy's one Python call.
 
+Longer than 400 lines because it holds the loader, the kernel proxies, the launch reporter and
+the run sequence, which all drive the same loaded lmdeploy modules.
+
 Owns the adapter (loading lmdeploy's files, the run sequence, launch reporting, the declared
 plan). Must not copy lmdeploy source or change its numerics: differences are reported, not fixed.
 """

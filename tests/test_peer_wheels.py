@@ -52,6 +52,20 @@ def test_the_vllm_pin():
     assert all(f.startswith("vllm/model_executor/layers/fused_moe/") and f.endswith((".py", "/")) for f in pin.files)
 
 
+def fetch_with_fake_pip(pin, wheel: Path, monkeypatch) -> list[str]:
+    """Fetch peer 'toy' with `pip download` faked (it leaves `wheel`); returns pip's command line."""
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        (Path(cmd[cmd.index("-d") + 1]) / pin.filename).write_bytes(wheel.read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(peer_wheels.subprocess, "run", fake_run)
+    peer_wheels.fetch("toy")
+    return calls[0]
+
+
 def test_the_lmdeploy_pin():
     pin = peer_wheels.PEERS["lmdeploy"]
     assert pin.requirement == "lmdeploy==0.18.0" and len(pin.sha256) == 64 and int(pin.sha256, 16)
@@ -63,32 +77,15 @@ def test_the_lmdeploy_pin():
 def test_a_cpython_specific_pin_downloads_for_its_interpreter_whatever_runs_pip(fake_peer, monkeypatch):
     pin, wheel = fake_peer
     monkeypatch.setitem(peer_wheels.PEERS, "toy", dataclasses.replace(pin, python="3.11"))
-    calls = []
-
-    def fake_run(cmd, **kwargs):
-        calls.append(cmd)
-        (Path(cmd[cmd.index("-d") + 1]) / pin.filename).write_bytes(wheel.read_bytes())
-        return subprocess.CompletedProcess(cmd, 0, "", "")
-
-    monkeypatch.setattr(peer_wheels.subprocess, "run", fake_run)
-    peer_wheels.fetch("toy")
-    cmd = calls[0]
+    cmd = fetch_with_fake_pip(pin, wheel, monkeypatch)
     assert cmd[cmd.index("--python-version") + 1] == "3.11" and cmd[cmd.index("--abi") + 1] == "cp311"
     assert cmd[cmd.index("--implementation") + 1] == "cp"
 
 
 def test_a_py3_pin_leaves_the_interpreter_to_pip(fake_peer, monkeypatch):
     pin, wheel = fake_peer
-    calls = []
-
-    def fake_run(cmd, **kwargs):
-        calls.append(cmd)
-        (Path(cmd[cmd.index("-d") + 1]) / pin.filename).write_bytes(wheel.read_bytes())
-        return subprocess.CompletedProcess(cmd, 0, "", "")
-
-    monkeypatch.setattr(peer_wheels.subprocess, "run", fake_run)
-    peer_wheels.fetch("toy")
-    assert "--python-version" not in calls[0] and "--abi" not in calls[0]
+    cmd = fetch_with_fake_pip(pin, wheel, monkeypatch)
+    assert "--python-version" not in cmd and "--abi" not in cmd
 
 
 def test_cache_dir_default_and_override(monkeypatch, tmp_path):
