@@ -54,7 +54,7 @@ Exit code of the doctor: 0 when every primitive is ok or has its workaround appl
 the sweep runs that workaround, it came out right), 1 otherwise.
 
 Longer than 400 lines because the suite is one piece: each probe's inputs, kernel, comparison
-and verdict sit next to the others they share helpers with (twelve primitives), and the doctor's
+and verdict sit next to the others they share helpers with (sixteen primitives), and the doctor's
 report renders exactly those rows; split, every probe would span three files.
 
 Owns the probes and the doctor's report. Must not import an implementation: it gets one's hooks through the contract.
@@ -176,6 +176,13 @@ PRIMITIVES = (
               "a plug-in without an order table is not reordered: the schedule oracle compares runs of one order"),
     Primitive("aliasing", "aliasing tensor views", "kernels do not see real storage: the aliasing oracles' premise fails"),
     Primitive("fp32_div", "float32 division", "`/` is not correctly rounded (tl.math.div_rn would be)"),
+    # what third-party kernels use (lmdeploy 0.18's blocked-FP8 MoE: silu * up and its reduce in bf16,
+    # `mask & (m < M)` in its quant, `fast_expf = tl.math.exp`); diffmoe.interpreter_fixes fixes each
+    # on the interpreter where its probe finds it
+    Primitive("bf16_arith", "bf16 elementwise arithmetic", "bf16 +, -, *, min/max, comparisons in a kernel are wrong"),
+    Primitive("bf16_reduce", "bf16 tl.sum / tl.max / tl.min", "bf16 reductions in a kernel are wrong"),
+    Primitive("scalar_mask", "scalar comparison in a block mask", "a load masked by `block & (i < n)` raises"),
+    Primitive("builtin_alias", "module-level alias of a builtin", "a kernel calling `f = tl.math.exp` raises"),
 )
 PRIMITIVE_KEYS = tuple(p.key for p in PRIMITIVES)
 _BY_KEY = {p.key: p for p in PRIMITIVES}
@@ -326,6 +333,55 @@ def _alias_probe_kernel(write_ptr, read_ptr, out_ptr, NBYTES: tl.constexpr):
     tl.debug_barrier()  # the CTA's stores are visible to its loads past this point
     half = tl.arange(0, NBYTES // 2)
     tl.store(out_ptr + half, tl.load(read_ptr + half))
+
+
+@triton.jit
+def _bf16_arith_probe_kernel(x_ptr, y_ptr, out_ptr, cmp_ptr, n, BLOCK: tl.constexpr):
+    """out rows: x + y, x - y, x * y, -x, max(x, y), min(x, y); cmp rows: x < y, x == y (bf16 throughout)."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=1.0)
+    y = tl.load(y_ptr + offs, mask=mask, other=1.0)
+    tl.store(out_ptr + offs, x + y, mask=mask)
+    tl.store(out_ptr + n + offs, x - y, mask=mask)
+    tl.store(out_ptr + 2 * n + offs, x * y, mask=mask)
+    tl.store(out_ptr + 3 * n + offs, -x, mask=mask)
+    tl.store(out_ptr + 4 * n + offs, tl.maximum(x, y), mask=mask)
+    tl.store(out_ptr + 5 * n + offs, tl.minimum(x, y), mask=mask)
+    tl.store(cmp_ptr + offs, (x < y).to(tl.int8), mask=mask)
+    tl.store(cmp_ptr + n + offs, (x == y).to(tl.int8), mask=mask)
+
+
+@triton.jit
+def _bf16_reduce_probe_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Per row of x [ROWS, COLS] (bf16): the sum of its first two columns (one add: exact in any
+    order), its max and its min."""
+    r, c = tl.arange(0, ROWS), tl.arange(0, COLS)
+    x = tl.load(x_ptr + r[:, None] * COLS + c[None, :])
+    pair = tl.load(x_ptr + r[:, None] * COLS + tl.arange(0, 2)[None, :])
+    tl.store(out_ptr + r, tl.sum(pair, axis=1))
+    tl.store(out_ptr + ROWS + r, tl.max(x, axis=1))
+    tl.store(out_ptr + 2 * ROWS + r, tl.min(x, axis=1))
+
+
+@triton.jit
+def _scalar_mask_probe_kernel(x_ptr, y_ptr, n, live, BLOCK: tl.constexpr):
+    """A load masked by a block mask and a scalar comparison, as a quant kernel's row loop writes it."""
+    offs = tl.arange(0, BLOCK)
+    row = tl.program_id(0)
+    tl.store(y_ptr + row * BLOCK + offs,
+             tl.load(x_ptr + row * BLOCK + offs, mask=(offs < n) & (row < live), other=-1.0))
+
+
+_ALIASED_EXP = tl.math.exp  # a module-level alias of a builtin, as lmdeploy's `fast_expf = tl.math.exp`
+
+
+@triton.jit
+def _builtin_alias_probe_kernel(x_ptr, y_ptr, z_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, _ALIASED_EXP(x))
+    tl.store(z_ptr + offs, tl.exp(x))
 
 
 def _elementwise_launch(n: int, device: torch.device) -> tuple[tuple[int], int]:
@@ -711,6 +767,85 @@ def probe_fp32_div(device: torch.device, full: bool, hooks: ConformanceHooks | N
     return ProbeResult("fp32_div", DEFECT if bad.any() else OK, int(bad.sum()), x.numel(), detail)
 
 
+def bf16_operands(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 pairs of both signs over several scales, with infinities, equal pairs and subnormals
+    (no NaN, no signed-zero pair: maxnum's choice between -0 and +0 is nobody's contract)."""
+    g = _gen(seed)
+    scale = torch.exp2(torch.randint(-20, 21, (n,), generator=g).float())
+    x = (torch.randn(n, generator=g) * scale).bfloat16()
+    y = (torch.randn(n, generator=g) * scale).bfloat16()
+    y[: n // 16] = x[: n // 16]  # equal pairs
+    x[n // 16 : n // 8] = torch.tensor(2.0**-130).bfloat16()  # a subnormal
+    edges = torch.tensor([math.inf, -math.inf, 1.0, -3.0, 65280.0, 1e38]).bfloat16()
+    x[-6:], y[-6:] = edges, edges.flip(0)
+    return x, y
+
+
+def _raised(key: str, exc: Exception, total: int) -> ProbeResult:
+    """A probe kernel the backend could not run because of the defect probed: every result wrong."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return ProbeResult(key, DEFECT, total, total, f"the probe kernel raised {type(exc).__name__}: {text}")
+
+
+def probe_bf16_arith(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    n = 4096 if full else 512
+    x, y = bf16_operands(n, seed=61 if full else 62)
+    block = triton.next_power_of_2(n)
+    out = torch.empty(6 * n, dtype=torch.bfloat16, device=device)
+    cmp = torch.empty(2 * n, dtype=torch.int8, device=device)
+    _bf16_arith_probe_kernel[(1,)](x.to(device), y.to(device), out, cmp, n, BLOCK=block)
+    want = torch.cat([x + y, x - y, x * y, -x, torch.maximum(x, y), torch.minimum(x, y)])  # torch: float op, rounded once
+    want_cmp = torch.cat([x < y, x == y]).to(torch.int8)
+    bad = _bit_mismatches(out.cpu(), want)
+    bad_cmp = cmp.cpu() != want_cmp
+    wrong = int(bad.sum()) + int(bad_cmp.sum())
+    ops = ("+", "-", "*", "neg", "max", "min")
+    per_op = ", ".join(f"{op} {int(b.sum())}" for op, b in zip(ops, bad.view(6, n)))
+    detail = f"bitwise vs torch's bf16 ops (one rounding): {per_op}, < {int(bad_cmp[:n].sum())}, == {int(bad_cmp[n:].sum())}"
+    return ProbeResult("bf16_arith", DEFECT if wrong else OK, wrong, 8 * n, detail)
+
+
+def probe_bf16_reduce(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    rows, cols = (64, 128) if full else (16, 64)
+    g = _gen(71)
+    x = (torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-8, 9, (rows, 1), generator=g).float())).bfloat16()
+    out = torch.empty(3 * rows, dtype=torch.bfloat16, device=device)
+    _bf16_reduce_probe_kernel[(1,)](x.to(device), out, ROWS=rows, COLS=cols)
+    want = torch.cat([(x[:, 0].float() + x[:, 1].float()).bfloat16(), x.amax(dim=1), x.amin(dim=1)])
+    bad = _bit_mismatches(out.cpu(), want)
+    parts = ", ".join(f"{name} {int(b.sum())}" for name, b in zip(("sum of 2", "max", "min"), bad.view(3, rows)))
+    return ProbeResult("bf16_reduce", DEFECT if bad.any() else OK, int(bad.sum()), 3 * rows,
+                       f"bitwise vs torch per row of [{rows}, {cols}]: {parts}")
+
+
+def probe_scalar_mask(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    rows, block, n, live = 4, 16, 11, 3
+    x = torch.arange(rows * block, dtype=torch.float32, device=device)
+    y = torch.zeros(rows * block, dtype=torch.float32, device=device)
+    try:
+        _scalar_mask_probe_kernel[(rows,)](x, y, n, live, BLOCK=block)
+    except Exception as exc:  # noqa: BLE001 - the defect itself: the load refuses the mask
+        return _raised("scalar_mask", exc, y.numel())
+    keep = (torch.arange(block) < n)[None, :] & (torch.arange(rows) < live)[:, None]
+    want = torch.where(keep.reshape(-1), x.cpu(), torch.full_like(x.cpu(), -1.0))
+    bad = _bit_mismatches(y.cpu(), want)
+    return ProbeResult("scalar_mask", DEFECT if bad.any() else OK, int(bad.sum()), y.numel(),
+                       "load masked by `(offs < n) & (program_id < live)`, bitwise vs the mask applied in torch")
+
+
+def probe_builtin_alias(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    block = 64
+    x = torch.linspace(-10.0, 10.0, block, device=device)
+    y, z = torch.empty_like(x), torch.empty_like(x)
+    try:
+        _builtin_alias_probe_kernel[(1,)](x, y, z, BLOCK=block)
+    except Exception as exc:  # noqa: BLE001 - the defect itself: the alias is not the builtin inside a kernel
+        return _raised("builtin_alias", exc, block)
+    bad = _bit_mismatches(y.cpu(), z.cpu())
+    return ProbeResult("builtin_alias", DEFECT if bad.any() else OK, int(bad.sum()), block,
+                       "`_ALIASED_EXP = tl.math.exp` called in a kernel, bitwise vs tl.exp in the same kernel")
+
+
 PROBES = {
     "fp8_cast": probe_fp8_cast,
     "fp8_upcast": probe_fp8_upcast,
@@ -724,6 +859,10 @@ PROBES = {
     "grid_order": probe_grid_order,
     "aliasing": probe_aliasing,
     "fp32_div": probe_fp32_div,
+    "bf16_arith": probe_bf16_arith,
+    "bf16_reduce": probe_bf16_reduce,
+    "scalar_mask": probe_scalar_mask,
+    "builtin_alias": probe_builtin_alias,
 }
 assert tuple(PROBES) == PRIMITIVE_KEYS
 
@@ -785,7 +924,7 @@ _DOT_RULE = (f"a mismatch is a result outside the float32 accumulation bound |c 
              f"(K={DOT_K}, any summation order), and ok means none is")
 CRITERIA = {
     **{key: _EXACT for key in ("fp8_cast", "fp8_upcast", "bf16_cast", "bf16_upcast", "program_order", "grid_order",
-                               "aliasing", "fp32_div")},
+                               "aliasing", "fp32_div", "bf16_arith", "bf16_reduce", "scalar_mask", "builtin_alias")},
     "fp8_dot": _DOT_RULE,
     "bf16_dot": _DOT_RULE,
     "fp32_dot": _DOT_RULE,

@@ -33,6 +33,32 @@ code with the NaN's sign (as torch); e4m3 NaN codes widen to the canonical quiet
 Finite float32 beyond +-448 and +-Inf saturate to +-448 in the e4m3 cast, as `satfinite` does
 (the kernels clamp before they cast, so none of them reaches it).
 
+Probe-gated fixes (what a third-party kernel needs: lmdeploy 0.18's blocked-FP8 MoE, peers/):
+four more defects of triton 3.9's interpreter, each patched only where its `diffmoe doctor`
+probe (diffmoe.conformance, run once per process on triton's own methods) finds it:
+
+  * `bf16_arith`: bf16 add/sub/mul, min/max, comparisons and negation run on the raw uint16
+    storage (triton-lang/triton#5424): fixed in `binary_op` / `create_fneg` as the float32 op
+    of the exactly widened operands, rounded once to nearest even (for +, -, * that is the
+    correctly rounded bf16 result CUDA's `add/mul.rn.bf16` gives: float32 has 24 >= 2*8+2 bits,
+    so the double rounding is innocuous); negation flips the sign bit. bf16 division and fmod
+    stay triton's (CUDA divides bf16 through an approximate float32 division not modelled here);
+  * `bf16_reduce`: `tl.sum` of bf16 adds the raw bits (#11584): fixed in `ReduceOps.sum` as a
+    left-to-right sequence of bf16-rounded adds (exact for two operands in any order; longer
+    sums follow the in-thread order of Triton's lowering, which a reduction spread over lanes
+    need not). `tl.max` / `tl.min` widen floats to float32 before reducing (standard.py), so
+    they are right already: the probe checks them and nothing patches them;
+  * `scalar_mask`: a comparison's handle keeps its operands' dtype, so a scalar comparison
+    splat into a block (`mask & (i < M)`) becomes an int32 mask and a load raises "mask has
+    unsupported dtype": the comparison builder methods label their result int1, as the IR does;
+  * `builtin_alias`: a module-level alias of a Triton builtin (`fast_expf = tl.math.exp`) is not
+    patched by `_patch_lang` (it patches the tl modules only) and raises "_semantic argument
+    must be provided" inside a kernel: the kernel's globals bound to builtins are patched in
+    the same launch scope.
+
+`suspended()` suspends the cast and dot fixes only (the software paths model exactly those);
+`suspended(gated=True)` suspends the probe-gated ones too (the tests showing their defects).
+
 The race recorder (diffmoe.oracles.interpreter_races) hooks other builder methods (loads,
 stores, atomics) and the grid loop; the two coexist in either order.
 
@@ -40,6 +66,9 @@ The builder methods replaced are interpreter internals, not a Triton API: `insta
 only the Triton version it was written and tested against (SUPPORTED_TRITON) and, anywhere
 else, patches nothing and says why. Triton is imported only when `install()` (or `status()`)
 is called.
+
+Longer than 400 lines because the fixes share one install state, one pin and the exact
+conversions, and the probe-gated ones reuse the cast fixes' widening and rounding.
 
 Owns the patched interpreter methods and their install state. Must not change a result the software paths would not give.
 """
@@ -238,16 +267,20 @@ def install() -> FixStatus:
             setattr(cls, name, fn)
         import triton
 
+        gated = _install_gated_locked()
         _last = FixStatus(True, "float32<->bf16 and float32<->e4m3fn casts and the bf16 and fp8 dots of the "
-                                f"triton {triton.__version__} interpreter computed exactly")
+                                f"triton {triton.__version__} interpreter computed exactly; {gated}")
         return _last
 
 
-def uninstall() -> None:
-    """Put triton's own methods back (tests that show the defects use it)."""
+def uninstall(keep_gated: bool = False) -> None:
+    """Put triton's own methods back (tests that show the defects use it); `keep_gated`: the
+    probe-gated fixes stay."""
     global _last
     with _lock:
         _last = None
+        if not keep_gated:
+            _uninstall_gated_locked()
         if not _originals:
             return
         from triton.runtime import interpreter
@@ -258,15 +291,20 @@ def uninstall() -> None:
 
 
 @contextmanager
-def suspended():
-    """Run a block on triton's own (defective) interpreter methods, e.g. a mutant that models a
+def suspended(gated: bool = False):
+    """Run a block on triton's own (defective) cast and dot methods, e.g. a mutant that models a
     kernel ignoring a backend defect; install() (and so optimized.launch) patches nothing inside
-    it. The fixes are back afterwards if they were in place before."""
+    it. The probe-gated fixes stay in place (installed if they were not: no software path models
+    those defects) unless `gated`, which suspends them too. Everything is back afterwards as it
+    was before."""
     global _suspended
-    was = installed()
+    was, was_gated = installed(), gated_installed()
     with _lock:
         _suspended += 1
-    uninstall()
+    uninstall(keep_gated=not gated)
+    if not gated:
+        with _lock:
+            _install_gated_locked()
     try:
         yield
     finally:
@@ -274,6 +312,9 @@ def suspended():
             _suspended -= 1
         if was and not _suspended:
             install()
+        elif was_gated and not _suspended:
+            with _lock:
+                _install_gated_locked()
 
 
 def installed() -> bool:
@@ -288,3 +329,194 @@ def status() -> FixStatus:
         return FixStatus(False, "suspended (interpreter_fixes.suspended(): the defects are wanted)")
     problem = _triton_problem()
     return FixStatus(False, problem or "install() has not run in this process")
+
+
+# ---- the probe-gated fixes (module docstring) ------------------------------------------------
+
+GATED_FIXES = ("bf16_arith", "bf16_reduce", "scalar_mask", "builtin_alias")  # conformance probe keys
+_gated_originals: dict[tuple[int, str], tuple[object, str, object]] = {}  # (id(owner), name) -> (owner, name, original)
+_gated_verdicts: dict[str, str] = {}  # probe key -> its status on triton's own methods (once per process)
+_gated_reason: str | None = None  # what the last gated install did, or why it patched nothing
+
+
+def _gated_problem() -> str | None:
+    """Why the probe-gated fixes cannot be installed here, or None."""
+    version, major_minor, broken = triton_release()
+    if broken is not None:
+        return f"triton is not importable: {broken}"
+    if major_minor != SUPPORTED_TRITON:
+        return (f"probe-gated fixes are written for triton {SUPPORTED_TRITON[0]}.{SUPPORTED_TRITON[1]}.x, found "
+                f"{version}: nothing patched")
+    import inspect
+
+    from triton.runtime import interpreter
+
+    wanted = {
+        (interpreter.InterpreterBuilder, "binary_op"): ("lhs", "rhs", "op"),
+        (interpreter.InterpreterBuilder, "create_fneg"): ("input",),
+        (getattr(interpreter, "ReduceOps", None), "sum"): ("input",),
+    }
+    for (owner, name), params in wanted.items():
+        method = getattr(owner, name, None) if owner is not None else None
+        if method is None:
+            return f"triton {version} interpreter has no {name}: probe-gated fixes not installed"
+        names = tuple(inspect.signature(method).parameters)[1:]
+        if names != params:
+            return f"triton {version} interpreter {name}{names} is not {name}{params}: probe-gated fixes not installed"
+    for name in ("_patch_lang", "_patch_attr", "interpreter_builder", "TensorHandle"):
+        if not hasattr(interpreter, name):
+            return f"triton {version} interpreter has no {name}: probe-gated fixes not installed"
+    return None
+
+
+class _Globals:
+    """A function's globals dict as an object, so that triton's patch scope can set and restore
+    names in it as it does module attributes."""
+
+    def __init__(self, namespace: dict):
+        object.__setattr__(self, "_namespace", namespace)
+
+    def __getattr__(self, name):
+        try:
+            return self._namespace[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        self._namespace[name] = value
+
+    def __delattr__(self, name):
+        del self._namespace[name]
+
+
+def _gated_patches(interpreter, key: str) -> list[tuple[object, str, object]]:
+    """(owner, attribute, replacement) of the fix for probe `key`."""
+    import numpy as np
+    import triton.language as tl
+
+    TensorHandle = interpreter.TensorHandle
+    builder, reduce_ops = interpreter.InterpreterBuilder, interpreter.ReduceOps
+    bf16 = tl.bfloat16
+    if key == "bf16_arith":
+        rounded = {np.add, np.subtract, np.multiply, np.minimum, np.maximum, np.fmin, np.fmax}
+        compared = {np.less, np.less_equal, np.greater, np.greater_equal, np.equal, np.not_equal}
+        orig_binary, orig_neg = builder.binary_op, builder.create_fneg
+
+        def binary_op(self, lhs, rhs, op):
+            if lhs.dtype.scalar == bf16 and rhs.dtype.scalar == bf16 and (op in rounded or op in compared):
+                out = op(bf16_bits_to_f32(lhs.data), bf16_bits_to_f32(rhs.data))
+                if op in compared:
+                    return TensorHandle(out, lhs.dtype.scalar)  # labelled as triton labels it
+                return TensorHandle(f32_to_bf16_bits(out), bf16)
+            return orig_binary(self, lhs, rhs, op)
+
+        def create_fneg(self, input):
+            if input.dtype.scalar == bf16:
+                return TensorHandle(np.asarray(input.data, dtype=np.uint16) ^ np.uint16(0x8000), bf16)
+            return orig_neg(self, input)
+
+        return [(builder, "binary_op", binary_op), (builder, "create_fneg", create_fneg)]
+    if key == "bf16_reduce":
+        orig_sum = reduce_ops.sum
+
+        def sum_(self, input):
+            if input.dtype != bf16:
+                return orig_sum(self, input)
+            data = bf16_bits_to_f32(input.handle.data)
+            axis = self.axis
+            if axis is None:
+                data, axis = data.reshape(-1), 0
+            rows = np.moveaxis(data, axis, 0)
+            acc = rows[0].copy()
+            for row in rows[1:]:  # each combine one bf16 add, rounded
+                acc = bf16_bits_to_f32(f32_to_bf16_bits(acc + row))
+            bits = f32_to_bf16_bits(acc)
+            if self.keep_dims:
+                bits = np.expand_dims(bits, axis) if self.axis is not None else bits.reshape((1,) * input.handle.data.ndim)
+            return self.to_tensor(bits, input.dtype)
+
+        return [(reduce_ops, "sum", sum_)]
+    if key == "scalar_mask":
+        patches = []
+        for name in sorted(vars(builder)):
+            if name.startswith(("create_icmp", "create_fcmp")):
+                original = getattr(builder, name)
+
+                def compare(self, lhs, rhs, _original=original):
+                    return TensorHandle(_original(self, lhs, rhs).data, tl.int1)
+
+                patches.append((builder, name, compare))
+        return patches
+    if key == "builtin_alias":
+        orig_patch_lang = interpreter._patch_lang
+        is_builtin = tl.core.is_builtin
+
+        def _patch_lang(fn):
+            scope = orig_patch_lang(fn)
+            holder = _Globals(fn.__globals__)
+            for name, value in list(fn.__globals__.items()):
+                if is_builtin(value):  # a module-level alias (fast_expf = tl.math.exp): patched in the same scope
+                    interpreter._patch_attr(holder, name, value, interpreter.interpreter_builder, scope)
+            return scope
+
+        return [(interpreter, "_patch_lang", _patch_lang)]
+    raise ValueError(f"unknown probe-gated fix {key!r}; known: {list(GATED_FIXES)}")
+
+
+def _install_gated_locked() -> str:
+    """Each probe-gated fix whose probe finds the defect (caller holds _lock); returns what was done."""
+    global _gated_reason
+    if _gated_originals or _gated_reason is not None:
+        return _gated_reason or ""
+    problem = _gated_problem()
+    if problem is not None:
+        _gated_reason = problem
+        return problem
+    import torch
+    from triton.runtime import interpreter
+
+    from . import conformance
+
+    applied, clean = [], []
+    for key in GATED_FIXES:
+        if key not in _gated_verdicts:  # triton's own methods: the gated patches are not in place yet
+            _gated_verdicts[key] = conformance.run_probe(key, torch.device("cpu"), False).status
+        if _gated_verdicts[key] != conformance.DEFECT:
+            clean.append(f"{key} {_gated_verdicts[key]}")
+            continue
+        for owner, name, new in _gated_patches(interpreter, key):
+            original = vars(owner)[name] if name in vars(owner) else getattr(owner, name)
+            new.__wrapped__ = original
+            _gated_originals[(id(owner), name)] = (owner, name, original)
+            setattr(owner, name, new)
+        applied.append(key)
+    _gated_reason = (f"probe-gated fixes applied where the doctor's probe found the defect: {', '.join(applied) or 'none'}"
+                     + (f" (not needed: {', '.join(clean)})" if clean else ""))
+    return _gated_reason
+
+
+def _uninstall_gated_locked() -> None:
+    global _gated_reason
+    _gated_reason = None
+    for owner, name, original in reversed(list(_gated_originals.values())):
+        setattr(owner, name, original)
+    _gated_originals.clear()
+
+
+def install_gated() -> str:
+    """The probe-gated fixes alone (idempotent): a peer adapter that needs them calls install()
+    and may check this."""
+    with _lock:
+        if _suspended:
+            return "suspended"
+        return _install_gated_locked()
+
+
+def gated_installed() -> tuple[str, ...]:
+    """The probe-gated fixes in place now."""
+    with _lock:
+        return tuple(k for k in GATED_FIXES if k in _applied_keys())
+
+
+def _applied_keys() -> set[str]:
+    return {k for k, v in _gated_verdicts.items() if v == "DEFECT"} if _gated_originals else set()

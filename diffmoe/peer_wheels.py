@@ -1,10 +1,11 @@
 """The peer wheel cache: third-party MoE kernels (peers/) are loaded from their own pinned wheels.
 
 A peer package cannot be a pip extra beside diffmoe's torch/triton pins (vllm 0.33.0 pins
-torch==2.14.0), and no third-party source is copied into this repository. Instead
+torch==2.14.0; lmdeploy 0.18.0 pins torch<=2.12.1 and triton<=3.7.1), and no third-party source is copied into this repository. Instead
 `diffmoe peers fetch NAME` runs
 
-    python -m pip download --no-deps --only-binary :all: --platform PLATFORM NAME==VERSION -d TMP
+    python -m pip download --no-deps --only-binary :all: --platform PLATFORM [--python-version V
+        --implementation cp --abi cpVV] NAME==VERSION -d TMP
 
 checks the wheel's sha256 against the constant pinned here, extracts only the files the
 adapter loads (PeerWheel.files) into the cache directory, writes a small manifest, and deletes
@@ -60,6 +61,9 @@ class PeerWheel:
     files: tuple[str, ...]  # paths inside the wheel kept in the cache; "dir/" keeps every file below dir/
     license: str
     platform: str = "manylinux_2_28_x86_64"  # pip download --platform: the pinned file on any machine
+    # a CPython-specific wheel (cpXY-cpXY): its interpreter version, so that pip picks the pinned file
+    # whatever Python runs the fetch; None for a py3 / abi3 wheel
+    python: str | None = None
 
     @property
     def requirement(self) -> str:
@@ -71,6 +75,7 @@ class PeerWheel:
 
 
 _VLLM_MOE = "vllm/model_executor/layers/fused_moe"
+_LMDEPLOY_KERNELS = "lmdeploy/pytorch/kernels/cuda"
 PEERS: dict[str, PeerWheel] = {
     "vllm": PeerWheel(
         name="vllm",
@@ -88,6 +93,23 @@ PEERS: dict[str, PeerWheel] = {
             f"{_VLLM_MOE}/configs/",  # the tuned tile configs fused_moe.py reads per GPU name (339 JSON files, ~1.1 MB)
         ),
         license="Apache-2.0",
+    ),
+    "lmdeploy": PeerWheel(
+        name="lmdeploy",
+        package="lmdeploy",
+        version="0.18.0",
+        filename="lmdeploy-0.18.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        # measured on the wheel PyPI served on 2026-12-04 (106,690,261 bytes)
+        sha256="e6790a25dcdb0345c160567fdf2ac604fec319389523a8b806834c9d92c8ffe1",
+        files=(
+            f"{_LMDEPLOY_KERNELS}/moe/blocked_fp8.py",  # fused_moe_blocked_fp8: both blocked-FP8 GEMMs, the sequence
+            f"{_LMDEPLOY_KERNELS}/moe/fused_moe.py",  # the route sort kernels, moe_reduce, _make_intermediate
+            f"{_LMDEPLOY_KERNELS}/activation.py",  # silu_and_mul
+            f"{_LMDEPLOY_KERNELS}/blocked_gemm_fp8.py",  # quant_fp8: the 1x128-group activation quant
+            f"{_LMDEPLOY_KERNELS}/utils.py",  # get_device_props (the launch grids read it)
+        ),
+        license="Apache-2.0",
+        python="3.11",
     ),
 }
 
@@ -169,8 +191,11 @@ def sha256_of(path: Path) -> str:
 def _download(wheel: PeerWheel, into: Path) -> Path:
     # the pinned wheel's platform whatever this machine is: only its .py files are kept, and the
     # sha256 pins that one file
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--platform", wheel.platform,
-           wheel.requirement, "-d", str(into), "--quiet"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--platform", wheel.platform]
+    if wheel.python is not None:
+        abi = "cp" + wheel.python.replace(".", "")
+        cmd += ["--python-version", wheel.python, "--implementation", "cp", "--abi", abi]
+    cmd += [wheel.requirement, "-d", str(into), "--quiet"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
@@ -266,7 +291,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe peers") -> i
         print(f"cache: {cache_dir()} (${CACHE_ENV} overrides)")
         for wheel in PEERS.values():
             state = "cached" if is_cached(wheel.name) else f"not cached: {fetch_command(wheel.name)}"
-            print(f"{wheel.name:8} {wheel.requirement:16} sha256 {wheel.sha256[:16]}...  {state}")
+            print(f"{wheel.name:8} {wheel.requirement:17} sha256 {wheel.sha256[:16]}...  {state}")
         return 0
     try:
         root = fetch(args.name, args.wheel)

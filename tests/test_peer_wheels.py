@@ -7,6 +7,7 @@ real vLLM wheel is fetched by tests/test_peers_vllm.py.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -49,6 +50,42 @@ def test_the_vllm_pin():
     pin = peer_wheels.PEERS["vllm"]
     assert pin.requirement == "vllm==0.33.0" and len(pin.sha256) == 64 and int(pin.sha256, 16)
     assert all(f.startswith("vllm/model_executor/layers/fused_moe/") and f.endswith((".py", "/")) for f in pin.files)
+
+
+def fetch_with_fake_pip(pin, wheel: Path, monkeypatch) -> list[str]:
+    """Fetch peer 'toy' with `pip download` faked (it leaves `wheel`); returns pip's command line."""
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        (Path(cmd[cmd.index("-d") + 1]) / pin.filename).write_bytes(wheel.read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(peer_wheels.subprocess, "run", fake_run)
+    peer_wheels.fetch("toy")
+    return calls[0]
+
+
+def test_the_lmdeploy_pin():
+    pin = peer_wheels.PEERS["lmdeploy"]
+    assert pin.requirement == "lmdeploy==0.18.0" and len(pin.sha256) == 64 and int(pin.sha256, 16)
+    assert all(f.startswith("lmdeploy/pytorch/kernels/cuda/") and f.endswith(".py") for f in pin.files)
+    # a cp311-cp311 wheel: the pin names its interpreter, and the file name agrees
+    assert pin.python == "3.11" and "-cp311-cp311-" in pin.filename
+
+
+def test_a_cpython_specific_pin_downloads_for_its_interpreter_whatever_runs_pip(fake_peer, monkeypatch):
+    pin, wheel = fake_peer
+    monkeypatch.setitem(peer_wheels.PEERS, "toy", dataclasses.replace(pin, python="3.11"))
+    cmd = fetch_with_fake_pip(pin, wheel, monkeypatch)
+    assert cmd[cmd.index("--python-version") + 1] == "3.11" and cmd[cmd.index("--abi") + 1] == "cp311"
+    assert cmd[cmd.index("--implementation") + 1] == "cp"
+
+
+def test_a_py3_pin_leaves_the_interpreter_to_pip(fake_peer, monkeypatch):
+    pin, wheel = fake_peer
+    cmd = fetch_with_fake_pip(pin, wheel, monkeypatch)
+    assert "--python-version" not in cmd and "--abi" not in cmd
 
 
 def test_cache_dir_default_and_override(monkeypatch, tmp_path):

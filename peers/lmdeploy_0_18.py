@@ -1,0 +1,408 @@
+"""lmdeploy 0.18.0's blocked-FP8 fused MoE (`fused_moe_blocked_fp8`) as a diffmoe implementation: `--impl lmdeploy`.
+
+What runs is lmdeploy's own all-Triton pipeline, from the five files `diffmoe peers fetch
+lmdeploy` cached out of the pinned wheel (diffmoe/peer_wheels.py), executed by path:
+kernels/cuda/moe/blocked_fp8.py (fused_moe_blocked_fp8 and its GEMM kernel), moe/fused_moe.py
+(the route sort kernels, moe_reduce), activation.py (silu_and_mul), blocked_gemm_fp8.py
+(quant_fp8, the 1x128-group activation quant) and utils.py. Their imports beyond those files are
+empty package modules and `lmdeploy.utils.get_logger` (the standard logger); no lmdeploy
+package `__init__` runs. Without a GPU, `get_device_props` (which asks CUDA) answers with
+lmdeploy's own table entry for sm_90 and an H100/H200's 132 SMs: it sizes the persistent
+row loops' grids only, never a value computed.
+
+One call, as lmdeploy's fused-MoE layer makes it: quant_fp8(hidden_states, 128) (quant_input),
+then fused_moe_blocked_fp8: the route sort (three launches: align), the gate/up GEMM into
+intermediate_cache1 (gate_up_gemm), silu_and_mul (activation), quant_fp8 of its output
+(quant_down_input), the down GEMM into intermediate_cache2 (down_gemm), moe_reduce (reduce:
+the router weight is applied here, rounded to bf16, products and sum in bf16).
+
+Launches are reported with vocabulary names, lmdeploy's own buffers as the views, by a proxy
+around each jit kernel of the loaded modules (instrumentation: lmdeploy's launchers run
+unchanged). lmdeploy keeps cache1, the silu output and the down input's codes and scales in
+*sorted-route* order (rows by expert, as its sort left them); the vocabulary's rows are in
+route order (token * K + k). For the recorder's snapshot of those four the adapter permutes the
+rows in place to route order and puts them back, bit for bit, before lmdeploy goes on. Its
+down output (cache2, route order) is the product *before* the router weight, which lmdeploy
+applies in moe_reduce: reported as `down_output`, it differs from the vocabulary's (weighted
+for router_weight='down') by that placement, and the differential oracle says so at
+down_gemm (README, "Testing lmdeploy's kernel").
+
+Workspaces: every buffer lmdeploy uses is a fresh allocation (torch.empty in
+_make_intermediate, quant_fp8, silu_and_mul, moe_reduce); the declared plan says so: no
+placement, 0 bytes of ws1 and ws2. The output is moe_reduce's own tensor, copied into the
+caller's (output='separate').
+
+Supported: quant fp8-block, fused=False (lmdeploy's silu and quant are separate kernels),
+router_weight 'down' (applied in its reduce), output 'separate', silu. Refused through
+`supports` with the field named: everything else. Program order: under the interpreter a
+non-identity schedule permutes each launch's programs (all grid dimensions linearised) at
+the interpreter's grid loop (triton 3.9 only); on a GPU the hardware order runs. No
+`run_stage`: the buffers a stage would be fed live inside lmdeploy's one Python call.
+
+Longer than 400 lines because it holds the loader, the kernel proxies, the launch reporter and
+the run sequence, which all drive the same loaded lmdeploy modules.
+
+Owns the adapter (loading lmdeploy's files, the run sequence, launch reporting, the declared
+plan). Must not copy lmdeploy source or change its numerics: differences are reported, not fixed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import sys
+import threading
+import types
+from pathlib import Path
+
+import torch
+
+from diffmoe import peer_wheels
+from diffmoe.config import QUANT_BLOCK, MoEConfig
+from diffmoe.contract import LaunchInfo, RunResult, Schedule, WorkspacePlan
+from diffmoe.vocabulary import Buffers, Stages, pipeline_stages
+
+PEER = "lmdeploy"
+VERSION = peer_wheels.PEERS[PEER].version
+B = Buffers
+PER_CALL_FIELDS = ("num_tokens", "seed", "skew")
+_K = "lmdeploy.pytorch.kernels.cuda"
+_R = "lmdeploy/pytorch/kernels/cuda"
+# lmdeploy's files, executed in this order (each imports only the ones before it)
+REAL_MODULES = (
+    (f"{_K}.utils", f"{_R}/utils.py"),
+    (f"{_K}.activation", f"{_R}/activation.py"),
+    (f"{_K}.blocked_gemm_fp8", f"{_R}/blocked_gemm_fp8.py"),
+    (f"{_K}.moe.fused_moe", f"{_R}/moe/fused_moe.py"),
+    (f"{_K}.moe.blocked_fp8", f"{_R}/moe/blocked_fp8.py"),
+)
+PACKAGES = ("lmdeploy", "lmdeploy.pytorch", "lmdeploy.pytorch.kernels", _K, f"{_K}.moe")
+# utils.py's WARPS_PER_SM / BLOCKS_PER_SM entries for (9, 0), and the 132 SMs of an H100/H200
+INTERPRETER_DEVICE_PROPS = dict(multi_processor_count=132, compute_capability=(9, 0), warps_per_sm=64, blocks_per_sm=32)
+ALIGN_KERNELS = ("_sorted_idx_phase1_kernel", "_route_prefix_kernel", "_scatter_sorted_idx_kernel",
+                 "_single_cta_route_prepare_kernel", "_scatter_and_fill_block_meta_kernel")
+GEMM_KERNELS = ("fused_moe_blocked_fp8_kernel", "fused_moe_blocked_fp8_compact_kernel")
+SUPPORTED_TRITON_FOR_ORDER = (3, 9)
+# The sort's per-expert counts, ranks and start/end offsets (Counts, LocalPos, ExpStart, ExpEnd)
+# have no vocabulary name (the contract oracle's private buffers are vLLM-style aligned-layout
+# names): they are not reported, and the store-extent oracle says so for the two launches that
+# write only them (README, "Testing lmdeploy's kernel"). The sorted route ids are sorted_token_ids.
+
+
+def _interpreting() -> bool:
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+def _install_interpreter_fixes() -> None:
+    """Under the interpreter: the exact casts and dots, and the probe-gated fixes lmdeploy's
+    kernels need (bf16 arithmetic and sums, scalar masks, `fast_expf = tl.math.exp`)."""
+    if not _interpreting():
+        return
+    from diffmoe import interpreter_fixes, interpreter_speed
+
+    interpreter_speed.install()
+    interpreter_fixes.install()
+
+
+class LmdeployFiles:
+    """lmdeploy's five files loaded once per (cache root, device kind)."""
+
+    _cache: dict[tuple[str, str], LmdeployFiles] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, root: Path, device: torch.device):
+        self.modules: dict[str, types.ModuleType] = {}
+        for name in PACKAGES:
+            module = types.ModuleType(name)
+            module.__path__ = []
+            self.modules[name] = module
+        utils = types.ModuleType("lmdeploy.utils")
+        utils.get_logger = logging.getLogger
+        self.modules["lmdeploy.utils"] = utils
+        with self.installed():
+            for name, rel in REAL_MODULES:
+                spec = importlib.util.spec_from_file_location(name, root / rel)
+                module = importlib.util.module_from_spec(spec)
+                self.modules[name] = module
+                sys.modules[name] = module
+                spec.loader.exec_module(module)
+                if name.endswith(".utils") and device.type != "cuda":
+                    module.get_device_props = lambda device=None: dict(INTERPRETER_DEVICE_PROPS)
+        self.blocked_fp8 = self.modules[f"{_K}.moe.blocked_fp8"]
+        self.quant_fp8 = self.modules[f"{_K}.blocked_gemm_fp8"].quant_fp8
+        # instrumentation, not a change: each launcher reaches its kernel through a module
+        # global; the proxy reports the launch and runs lmdeploy's kernel unchanged
+        for module in self.modules.values():
+            for attr, value in list(vars(module).items()):
+                if attr in (*ALIGN_KERNELS, *GEMM_KERNELS, "_silu_and_mul_kernel", "_quant_fp8_kernel",
+                            "_moe_reduce_kernel", "fused_moe_kernel", "fused_moe_compact_kernel"):
+                    setattr(module, attr, ReportingKernel(attr, value))
+
+    @classmethod
+    def get(cls, device: torch.device) -> LmdeployFiles:
+        root = peer_wheels.peer_root(PEER)  # one line naming `diffmoe peers fetch lmdeploy` when missing
+        key = (str(root), device.type)
+        with cls._lock:
+            if key not in cls._cache:
+                _install_interpreter_fixes()
+                cls._cache[key] = cls(root, device)
+            return cls._cache[key]
+
+    @contextlib.contextmanager
+    def installed(self):
+        saved = {name: sys.modules.get(name) for name in self.modules}
+        sys.modules.update(self.modules)
+        try:
+            yield self
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+
+
+_ACTIVE: threading.local = threading.local()
+
+
+class ReportingKernel:
+    """Stands where lmdeploy's module holds a jit kernel: `kernel[grid](...)` is reported to the
+    active run's reporter (if any) and runs the kernel unchanged."""
+
+    def __init__(self, name: str, jit):
+        self.name, self.jit = name, jit
+        self.arg_names = list(jit.arg_names)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            run = lambda: self.jit[grid](*args, **kwargs)  # noqa: E731
+            reporter = getattr(_ACTIVE, "reporter", None)
+            if reporter is None:
+                return run()
+            bound = dict(zip(self.arg_names, args), **kwargs)
+            return reporter.launch(self.name, grid, bound, run)
+
+        return launch
+
+
+def _route_order(sorted_rows: torch.Tensor, sorted_idx: torch.Tensor) -> torch.Tensor:
+    """lmdeploy's sorted-route rows gathered into route order (row r = route r)."""
+    out = torch.empty_like(sorted_rows)
+    out[sorted_idx.long()] = sorted_rows
+    return out
+
+
+class RunReporter:
+    """One run's launch reporting: vocabulary names and stages from the kernel and its turn."""
+
+    def __init__(self, impl: LmdeployBlockedFP8MoE, problem, recorder, schedule: Schedule):
+        self.impl, self.problem, self.recorder, self.schedule = impl, problem, recorder, schedule
+        self.quants = self.gemms = self.launches = 0
+        self.sorted_idx: torch.Tensor | None = None
+
+    def launch(self, kernel: str, grid, args: dict, run):
+        p, cfg = self.problem, self.impl.config
+        tk, i = p.num_tokens * cfg.topk, cfg.inter
+        sorted_rows: set[str] = set()  # reported buffers lmdeploy keeps in sorted-route order
+        reads: dict[str, torch.Tensor] = {}
+        writes: dict[str, torch.Tensor] = {}
+        if kernel in ALIGN_KERNELS:
+            stage, reads = Stages.ALIGN, {B.TOPK_IDS: p.topk_ids}
+            if "SortedIdx" in args:
+                self.sorted_idx = args["SortedIdx"]
+                writes = {B.SORTED_TOKEN_IDS: args["SortedIdx"]}
+        elif kernel == "_quant_fp8_kernel":
+            self.quants += 1
+            if self.quants == 1:
+                stage, reads = Stages.QUANT_INPUT, {B.HIDDEN_STATES: p.hidden_states}
+                writes = {B.QUANTED_GATE_UP_INPUT: args["out_ptr"], B.QUANTED_GATE_UP_INPUT_SCALES: args["scale_ptr"]}
+            else:
+                stage = Stages.QUANT_DOWN_INPUT
+                reads = {B.ACTIVATION_OUTPUT: args["a_ptr"]}
+                writes = {B.QUANTED_DOWN_INPUT: args["out_ptr"], B.QUANTED_DOWN_INPUT_SCALES: args["scale_ptr"]}
+                sorted_rows = set(writes)
+        elif kernel in GEMM_KERNELS:
+            self.gemms += 1
+            if self.gemms == 1:
+                stage = Stages.GATE_UP_GEMM
+                reads = {B.QUANTED_GATE_UP_INPUT: args["A"], B.QUANTED_GATE_UP_INPUT_SCALES: args["A_scale"],
+                         B.W1: args["B"], B.W1_SCALE: args["B_scale"]}
+                writes, sorted_rows = {B.GATE_UP_OUTPUT: args["C"].view(tk, 2 * i)}, {B.GATE_UP_OUTPUT}
+            else:
+                stage = Stages.DOWN_GEMM
+                reads = {B.QUANTED_DOWN_INPUT: args["A"], B.QUANTED_DOWN_INPUT_SCALES: args["A_scale"],
+                         B.W2: args["B"], B.W2_SCALE: args["B_scale"]}
+                writes = {B.DOWN_OUTPUT: args["C"].view(tk, cfg.hidden)}  # route order, before the router weight
+            reads[B.SORTED_TOKEN_IDS] = args["SortedIdx"]
+        elif kernel == "_silu_and_mul_kernel":
+            stage = Stages.ACTIVATION
+            reads, writes = {B.GATE_UP_OUTPUT: args["gateup_ptr"]}, {B.ACTIVATION_OUTPUT: args["out_ptr"]}
+            sorted_rows = {B.ACTIVATION_OUTPUT}
+        elif kernel == "_moe_reduce_kernel":
+            stage = Stages.REDUCE
+            reads = {B.DOWN_OUTPUT: args["hidden_states_ptr"].view(tk, cfg.hidden), B.TOPK_WEIGHTS: args["weights_ptr"]}
+            writes = {B.OUTPUT: args["out_ptr"]}
+        else:
+            raise NotImplementedError(f"lmdeploy launched {kernel}, which the adapter does not map to a diffmoe stage")
+        grid = tuple(grid) if not callable(grid) else tuple(grid(args))
+        info = LaunchInfo(stage=stage, kernel=kernel, grid=grid, reads=reads, writes=writes)
+        if self.recorder is not None:
+            self.recorder.before_launch(info)
+        index = self.launches
+        self.launches += 1
+        result = self._in_order(grid, index, run)
+        if self.recorder is not None:
+            # the recorder snapshots route order: lmdeploy's sorted rows are permuted in place for
+            # it and put back, bit for bit, before lmdeploy goes on
+            saved = {n: writes[n].clone() for n in sorted_rows}
+            for n in sorted_rows:
+                writes[n].copy_(_route_order(saved[n], self.sorted_idx))
+            self.recorder.after_launch(info)
+            for n in sorted_rows:
+                writes[n].copy_(saved[n])
+        return result
+
+    def _in_order(self, grid: tuple[int, ...], index: int, run):
+        """Run a launch with its programs in the schedule's order (interpreter only): the grid
+        loop asks for programs in row-major order; the linear program order[n] runs instead."""
+        if self.schedule.is_identity or not _interpreting():
+            return run()
+        from triton.runtime import interpreter
+
+        from diffmoe.triton_pin import triton_release
+
+        version, major_minor, _ = triton_release()
+        if major_minor != SUPPORTED_TRITON_FOR_ORDER:
+            raise RuntimeError("program-order control is written for triton 3.9's interpreter grid loop "
+                               f"(GridExecutor.__call__), this is triton {version}; run with the identity schedule")
+        dims = (tuple(grid) + (1, 1, 1))[:3]
+        programs = dims[0] * dims[1] * dims[2]
+        order = self.schedule.order(programs, index)
+        builder = interpreter.interpreter_builder
+        had = "set_grid_idx" in vars(builder)
+        previous = vars(builder).get("set_grid_idx")
+        original = builder.set_grid_idx
+
+        def remapped(x, y, z):
+            n = order[(x * dims[1] + y) * dims[2] + z]
+            original(n // (dims[1] * dims[2]), (n // dims[2]) % dims[1], n % dims[2])
+
+        builder.set_grid_idx = remapped
+        try:
+            return run()
+        finally:
+            if had:
+                builder.set_grid_idx = previous
+            else:
+                del builder.set_grid_idx
+
+
+def check_supported(config: MoEConfig) -> None:
+    """ValueError naming the field for what the adapter does not run."""
+    name = "peers.lmdeploy_0_18"
+    if config.quant != "fp8-block":
+        raise ValueError(f"quant must be 'fp8-block' for {name} (lmdeploy's fused_moe_blocked_fp8), got {config.quant!r}")
+    if config.fused:
+        raise ValueError(f"fused must be false for {name}: lmdeploy 0.18 runs silu_and_mul and quant_fp8 as two kernels")
+    if config.router_weight != "down":
+        raise ValueError(f"router_weight must be 'down' for {name}: lmdeploy applies the router weight in moe_reduce, "
+                         f"after the down GEMM, got {config.router_weight!r}")
+    if config.output != "separate":
+        raise ValueError(f"output must be 'separate' for {name}: lmdeploy's moe_reduce returns a fresh tensor, never a "
+                         f"workspace, got {config.output!r}")
+    if config.expert_map is not None:
+        raise ValueError(f"expert_map must be None for {name}: lmdeploy's expert_offset path is not wired into the adapter")
+    if config.activation != "silu":
+        raise ValueError(f"activation must be 'silu' for {name}, got {config.activation!r}")
+
+
+def plan_workspaces(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
+    """lmdeploy's layout: nothing carved, every buffer a fresh allocation."""
+    check_supported(config)
+    return WorkspacePlan(planner=f"lmdeploy-{VERSION} (fresh allocations only)", buffer_list=(), placements=(),
+                         stages=tuple(pipeline_stages(config)), workspace_bytes=(0, 0))
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+class LmdeployBlockedFP8MoE:
+    """lmdeploy 0.18.0's fused_moe_blocked_fp8 behind diffmoe's plug-in contract (diffmoe.contract)."""
+
+    name = f"lmdeploy-{VERSION}"
+
+    def __init__(self, config: MoEConfig, device=None):
+        config.validate()
+        check_supported(config)
+        self.config = config
+        self.device = torch.device(device) if device is not None else _default_device()
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.max_tokens = config.num_tokens
+        self.files = LmdeployFiles.get(self.device)
+
+    def workspace_plan(self, num_tokens: int) -> WorkspacePlan:
+        return plan_workspaces(self.config, num_tokens)
+
+    def workspace_shapes(self, max_tokens: int | None = None) -> tuple[int, int]:
+        return (0, 0)
+
+    def run(self, problem, workspaces, *, output=None, schedule: Schedule = Schedule(), recorder=None) -> RunResult:
+        self._check_problem(problem)
+        if not isinstance(workspaces, (tuple, list)) or len(workspaces) != 2:
+            raise TypeError("workspaces must be a pair (ws1, ws2) of uint8 tensors")
+        cfg, t = self.config, problem.num_tokens
+        out = output if output is not None else torch.empty(t, cfg.hidden, dtype=torch.bfloat16, device=self.device)
+        if out.shape != (t, cfg.hidden) or out.dtype != torch.bfloat16 or out.device != self.device:
+            raise ValueError(f"output must be a [{t}, {cfg.hidden}] bf16 tensor on {self.device}")
+        if t == 0:
+            return RunResult(output=out)  # nothing routed: no launch
+        reporter = RunReporter(self, problem, recorder, schedule)
+        _ACTIVE.reporter = reporter
+        try:
+            with self.files.installed():
+                if _interpreting():
+                    _install_interpreter_fixes()
+                codes, scales = self.files.quant_fp8(problem.hidden_states, QUANT_BLOCK, dtype=torch.float8_e4m3fn)
+                result = self.files.blocked_fp8.fused_moe_blocked_fp8(
+                    codes, scales, problem.w1, problem.w1_scale, problem.w2, problem.w2_scale,
+                    problem.topk_weights, problem.topk_ids, cfg.topk, out_dtype=torch.bfloat16,
+                    num_experts=cfg.num_experts)
+        finally:
+            _ACTIVE.reporter = None
+        if reporter.gemms != 2 or reporter.quants != 2:
+            raise RuntimeError(f"lmdeploy's call made {reporter.gemms} GEMM and {reporter.quants} quant launches, "
+                               "the adapter expects 2 of each")
+        out.copy_(result)
+        return RunResult(output=out)
+
+    def _check_problem(self, problem) -> None:
+        base = {f: v for f, v in problem.config.to_dict().items() if f not in PER_CALL_FIELDS}
+        mine = {f: v for f, v in self.config.to_dict().items() if f not in PER_CALL_FIELDS}
+        if base != mine:
+            raise ValueError(f"problem config differs from the implementation's in {sorted(f for f in base if base[f] != mine[f])}")
+        if problem.num_tokens > self.max_tokens:
+            raise ValueError(f"num_tokens must be in [0, {self.max_tokens}], got {problem.num_tokens}")
+        if problem.device != self.device:
+            raise ValueError(f"problem is on {problem.device}, the implementation runs on {self.device}")
+
+
+def make(config: MoEConfig, device=None) -> LmdeployBlockedFP8MoE:
+    """The factory: `--impl peers.lmdeploy_0_18:make` (alias `--impl lmdeploy`)."""
+    return LmdeployBlockedFP8MoE(config, device)
+
+
+def _supports(config: MoEConfig) -> str | None:
+    try:
+        check_supported(config)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+make.plan_workspaces = plan_workspaces
+make.supports = _supports  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses

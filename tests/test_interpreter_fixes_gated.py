@@ -1,0 +1,105 @@
+"""The probe-gated interpreter fixes (diffmoe/interpreter_fixes.py, GATED_FIXES): each doctor
+probe finds its defect on triton 3.9's own interpreter and nothing with the fix in place; a fix
+is applied only where its probe found the defect, and only on the Triton it was written for.
+
+What these defects break is a third-party kernel: lmdeploy 0.18's blocked-FP8 MoE
+(tests/test_peers_lmdeploy.py runs it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from diffmoe import conformance
+from diffmoe import interpreter_fixes as fixes
+from diffmoe.conformance import DEFECT, OK
+
+pytestmark = pytest.mark.skipif(not conformance.interpreter_enabled(),
+                                reason="fixes the Triton interpreter (TRITON_INTERPRET=1)")
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fixes_installed_after():
+    fixes.install()
+    yield
+    fixes.install()
+
+
+@pytest.mark.parametrize("key", fixes.GATED_FIXES)
+def test_each_probe_finds_its_defect_without_the_fix_and_none_with_it(key):
+    with fixes.suspended(gated=True):
+        assert key not in fixes.gated_installed()
+        without = conformance.run_probe(key, CPU, True)
+    assert without.status == DEFECT and without.mismatches > 0, without
+    assert key in fixes.gated_installed()
+    with_fix = conformance.run_probe(key, CPU, True)
+    assert with_fix.status == OK and with_fix.mismatches == 0, with_fix
+
+
+def test_suspended_keeps_the_gated_fixes_and_gated_suspends_them_too():
+    with fixes.suspended():
+        assert not fixes.installed() and fixes.gated_installed() == fixes.GATED_FIXES
+    with fixes.suspended(gated=True):
+        assert not fixes.installed() and fixes.gated_installed() == ()
+    assert fixes.installed() and fixes.gated_installed() == fixes.GATED_FIXES
+
+
+def test_a_fix_whose_probe_finds_nothing_is_not_applied(monkeypatch):
+    fixes.uninstall()
+    monkeypatch.setitem(fixes._gated_verdicts, "builtin_alias", OK)  # as a Triton that resolves aliases would probe
+    status = fixes.install()
+    assert "builtin_alias" not in fixes.gated_installed() and "not needed: builtin_alias ok" in status.reason
+    assert set(fixes.gated_installed()) == set(fixes.GATED_FIXES) - {"builtin_alias"}
+    monkeypatch.undo()
+    fixes.uninstall()
+
+
+def test_another_triton_version_gets_no_gated_fix(monkeypatch):
+    from triton.runtime import interpreter
+
+    fixes.uninstall()
+    before = interpreter.InterpreterBuilder.__dict__["binary_op"], interpreter._patch_lang
+    monkeypatch.setattr(triton, "__version__", "3.10.0")
+    assert not fixes.install().installed
+    with fixes._lock:
+        reason = fixes._install_gated_locked()
+    assert "3.10.0" in reason and "nothing patched" in reason and fixes.gated_installed() == ()
+    assert (interpreter.InterpreterBuilder.__dict__["binary_op"], interpreter._patch_lang) == before
+    monkeypatch.undo()
+    fixes.uninstall()
+
+
+@triton.jit
+def _sum_rows_kernel(x_ptr, y_ptr, COLS: tl.constexpr):
+    r = tl.arange(0, COLS)
+    tl.store(y_ptr + tl.program_id(0), tl.sum(tl.load(x_ptr + tl.program_id(0) * COLS + r), axis=0))
+
+
+def test_a_bf16_sum_rounds_every_add_left_to_right():
+    """1 + 2^-8 is a tie (kept at 1), so two such adds leave 1; one float32 sum would give 1 + 2^-7."""
+    x = torch.tensor([[1.0, 2.0**-8, 2.0**-8, 0.0], [3.0, -1.0, 0.5, 0.25]]).bfloat16()
+    y = torch.empty(2, dtype=torch.bfloat16)
+    _sum_rows_kernel[(2,)](x, y, COLS=4)
+    want = []
+    for row in x:
+        acc = row[0]
+        for v in row[1:]:
+            acc = (acc.float() + v.float()).bfloat16()
+        want.append(acc)
+    assert torch.equal(y, torch.stack(want)) and y[0].item() == 1.0 != (x[0].float().sum()).bfloat16().item()
+
+
+def test_the_doctor_shows_the_gated_defects_unguarded_when_they_are_suspended(capsys):
+    with fixes.suspended(gated=True):
+        assert conformance.doctor_main(True) == 1
+    rows = {p["primitive"]: p for p in json.loads(capsys.readouterr().out)["primitives"]}
+    for key in fixes.GATED_FIXES:
+        assert rows[key]["status"] == DEFECT and not rows[key]["trusted"], rows[key]
+        assert rows[key]["workaround"].startswith("NONE: "), rows[key]

@@ -1,0 +1,142 @@
+"""lmdeploy 0.18.0's blocked-FP8 fused MoE under diffmoe's oracles, from its pinned wheel
+(peers/lmdeploy_0_18.py). The wheel is fetched once (network, about 107 MB; the cache it
+leaves, 93 KB, is reused: diffmoe/peer_wheels.py); without network and cache the module skips
+naming the fetch command.
+
+What is asserted is what diffmoe measures of lmdeploy's kernels on this machine (README,
+"Testing lmdeploy's kernel"): which oracles stay quiet, and which report a real difference of
+lmdeploy's numerics or a limit of the adapter, each for its stated reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffmoe import interpreter_fixes, peer_wheels
+from diffmoe.config import QUANT_BLOCK, MoEConfig
+from diffmoe.contract import IMPLEMENTATION_ALIASES, Schedule, unsupported
+from diffmoe.problem import make_problem
+from diffmoe.recording import LaunchLog
+from diffmoe.runner import run_differential
+from diffmoe.vocabulary import Buffers as B
+from diffmoe.vocabulary import Stages
+
+NO_WORKSPACES = (torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lmdeploy_files():
+    """The pinned wheel's files in the peer cache: downloaded and verified on first use only."""
+    try:
+        return peer_wheels.fetch("lmdeploy")
+    except peer_wheels.PeerError as exc:
+        pytest.skip(f"lmdeploy 0.18.0 is not in the peer cache and cannot be fetched ({exc}); run "
+                    f"`{peer_wheels.fetch_command('lmdeploy')}`")
+
+
+def factory():
+    from peers.lmdeploy_0_18 import make
+
+    return make
+
+
+def config(**kw) -> MoEConfig:
+    base = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128, quant="fp8-block", fused=False)
+    return MoEConfig(**{**base, **kw})
+
+
+def run(c: MoEConfig, recorder=None, schedule=Schedule()):
+    p = make_problem(c)
+    return p, factory()(c).run(p, NO_WORKSPACES, recorder=recorder, schedule=schedule).output
+
+
+def test_the_alias_names_the_adapter():
+    assert IMPLEMENTATION_ALIASES["lmdeploy"] == "peers.lmdeploy_0_18:make"
+
+
+@pytest.mark.parametrize("field, kw", [
+    ("quant", dict(quant="fp8-token")), ("fused", dict(fused=True)), ("router_weight", dict(router_weight="input", topk=1)),
+    ("output", dict(output="workspace")),
+])
+def test_supports_refuses_what_lmdeploy_does_not_run_naming_the_field(field, kw):
+    c = config(**kw)
+    reason = unsupported(factory(), c)
+    assert reason is not None and reason.startswith(f"{field} must"), reason
+    with pytest.raises(ValueError, match=rf"^{field} must"):
+        factory()(c)
+    assert unsupported(factory(), config()) is None
+
+
+def test_the_declared_plan_is_fresh_allocations_only():
+    plan = factory().plan_workspaces(config(), 8)
+    assert plan.placements == () and plan.workspace_bytes == (0, 0) and "fresh allocations" in plan.planner
+
+
+def test_every_launch_is_reported_with_its_stage_in_pipeline_order():
+    log = LaunchLog()
+    run(config(), log)
+    stages = [launch.stage for launch in log.launches]
+    assert stages == [Stages.QUANT_INPUT, *[Stages.ALIGN] * 3, Stages.GATE_UP_GEMM, Stages.ACTIVATION,
+                      Stages.QUANT_DOWN_INPUT, Stages.DOWN_GEMM, Stages.REDUCE], stages
+
+
+def test_reporting_leaves_lmdeploy_s_results_bit_for_bit_unchanged():
+    """The sorted-order buffers are permuted to route order for the snapshots and put back."""
+    _, quiet = run(config())
+    _, recorded = run(config(), LaunchLog(snapshot=True))
+    assert torch.equal(quiet.view(torch.int16), recorded.view(torch.int16))
+
+
+def test_the_snapshots_are_in_route_order():
+    """Row r of the reported gate/up output is route r's product: token r // K's codes times expert topk_ids[r]'s weights."""
+    log = LaunchLog(snapshot=True)
+    p, _ = run(config(), log)
+    codes = log.snapshots[B.QUANTED_GATE_UP_INPUT].float() * log.snapshots[B.QUANTED_GATE_UP_INPUT_SCALES].repeat_interleave(QUANT_BLOCK, 1)
+    w1 = p.w1.float() * p.w1_scale.repeat_interleave(QUANT_BLOCK, 1).repeat_interleave(QUANT_BLOCK, 2)
+    experts = p.topk_ids.reshape(-1).long()
+    want = torch.einsum("rh,rnh->rn", codes.repeat_interleave(2, 0), w1[experts])
+    got = log.snapshots[B.GATE_UP_OUTPUT].float()
+    assert torch.allclose(got, want, rtol=2**-7, atol=1e-3)
+
+
+def test_a_check_reports_exactly_the_known_differences():
+    """Quiet: races, schedule (4 orders), both aliasing oracles, poison, red zone, call sequence.
+    Reported: the sort's private tables (no vocabulary name: store-extent at align) and the
+    first numeric difference, at quant_input: lmdeploy's scale is amax * float32(1/448)."""
+    report = run_differential(config(), factory())
+    by_oracle = {}
+    for f in report.findings:
+        by_oracle.setdefault(f.oracle, []).append(f)
+    assert set(by_oracle) == {"store-extent", "differential"}, report.render()
+    assert sorted(f.figures["kernel"] for f in by_oracle["store-extent"]) == ["_route_prefix_kernel",
+                                                                             "_sorted_idx_phase1_kernel"]
+    (diff,) = by_oracle["differential"]
+    assert diff.stage == Stages.QUANT_INPUT and diff.buffers == [B.QUANTED_GATE_UP_INPUT_SCALES], diff
+    assert diff.figures["max_ulp"] == 1
+
+
+def test_lmdeploy_s_input_scale_is_amax_times_the_float32_reciprocal():
+    log = LaunchLog(snapshot=True)
+    p, _ = run(config(), log)
+    groups = p.hidden_states.float().reshape(8, -1, QUANT_BLOCK)
+    amax = groups.abs().amax(-1).clamp_min(1e-6)
+    reciprocal = torch.tensor(1 / 448, dtype=torch.float32)
+    got = log.snapshots[B.QUANTED_GATE_UP_INPUT_SCALES]
+    assert torch.equal(got, amax * reciprocal)
+    assert not torch.equal(got, amax / 448)  # the reference's correctly rounded division: 1 ulp apart here
+
+
+def test_without_the_gated_interpreter_fixes_lmdeploy_cannot_run():
+    if not interpreter_fixes.gated_installed():
+        pytest.skip("runs on a GPU or a Triton the gated fixes are not for")
+    with interpreter_fixes.suspended(gated=True):
+        with pytest.raises(Exception, match="mask has unsupported dtype|_semantic"):
+            run(config())
+
+
+def test_without_the_cache_a_run_fails_with_one_line_naming_the_fetch(monkeypatch, tmp_path):
+    monkeypatch.setenv(peer_wheels.CACHE_ENV, str(tmp_path / "empty"))
+    with pytest.raises(peer_wheels.PeerError) as exc:
+        factory()(config())
+    assert "\n" not in str(exc.value) and "`diffmoe peers fetch lmdeploy`" in str(exc.value)
