@@ -63,6 +63,8 @@ from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.contract import LaunchInfo, RunResult, Schedule, WorkspacePlan
 from diffmoe.vocabulary import Buffers, Stages, pipeline_stages
 
+from . import modules_installed
+
 PEER = "lmdeploy"
 VERSION = peer_wheels.PEERS[PEER].version
 B = Buffers
@@ -153,16 +155,9 @@ class LmdeployFiles:
 
     @contextlib.contextmanager
     def installed(self):
-        saved = {name: sys.modules.get(name) for name in self.modules}
-        sys.modules.update(self.modules)
-        try:
+        """The peer's module names resolve to these modules (its files import some at call time)."""
+        with modules_installed(self.modules):
             yield self
-        finally:
-            for name, module in saved.items():
-                if module is None:
-                    sys.modules.pop(name, None)
-                else:
-                    sys.modules[name] = module
 
 
 _ACTIVE: threading.local = threading.local()

@@ -66,7 +66,7 @@ from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan
 from diffmoe.vocabulary import Buffers, Stages, buffer_spec, pipeline_stages
 
-from . import vllm_ops, vllm_standins
+from . import modules_installed, vllm_ops, vllm_standins
 
 PEER = "vllm"
 VERSION = peer_wheels.PEERS[PEER].version
@@ -131,17 +131,9 @@ class VllmFiles:
 
     @contextlib.contextmanager
     def installed(self):
-        """vLLM's module names resolve to these modules (vLLM imports some at call time)."""
-        saved = {name: sys.modules.get(name) for name in self.modules}
-        sys.modules.update(self.modules)
-        try:
+        """The peer's module names resolve to these modules (its files import some at call time)."""
+        with modules_installed(self.modules):
             yield self
-        finally:
-            for name, module in saved.items():
-                if module is None:
-                    sys.modules.pop(name, None)
-                else:
-                    sys.modules[name] = module
 
     def _reporting_gemm(self, *args, **kwargs):
         reporter = vllm_ops.ACTIVE_REPORTER.get()
