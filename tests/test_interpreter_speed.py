@@ -59,3 +59,24 @@ def test_helpers_skip_the_walk_and_the_bits_do_not_change(patch_walks):
 
 def test_install_is_idempotent():
     assert interpreter_speed.install() == "installed" and interpreter_speed.install() == "installed"
+
+
+def test_the_overflow_sanitizer_is_skipped_only_while_its_assertions_are_off():
+    """With debug off the sanitizer's device_assert checks nothing; install turns it off then,
+    uninstall puts it back, and the bits are those of the sanitizing interpreter (first test)."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    assert not builder.options.debug and not builder.options.sanitize_overflow
+    interpreter_speed.uninstall()
+    try:
+        assert builder.options.sanitize_overflow, "uninstall puts triton's option back"
+        debug_options = builder.options.__class__(debug=True)
+        builder.options = debug_options
+        interpreter_speed.install()
+        assert builder.options is debug_options and builder.options.sanitize_overflow, "debug keeps its checks"
+        interpreter_speed.uninstall()
+        builder.options = builder.options.__class__()
+    finally:
+        assert interpreter_speed.install() == "installed"
+    assert not builder.options.sanitize_overflow
