@@ -35,8 +35,9 @@ caller's (output='separate').
 Supported: quant fp8-block, fused=False (lmdeploy's silu and quant are separate kernels),
 router_weight 'down' (applied in its reduce), output 'separate', silu. Refused through
 `supports` with the field named: everything else. Program order: under the interpreter a
-non-identity schedule permutes each launch's programs (all grid dimensions linearised) at
-the interpreter's grid loop (triton 3.9 only); on a GPU the hardware order runs. No
+non-identity schedule permutes each launch's programs at the interpreter's grid loop
+(diffmoe.grid_order, triton 3.9 only; `run` applies it, so it sets `orders_programs`); on a GPU
+the hardware order runs. No
 `run_stage`: the buffers a stage would be fed live inside lmdeploy's one Python call.
 
 Longer than 400 lines because it holds the loader, the kernel proxies, the launch reporter and
@@ -48,7 +49,6 @@ plan). Must not copy lmdeploy source or change its numerics: differences are rep
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import sys
@@ -58,17 +58,17 @@ from pathlib import Path
 
 import torch
 
-from diffmoe import peer_wheels
+from diffmoe import grid_order, peer_wheels
 from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.contract import LaunchInfo, RunResult, Schedule, WorkspacePlan
+from diffmoe.execution import default_device
 from diffmoe.vocabulary import Buffers, Stages, pipeline_stages
 
-from . import modules_installed
+from . import PeerFiles, check_problem, install_interpreter_fixes, supports_from
 
 PEER = "lmdeploy"
 VERSION = peer_wheels.PEERS[PEER].version
 B = Buffers
-PER_CALL_FIELDS = ("num_tokens", "seed", "skew")
 _K = "lmdeploy.pytorch.kernels.cuda"
 _R = "lmdeploy/pytorch/kernels/cuda"
 # lmdeploy's files, executed in this order (each imports only the ones before it)
@@ -85,35 +85,20 @@ INTERPRETER_DEVICE_PROPS = dict(multi_processor_count=132, compute_capability=(9
 ALIGN_KERNELS = ("_sorted_idx_phase1_kernel", "_route_prefix_kernel", "_scatter_sorted_idx_kernel",
                  "_single_cta_route_prepare_kernel", "_scatter_and_fill_block_meta_kernel")
 GEMM_KERNELS = ("fused_moe_blocked_fp8_kernel", "fused_moe_blocked_fp8_compact_kernel")
-SUPPORTED_TRITON_FOR_ORDER = (3, 9)
 # The sort's per-expert counts, ranks and start/end offsets (Counts, LocalPos, ExpStart, ExpEnd)
 # have no vocabulary name (the contract oracle's private buffers are vLLM-style aligned-layout
 # names): they are not reported, and the store-extent oracle says so for the two launches that
 # write only them (README, "Testing lmdeploy's kernel"). The sorted route ids are sorted_token_ids.
 
 
-def _interpreting() -> bool:
-    from triton import knobs
-
-    return bool(knobs.runtime.interpret)
-
-
-def _install_interpreter_fixes() -> None:
-    """Under the interpreter: the exact casts and dots, and the probe-gated fixes lmdeploy's
-    kernels need (bf16 arithmetic and sums, scalar masks, `fast_expf = tl.math.exp`)."""
-    if not _interpreting():
-        return
-    from diffmoe import interpreter_fixes, interpreter_speed
-
-    interpreter_speed.install()
-    interpreter_fixes.install()
-
-
-class LmdeployFiles:
+class LmdeployFiles(PeerFiles):
     """lmdeploy's five files loaded once per (cache root, device kind)."""
 
-    _cache: dict[tuple[str, str], LmdeployFiles] = {}
-    _lock = threading.Lock()
+    peer = PEER
+
+    @staticmethod
+    def device_key(device) -> str:
+        return device.type
 
     def __init__(self, root: Path, device: torch.device):
         self.modules: dict[str, types.ModuleType] = {}
@@ -142,22 +127,6 @@ class LmdeployFiles:
                 if attr in (*ALIGN_KERNELS, *GEMM_KERNELS, "_silu_and_mul_kernel", "_quant_fp8_kernel",
                             "_moe_reduce_kernel", "fused_moe_kernel", "fused_moe_compact_kernel"):
                     setattr(module, attr, ReportingKernel(attr, value))
-
-    @classmethod
-    def get(cls, device: torch.device) -> LmdeployFiles:
-        root = peer_wheels.peer_root(PEER)  # one line naming `diffmoe peers fetch lmdeploy` when missing
-        key = (str(root), device.type)
-        with cls._lock:
-            if key not in cls._cache:
-                _install_interpreter_fixes()
-                cls._cache[key] = cls(root, device)
-            return cls._cache[key]
-
-    @contextlib.contextmanager
-    def installed(self):
-        """The peer's module names resolve to these modules (its files import some at call time)."""
-        with modules_installed(self.modules):
-            yield self
 
 
 _ACTIVE: threading.local = threading.local()
@@ -193,9 +162,9 @@ def _route_order(sorted_rows: torch.Tensor, sorted_idx: torch.Tensor) -> torch.T
 class RunReporter:
     """One run's launch reporting: vocabulary names and stages from the kernel and its turn."""
 
-    def __init__(self, impl: LmdeployBlockedFP8MoE, problem, recorder, schedule: Schedule):
-        self.impl, self.problem, self.recorder, self.schedule = impl, problem, recorder, schedule
-        self.quants = self.gemms = self.launches = 0
+    def __init__(self, impl: LmdeployBlockedFP8MoE, problem, recorder):
+        self.impl, self.problem, self.recorder = impl, problem, recorder
+        self.quants = self.gemms = 0
         self.sorted_idx: torch.Tensor | None = None
 
     def launch(self, kernel: str, grid, args: dict, run):
@@ -246,9 +215,7 @@ class RunReporter:
         info = LaunchInfo(stage=stage, kernel=kernel, grid=grid, reads=reads, writes=writes)
         if self.recorder is not None:
             self.recorder.before_launch(info)
-        index = self.launches
-        self.launches += 1
-        result = self._in_order(grid, index, run)
+        result = run()
         if self.recorder is not None:
             # the recorder snapshots route order: lmdeploy's sorted rows are permuted in place for
             # it and put back, bit for bit, before lmdeploy goes on
@@ -259,40 +226,6 @@ class RunReporter:
             for n in sorted_rows:
                 writes[n].copy_(saved[n])
         return result
-
-    def _in_order(self, grid: tuple[int, ...], index: int, run):
-        """Run a launch with its programs in the schedule's order (interpreter only): the grid
-        loop asks for programs in row-major order; the linear program order[n] runs instead."""
-        if self.schedule.is_identity or not _interpreting():
-            return run()
-        from triton.runtime import interpreter
-
-        from diffmoe.triton_pin import triton_release
-
-        version, major_minor, _ = triton_release()
-        if major_minor != SUPPORTED_TRITON_FOR_ORDER:
-            raise RuntimeError("program-order control is written for triton 3.9's interpreter grid loop "
-                               f"(GridExecutor.__call__), this is triton {version}; run with the identity schedule")
-        dims = (tuple(grid) + (1, 1, 1))[:3]
-        programs = dims[0] * dims[1] * dims[2]
-        order = self.schedule.order(programs, index)
-        builder = interpreter.interpreter_builder
-        had = "set_grid_idx" in vars(builder)
-        previous = vars(builder).get("set_grid_idx")
-        original = builder.set_grid_idx
-
-        def remapped(x, y, z):
-            n = order[(x * dims[1] + y) * dims[2] + z]
-            original(n // (dims[1] * dims[2]), (n // dims[2]) % dims[1], n % dims[2])
-
-        builder.set_grid_idx = remapped
-        try:
-            return run()
-        finally:
-            if had:
-                builder.set_grid_idx = previous
-            else:
-                del builder.set_grid_idx
 
 
 def check_supported(config: MoEConfig) -> None:
@@ -321,20 +254,17 @@ def plan_workspaces(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
                          stages=tuple(pipeline_stages(config)), workspace_bytes=(0, 0))
 
 
-def _default_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 class LmdeployBlockedFP8MoE:
     """lmdeploy 0.18.0's fused_moe_blocked_fp8 behind diffmoe's plug-in contract (diffmoe.contract)."""
 
     name = f"lmdeploy-{VERSION}"
+    orders_programs = True  # run() applies the schedule through diffmoe.grid_order itself
 
     def __init__(self, config: MoEConfig, device=None):
         config.validate()
         check_supported(config)
         self.config = config
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = torch.device(device) if device is not None else default_device()
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.max_tokens = config.num_tokens
@@ -347,7 +277,7 @@ class LmdeployBlockedFP8MoE:
         return (0, 0)
 
     def run(self, problem, workspaces, *, output=None, schedule: Schedule = Schedule(), recorder=None) -> RunResult:
-        self._check_problem(problem)
+        check_problem(self, problem)
         if not isinstance(workspaces, (tuple, list)) or len(workspaces) != 2:
             raise TypeError("workspaces must be a pair (ws1, ws2) of uint8 tensors")
         cfg, t = self.config, problem.num_tokens
@@ -356,12 +286,11 @@ class LmdeployBlockedFP8MoE:
             raise ValueError(f"output must be a [{t}, {cfg.hidden}] bf16 tensor on {self.device}")
         if t == 0:
             return RunResult(output=out)  # nothing routed: no launch
-        reporter = RunReporter(self, problem, recorder, schedule)
+        reporter = RunReporter(self, problem, recorder)
         _ACTIVE.reporter = reporter
         try:
-            with self.files.installed():
-                if _interpreting():
-                    _install_interpreter_fixes()
+            with self.files.installed(), grid_order.program_order(schedule):
+                install_interpreter_fixes()
                 codes, scales = self.files.quant_fp8(problem.hidden_states, QUANT_BLOCK, dtype=torch.float8_e4m3fn)
                 result = self.files.blocked_fp8.fused_moe_blocked_fp8(
                     codes, scales, problem.w1, problem.w1_scale, problem.w2, problem.w2_scale,
@@ -375,29 +304,11 @@ class LmdeployBlockedFP8MoE:
         out.copy_(result)
         return RunResult(output=out)
 
-    def _check_problem(self, problem) -> None:
-        base = {f: v for f, v in problem.config.to_dict().items() if f not in PER_CALL_FIELDS}
-        mine = {f: v for f, v in self.config.to_dict().items() if f not in PER_CALL_FIELDS}
-        if base != mine:
-            raise ValueError(f"problem config differs from the implementation's in {sorted(f for f in base if base[f] != mine[f])}")
-        if problem.num_tokens > self.max_tokens:
-            raise ValueError(f"num_tokens must be in [0, {self.max_tokens}], got {problem.num_tokens}")
-        if problem.device != self.device:
-            raise ValueError(f"problem is on {problem.device}, the implementation runs on {self.device}")
-
 
 def make(config: MoEConfig, device=None) -> LmdeployBlockedFP8MoE:
     """The factory: `--impl peers.lmdeploy_0_18:make` (alias `--impl lmdeploy`)."""
     return LmdeployBlockedFP8MoE(config, device)
 
 
-def _supports(config: MoEConfig) -> str | None:
-    try:
-        check_supported(config)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 make.plan_workspaces = plan_workspaces
-make.supports = _supports  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses
+make.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses

@@ -50,12 +50,10 @@ Must not copy vLLM source or change vLLM's numerics: differences are reported, n
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import inspect
 import math
 import sys
-import threading
 import types
 from pathlib import Path
 
@@ -64,14 +62,14 @@ import torch
 from diffmoe import grid_order, peer_wheels
 from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan
+from diffmoe.execution import default_device
 from diffmoe.vocabulary import Buffers, Stages, buffer_spec, pipeline_stages
 
-from . import modules_installed, vllm_ops, vllm_standins
+from . import PeerFiles, check_problem, install_interpreter_fixes, interpreting, supports_from, vllm_ops, vllm_standins
 
 PEER = "vllm"
 VERSION = peer_wheels.PEERS[PEER].version
 B = Buffers
-PER_CALL_FIELDS = ("num_tokens", "seed", "skew")
 _MOE = "vllm.model_executor.layers.fused_moe"
 # vLLM's files, executed in this order (each imports only the ones before it and stand-ins)
 REAL_MODULES = (
@@ -84,17 +82,10 @@ REAL_MODULES = (
 VARIANTS = ("vllm", "cache2-in-ws2")  # the second: a planted carve bug (tests), cache2 carved from workspace2
 
 
-def _interpreting() -> bool:
-    from triton import knobs
-
-    return bool(knobs.runtime.interpret)
-
-
-class VllmFiles:
+class VllmFiles(PeerFiles):
     """vLLM's five files loaded once per (cache root, device), with their stand-ins."""
 
-    _cache: dict[tuple[str, str], VllmFiles] = {}
-    _lock = threading.Lock()
+    peer = PEER
 
     def __init__(self, root: Path, device: torch.device):
         self.root = root
@@ -119,22 +110,6 @@ class VllmFiles:
         self.triton_moe.invoke_fused_moe_triton_kernel = self._reporting_gemm
         self._gemm_signature = inspect.signature(self.invoke_gemm)
 
-    @classmethod
-    def get(cls, device: torch.device) -> VllmFiles:
-        root = peer_wheels.peer_root(PEER)  # one line naming `diffmoe peers fetch vllm` when missing
-        key = (str(root), str(device))
-        with cls._lock:
-            if key not in cls._cache:
-                _install_interpreter_fixes()
-                cls._cache[key] = cls(root, device)
-            return cls._cache[key]
-
-    @contextlib.contextmanager
-    def installed(self):
-        """The peer's module names resolve to these modules (its files import some at call time)."""
-        with modules_installed(self.modules):
-            yield self
-
     def _reporting_gemm(self, *args, **kwargs):
         reporter = vllm_ops.ACTIVE_REPORTER.get()
         if reporter is None or not isinstance(reporter, RunReporter):
@@ -144,16 +119,6 @@ class VllmFiles:
 
     def experts(self, config: MoEConfig, quant: vllm_standins.FusedMoEQuantConfig):
         return self.TritonExperts(vllm_standins.FusedMoEConfig(num_experts=config.num_experts), quant)
-
-
-def _install_interpreter_fixes() -> None:
-    """As optimized/launch.py: under the interpreter, diffmoe's exact casts and dots."""
-    if not _interpreting():
-        return
-    from diffmoe import interpreter_fixes, interpreter_speed
-
-    interpreter_speed.install()
-    interpreter_fixes.install()
 
 
 def quant_config(config: MoEConfig, w1_scale=None, w2_scale=None) -> vllm_standins.FusedMoEQuantConfig:
@@ -194,7 +159,7 @@ def plan_workspaces(config: MoEConfig, num_tokens: int, variant: str = "vllm", d
     check_supported(config)
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
-    files = VllmFiles.get(torch.device(device) if device is not None else _default_device())
+    files = VllmFiles.get(torch.device(device) if device is not None else default_device())
     ws13, ws2, out = vllm_shapes(files, config, num_tokens)
     item = torch.bfloat16.itemsize  # workspace_dtype(activation dtype)
     sizes = (item * max(math.prod(ws13), math.prod(out)), item * math.prod(ws2))
@@ -223,10 +188,6 @@ def plan_workspaces(config: MoEConfig, num_tokens: int, variant: str = "vllm", d
         stages=tuple(pipeline_stages(config)),
         workspace_bytes=sizes,
     )
-
-
-def _default_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 class RunReporter(vllm_ops.OpReporter):
@@ -338,7 +299,7 @@ class VllmTritonMoE:
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
         self.config, self.variant = config, variant
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = torch.device(device) if device is not None else default_device()
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.max_tokens = config.num_tokens
@@ -353,7 +314,7 @@ class VllmTritonMoE:
 
     # ---- running -----------------------------------------------------------------------
     def run(self, problem, workspaces, *, output=None, schedule: Schedule = Schedule(), recorder=None) -> RunResult:
-        self._check_problem(problem)
+        check_problem(self, problem)
         plan = self.workspace_plan(problem.num_tokens)
         self._check_workspaces(workspaces, plan, problem.num_tokens)
         out, _ = self._execute(problem, workspaces, output, schedule, recorder)
@@ -364,7 +325,7 @@ class VllmTritonMoE:
         """One stage on given inputs (teacher forcing), through vLLM's own sequence: a whole call
         on fresh workspaces in which each buffer the stage reads is overwritten with the given
         value right after the launch that writes it; returns the stage's writes."""
-        self._check_problem(problem)
+        check_problem(self, problem)
         spec = next((s for s in pipeline_stages(self.config) if s.name == stage), None)
         if spec is None:
             raise ValueError(f"stage must be one of {[s.name for s in pipeline_stages(self.config)]}, got {stage!r}")
@@ -434,22 +395,13 @@ class VllmTritonMoE:
 
     @staticmethod
     def _interpreter_ready() -> None:
-        if _interpreting():
+        if interpreting():
             from diffmoe import interpreter_fixes
 
             if not interpreter_fixes.installed():
-                _install_interpreter_fixes()
+                install_interpreter_fixes()
 
     # ---- checks --------------------------------------------------------------------------
-    def _check_problem(self, problem) -> None:
-        base = {f: v for f, v in problem.config.to_dict().items() if f not in PER_CALL_FIELDS}
-        mine = {f: v for f, v in self.config.to_dict().items() if f not in PER_CALL_FIELDS}
-        if base != mine:
-            raise ValueError(f"problem config differs from the implementation's in {sorted(f for f in base if base[f] != mine[f])}")
-        if problem.num_tokens > self.max_tokens:
-            raise ValueError(f"num_tokens must be in [0, {self.max_tokens}], got {problem.num_tokens}")
-        if problem.device != self.device:
-            raise ValueError(f"problem is on {problem.device}, the implementation runs on {self.device}")
 
     def _check_workspaces(self, workspaces, plan: WorkspacePlan, t: int) -> None:
         if not isinstance(workspaces, (tuple, list)) or len(workspaces) != 2:
@@ -472,13 +424,5 @@ def _plan(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
     return plan_workspaces(config, num_tokens)
 
 
-def _supports(config: MoEConfig) -> str | None:
-    try:
-        check_supported(config)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 make.plan_workspaces = _plan
-make.supports = _supports  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses
+make.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses
