@@ -38,6 +38,11 @@ Triton launch of the call at the interpreter's grid loop (diffmoe.grid_order, tr
 the adapter applies it itself, so it sets `orders_programs`); the torch stand-ins have no
 program order; on a GPU the hardware order runs.
 
+Numerics: the factory declares the reference's `vllm` profile (`make.numerics`), vLLM 0.33.0's
+rounding points (reference/numerics.py, from the same vLLM sources peers/vllm_ops.py follows),
+so a check with numerics=None judges vLLM against what vLLM's own ops compute; a config naming
+numerics="diffmoe" judges it against diffmoe's numerics instead.
+
 Teacher forcing (`run_stage`) runs the same sequence with the stage's inputs written over the
 buffers that hold them right after the launch that produced them.
 
@@ -426,3 +431,4 @@ def _plan(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
 
 make.plan_workspaces = _plan
 make.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses
+make.numerics = "vllm"  # diffmoe.contract.NUMERICS: judged against vLLM's rounding points (reference/numerics.py)

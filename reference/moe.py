@@ -1,6 +1,9 @@
 """The reference MoE: plain PyTorch, a fresh tensor per stage, every intermediate returned.
 
-Slow and obviously right. Numerics are the ones DESIGN.md states as vLLM's:
+Slow and obviously right. The config's numerics profile (config.numerics_profile) picks the
+rounding: "diffmoe" (below) or "vllm", vLLM 0.33.0's own rounding points, which
+reference/numerics.py holds, one function each, and which this module calls at those points.
+diffmoe's numerics are the ones DESIGN.md states as vLLM's:
   * dynamic activation quantisation: per tensor and per token, scale = max(amax / 448,
     1 / (448 * 512)); per 1x128 group, scale = max(amax, 1e-10) / 448; codes = cast(clamp(x /
     scale, -448, 448)) with torch's round-to-nearest-even cast to float8_e4m3fn;
@@ -22,10 +25,12 @@ Inputs outside the generated ranges, decided here because the reference is the s
     one scale covers every token: every output). Other tokens are untouched. bf16: an Inf gives +-Inf products, NaN where
     opposite infinities meet or silu(-Inf) = -Inf * 0, and the output row holds NaN and/or
     Inf. The optimized path must produce the same values; NaN payloads and signs are not
-    part of the contract (the compare treats any NaN as equal to any NaN).
+    part of the contract (the compare treats any NaN as equal to any NaN). Under the vllm
+    profile the FP8 quantisations do what vLLM's do instead (reference/numerics.py): a NaN is
+    dropped from its unit's amax and its own code is +-448, so its token's outputs are finite.
   * A zero-token call (T = 0, `make_problem(config, num_tokens=0)`) returns a [0, H] output
     and empty intermediates; a per-tensor scale of an empty activation is the floor
-    (the amax of nothing is 0).
+    (the amax of nothing is 0; under the vllm profile, which has no floor there, it is 0).
   * Rows routed to experts the expert map sends elsewhere (-1) produce exact zeros; when
     every chosen expert is remote (skew "all-remote"), the whole output is exactly +0.
 
@@ -37,10 +42,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from diffmoe.config import QUANT_BLOCK
+from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.contract import RunResult
 from diffmoe.problem import Problem
 from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages, materialised_buffers, pipeline_stages
+
+from . import numerics as vllm
 
 TOKEN_SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # per-tensor and per-token scale floor (vLLM)
 GROUP_AMAX_FLOOR = 1e-10  # 1x128 group amax floor (vLLM)
@@ -102,6 +109,26 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate_up[:, :i].float()) * gate_up[:, i:].float()).to(torch.bfloat16)
 
 
+# ---- the profile's choice at each rounding point (reference/numerics.py: the vllm profile) --------
+
+
+def _vllm(cfg: MoEConfig) -> bool:
+    return cfg.numerics_profile == vllm.PROFILE
+
+
+def _quantize(x: torch.Tensor, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    return vllm.quantize(x, cfg.quant) if _vllm(cfg) else quantize_activation(x, cfg.quant)
+
+
+def _silu_and_mul(gate_up: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
+    return vllm.silu_and_mul(gate_up) if _vllm(cfg) else silu_and_mul(gate_up)
+
+
+def _weighted_input(x: torch.Tensor, weights: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
+    """The hidden states times the router weight (router_weight='input', K == 1), as bf16."""
+    return vllm.weighted_input(x, weights) if _vllm(cfg) else (x.float() * weights).to(torch.bfloat16)
+
+
 def local_expert_ids(problem: Problem) -> torch.Tensor:
     """[TK] local expert of each routed row (row t*K + k), -1 where the expert is not local."""
     ids = problem.topk_ids.long().flatten()  # [TK] global ids
@@ -122,8 +149,8 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
     if stage == Stages.QUANT_INPUT:
         x = given[b.HIDDEN_STATES]  # [T, H] bf16
         if cfg.router_weight == "input":
-            x = (x.float() * given[b.TOPK_WEIGHTS]).to(torch.bfloat16)  # [T, H] (K == 1)
-        codes, scale = quantize_activation(x, q)  # [T, H] fp8, scales
+            x = _weighted_input(x, given[b.TOPK_WEIGHTS], cfg)  # [T, H] (K == 1)
+        codes, scale = _quantize(x, cfg)  # [T, H] fp8, scales
         return {b.QUANTED_GATE_UP_INPUT: codes, b.QUANTED_GATE_UP_INPUT_SCALES: scale}
     if stage == Stages.GATE_UP_GEMM:
         if cfg.is_fp8:
@@ -131,17 +158,21 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         else:
             x = given[b.HIDDEN_STATES]  # [T, H] bf16
             if cfg.router_weight == "input":
-                x = (x.float() * given[b.TOPK_WEIGHTS]).to(torch.bfloat16)
+                x = _weighted_input(x, given[b.TOPK_WEIGHTS], cfg)
             a1 = x.float()  # [T, H] fp32
         a1 = a1.repeat_interleave(k, dim=0)  # [TK, H]: routed row t*K + k reads token t
         w1 = dequantize_weight(problem.w1, problem.w1_scale, q)  # [L, 2I, H] fp32
         return {b.GATE_UP_OUTPUT: expert_gemm(a1, local_expert_ids(problem), w1).to(torch.bfloat16)}  # [TK, 2I]
     if stage == Stages.ACTIVATION:
-        return {b.ACTIVATION_OUTPUT: silu_and_mul(given[b.GATE_UP_OUTPUT])}  # [TK, I] bf16
+        return {b.ACTIVATION_OUTPUT: _silu_and_mul(given[b.GATE_UP_OUTPUT], cfg)}  # [TK, I] bf16
+    if stage == Stages.ACT_QUANT and q == "fp8-block" and _vllm(cfg):
+        # vLLM's one fused op: the float32 activation, never rounded to bf16, quantised
+        codes, scale = vllm.silu_and_mul_per_block_quant(given[b.GATE_UP_OUTPUT])  # [TK, I] fp8, scales
+        return {b.QUANTED_DOWN_INPUT: codes, b.QUANTED_DOWN_INPUT_SCALES: scale}
     if stage in (Stages.QUANT_DOWN_INPUT, Stages.ACT_QUANT):
-        # fused or not, the activation is a bf16 tensor first: the same codes either way
-        act = given[b.ACTIVATION_OUTPUT] if stage == Stages.QUANT_DOWN_INPUT else silu_and_mul(given[b.GATE_UP_OUTPUT])
-        codes, scale = quantize_activation(act, q)  # [TK, I] fp8, scales
+        # otherwise, fused or not, the activation is a bf16 tensor first: the same codes either way
+        act = given[b.ACTIVATION_OUTPUT] if stage == Stages.QUANT_DOWN_INPUT else _silu_and_mul(given[b.GATE_UP_OUTPUT], cfg)
+        codes, scale = _quantize(act, cfg)  # [TK, I] fp8, scales
         return {b.QUANTED_DOWN_INPUT: codes, b.QUANTED_DOWN_INPUT_SCALES: scale}
     if stage == Stages.DOWN_GEMM:
         if cfg.is_fp8:
@@ -155,6 +186,8 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         return {b.DOWN_OUTPUT: down.to(torch.bfloat16)}  # [TK, H] bf16
     if stage == Stages.REDUCE:
         per_token = given[b.DOWN_OUTPUT].view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous at T = 0
+        if _vllm(cfg) and k in vllm.BF16_SUM_TOPK:
+            return {b.OUTPUT: vllm.moe_sum(per_token)}  # [T, H] bf16
         acc = per_token[:, 0].float()  # [T, H] fp32
         for j in range(1, k):
             acc = acc + per_token[:, j].float()  # summed in k order, as the reduce kernel does
@@ -164,11 +197,13 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
 
 def reference_moe(problem: Problem) -> RunResult:
     """Run the whole pipeline, stage by stage; every stage writes fresh tensors. The reference
-    computes the activation even when the config fuses it away (it is the same bf16 tensor)."""
+    computes the activation even when the config fuses it away; a fused config's down input is
+    the fused stage's (under diffmoe's profile the same bits as quantising the activation)."""
     cfg = problem.config
     stages: dict[str, torch.Tensor] = {}
     for spec in pipeline_stages(cfg.replace(fused=False)):  # the unfused chain holds every buffer
-        stages.update(reference_stage(spec.name, stages, problem))
+        fused_here = cfg.fused and spec.name == Stages.QUANT_DOWN_INPUT
+        stages.update(reference_stage(Stages.ACT_QUANT if fused_here else spec.name, stages, problem))
     # The reference computes everything; it reports what the config's pipeline materialises.
     reported = {name: stages[name] for name in materialised_buffers(cfg)}
     return RunResult(output=stages[Buffers.OUTPUT], intermediates=reported)
