@@ -41,6 +41,8 @@ CONFIGS = [  # (label, config): one per difference of the table, each the smalle
     ("bf16 K=4", MoEConfig(**{**SMALL, "topk": 4}, quant="bf16")),
     ("fp8-token 1 NaN row", MoEConfig(**SMALL, quant="fp8-token", nan_rows=1)),
     ("fp8-block fused 1 NaN row", MoEConfig(**SMALL, quant="fp8-block", fused=True, nan_rows=1)),
+    ("fp8-token 1 Inf row", MoEConfig(**SMALL, quant="fp8-token", inf_rows=1)),
+    ("fp8-block fused 1 zero row", MoEConfig(**SMALL, quant="fp8-block", fused=True, zero_rows=1)),
     ("fp8-token K=1 input weight", MoEConfig(**{**SMALL, "topk": 1}, quant="fp8-token", router_weight="input",
                                              router="softmax-topk")),
 ]

@@ -94,13 +94,33 @@ def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str) -
     return w.float() * scale  # [L, N, Kd] fp32
 
 
-def expert_gemm(a: torch.Tensor, local_ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """out[r] = a[r] @ w[local_ids[r]].T in float32; rows of non-local experts (-1) stay zero."""
+def expert_gemm(a: torch.Tensor, local_ids: torch.Tensor, w: torch.Tensor,
+                scales: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
+    """out[r] = a[r] @ w[local_ids[r]].T in float32; rows of non-local experts (-1) stay zero.
+    With scales (a_scale, w_scale, quant), a and w are FP8 codes, multiplied as vLLM's kernel
+    does (reference/numerics.fp8_gemm: the vllm profile)."""
     out = torch.zeros(a.shape[0], w.shape[1], dtype=torch.float32, device=a.device)  # [R, N]
     for e in range(w.shape[0]):
         rows = (local_ids == e).nonzero().flatten()  # routed rows of expert e
-        out[rows] = a[rows] @ w[e].T  # [rows, N]
+        if scales is None:
+            out[rows] = a[rows] @ w[e].T  # [rows, N]
+        else:
+            a_scale, w_scale, quant = scales
+            row_scale = a_scale if quant == "fp8-tensor" else a_scale[rows]  # one scale, or one per row
+            out[rows] = vllm.fp8_gemm(a[rows], row_scale, w[e], w_scale[e], quant)
     return out
+
+
+def _gemm(codes_or_values: torch.Tensor, a_scale: torch.Tensor | None, local_ids: torch.Tensor, w: torch.Tensor,
+          w_scale: torch.Tensor | None, cfg: MoEConfig) -> torch.Tensor:
+    """A routed [R, K] activation (bf16 values, or FP8 codes with their scales) times each row's
+    expert weight, float32: dequantised first under diffmoe's profile, scaled after the dot under vLLM's."""
+    if not cfg.is_fp8:
+        return expert_gemm(codes_or_values.float(), local_ids, w.float())
+    if _vllm(cfg):
+        return expert_gemm(codes_or_values, local_ids, w, (a_scale, w_scale, cfg.quant))
+    a = dequantize_activation(codes_or_values, a_scale, cfg.quant)
+    return expert_gemm(a, local_ids, dequantize_weight(w, w_scale, cfg.quant))
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -153,16 +173,16 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         codes, scale = _quantize(x, cfg)  # [T, H] fp8, scales
         return {b.QUANTED_GATE_UP_INPUT: codes, b.QUANTED_GATE_UP_INPUT_SCALES: scale}
     if stage == Stages.GATE_UP_GEMM:
+        a1, a1_scale = given[b.HIDDEN_STATES], None  # [T, H] bf16
         if cfg.is_fp8:
-            a1 = dequantize_activation(given[b.QUANTED_GATE_UP_INPUT], given[b.QUANTED_GATE_UP_INPUT_SCALES], q)
-        else:
-            x = given[b.HIDDEN_STATES]  # [T, H] bf16
-            if cfg.router_weight == "input":
-                x = _weighted_input(x, given[b.TOPK_WEIGHTS], cfg)
-            a1 = x.float()  # [T, H] fp32
+            a1, a1_scale = given[b.QUANTED_GATE_UP_INPUT], given[b.QUANTED_GATE_UP_INPUT_SCALES]
+            if q != "fp8-tensor":
+                a1_scale = a1_scale.repeat_interleave(k, dim=0)  # one row of scales per routed row
+        elif cfg.router_weight == "input":
+            a1 = _weighted_input(a1, given[b.TOPK_WEIGHTS], cfg)
         a1 = a1.repeat_interleave(k, dim=0)  # [TK, H]: routed row t*K + k reads token t
-        w1 = dequantize_weight(problem.w1, problem.w1_scale, q)  # [L, 2I, H] fp32
-        return {b.GATE_UP_OUTPUT: expert_gemm(a1, local_expert_ids(problem), w1).to(torch.bfloat16)}  # [TK, 2I]
+        gate_up = _gemm(a1, a1_scale, local_expert_ids(problem), problem.w1, problem.w1_scale, cfg)  # [TK, 2I] fp32
+        return {b.GATE_UP_OUTPUT: gate_up.to(torch.bfloat16)}
     if stage == Stages.ACTIVATION:
         return {b.ACTIVATION_OUTPUT: _silu_and_mul(given[b.GATE_UP_OUTPUT], cfg)}  # [TK, I] bf16
     if stage == Stages.ACT_QUANT and q == "fp8-block" and _vllm(cfg):
@@ -176,11 +196,10 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         return {b.QUANTED_DOWN_INPUT: codes, b.QUANTED_DOWN_INPUT_SCALES: scale}
     if stage == Stages.DOWN_GEMM:
         if cfg.is_fp8:
-            a2 = dequantize_activation(given[b.QUANTED_DOWN_INPUT], given[b.QUANTED_DOWN_INPUT_SCALES], q)
+            a2, a2_scale = given[b.QUANTED_DOWN_INPUT], given[b.QUANTED_DOWN_INPUT_SCALES]
         else:
-            a2 = given[b.ACTIVATION_OUTPUT].float()  # [TK, I] fp32
-        w2 = dequantize_weight(problem.w2, problem.w2_scale, q)  # [L, H, I] fp32
-        down = expert_gemm(a2, local_expert_ids(problem), w2)  # [TK, H] fp32
+            a2, a2_scale = given[b.ACTIVATION_OUTPUT], None  # [TK, I] bf16
+        down = _gemm(a2, a2_scale, local_expert_ids(problem), problem.w2, problem.w2_scale, cfg)  # [TK, H] fp32
         if cfg.router_weight == "down":
             down = down * given[b.TOPK_WEIGHTS].reshape(-1, 1)  # [TK, H] weighted, before the rounding
         return {b.DOWN_OUTPUT: down.to(torch.bfloat16)}  # [TK, H] bf16

@@ -14,6 +14,8 @@ there), Python paths are files of the 0.33.0 wheel. The facts, in short:
     (never rounded to bf16; silu by the reciprocal of 1 + exp(-gate)), scale = max(amax / 448,
     1 / (448 * 512)), codes = x / scale;
   * silu_and_mul rounds silu(gate) to bf16, then the product with `up` to bf16;
+  * the FP8 GEMMs sum the codes' products and apply the scales to the float32 sum (after the
+    K loop, or per 128-wide K block), where diffmoe dequantises every code first;
   * the router weight on the input is cast to bf16 before the bf16 multiply;
   * moe_sum accumulates K = 2..4 rows in bf16, each add rounded; other K keep diffmoe's float32
     sum (at::sum_out accumulates bf16 in float32).
@@ -96,6 +98,25 @@ def silu_and_mul_per_block_quant(gate_up: torch.Tensor) -> tuple[torch.Tensor, t
     groups = act.reshape(act.shape[0], i // QUANT_BLOCK, QUANT_BLOCK)  # [R, I/128, 128]; R may be 0
     scale = (amax(groups, dim=2) / FP8_MAX).clamp_min(MIN_SCALING_FACTOR)  # [R, I/128, 1]
     return clamp_cast(groups / scale, FP8_MAX).reshape(act.shape), scale.squeeze(2)
+
+
+def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, quant: str) -> torch.Tensor:
+    """One expert's FP8 GEMM as fused_moe_kernel (model_executor/layers/fused_moe/fused_moe.py)
+    dequantises it: the codes' products summed in float32, then `accumulator * a_scale * b_scale`
+    (per tensor, per token and channel), or per 128-wide K block `accumulator += dot * a_scale *
+    b_scale` (fp8-block); a [R, K] codes, a_scale [1] / [R, 1] / [R, K/128], w [N, K] codes,
+    w_scale [] / [N] / [N/128, K/128]: [R, N] float32. An Inf scale then meets the dot, not each
+    code: 448 * Inf is Inf where dequantising first makes 0 * Inf = NaN."""
+    af, wf = a.float(), w.float()
+    if quant != "fp8-block":
+        return af @ wf.T * a_scale * w_scale.reshape(1, -1)
+    n = wf.shape[0]
+    w_cols = w_scale.repeat_interleave(QUANT_BLOCK, dim=0)[:n]  # [N, K/128]
+    acc = torch.zeros(af.shape[0], n, dtype=torch.float32, device=af.device)
+    for kb in range(af.shape[1] // QUANT_BLOCK):
+        cols = slice(kb * QUANT_BLOCK, (kb + 1) * QUANT_BLOCK)
+        acc = acc + af[:, cols] @ wf[:, cols].T * a_scale[:, kb : kb + 1] * w_cols[:, kb].reshape(1, -1)
+    return acc
 
 
 def weighted_input(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -202,7 +202,7 @@ def test_the_factory_declares_the_vllm_profile_and_reports_carry_it():
 
 
 # Where vLLM's rounding differs from diffmoe's: (config changes, the stages diffmoe's profile flags,
-# each naming the first divergent buffer). Measured (bench/measure_numerics_profiles.py): K=3 bf16
+# each the first divergent stage). Measured (bench/measure_numerics_profiles.py): K=3 bf16
 # 206 of 1024 outputs one bf16 ulp of the larger partial sum apart; one NaN token: its 128 codes
 # (+448 for the NaN, the rest scaled by the other values' amax); K=1 input weight with softmax
 # weights: 22 of 1024 codes.
@@ -212,6 +212,11 @@ PROFILE_DIFFERENCES = {
     "nan-dropped-fp8-block": (dict(quant="fp8-block", nan_rows=1), {(Oracles.DIFFERENTIAL, Stages.QUANT_INPUT)}),
     "input-weight-in-bf16": (dict(quant="fp8-token", topk=1, router_weight="input", router="softmax-topk"),
                              {(Oracles.DIFFERENTIAL, Stages.QUANT_INPUT)}),
+    # an Inf token: vLLM's scale is Inf and its codes 0 and +448 (Inf / Inf is NaN, clamped); the
+    # GEMM scales its dot by Inf (Inf, not diffmoe's 0 * Inf = NaN per code)
+    "inf-scaled-after-the-dot": (dict(quant="fp8-token", inf_rows=1), {(Oracles.DIFFERENTIAL, Stages.QUANT_INPUT)}),
+    # an all-zero token: the fused op floors the scale at 1 / (448 * 512), the group quant's amax at 1e-10
+    "fused-block-floor": (dict(quant="fp8-block", zero_rows=1), {(Oracles.DIFFERENTIAL, Stages.ACT_QUANT)}),
 }
 
 

@@ -142,6 +142,47 @@ def test_fused_block_quant_reads_the_float32_activation_with_the_token_floor():
     assert not torch.equal(unfused_scale, scale)
 
 
+# ---- the FP8 GEMM: scales after the dot -----------------------------------------------------------
+
+
+def _codes(shape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * 64).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+@pytest.mark.parametrize("quant", ["fp8-tensor", "fp8-token"])
+def test_the_gemm_scales_the_codes_dot_product(quant):
+    """fused_moe.py: accumulator = dot(a, b) (codes, float32), then accumulator * a_scale * b_scale.
+    An Inf activation scale gives Inf where the codes' dot is not 0; dequantising first gives NaN."""
+    a, w = _codes((3, 256), 0), _codes((8, 256), 1)
+    a_scale = torch.tensor([[0.01], [float("inf")], [0.02]]) if quant == "fp8-token" else torch.tensor([0.01])
+    w_scale = torch.linspace(0.001, 0.002, 8) if quant == "fp8-token" else torch.tensor(0.003)
+    got = vllm.fp8_gemm(a, a_scale, w, w_scale, quant)
+    want = (a.float() @ w.float().T) * a_scale * w_scale.reshape(1, -1)
+    assert same_bits(got, want)
+    dequantised_first = (a.float() * a_scale) @ (w.float() * w_scale.reshape(-1, 1)).T
+    assert not same_bits(got, dequantised_first)  # the order of the scaling shows in the float32 bits
+    if quant == "fp8-token":
+        assert torch.isinf(got[1]).all() and torch.isnan(dequantised_first[1]).all()
+
+
+def test_the_block_gemm_scales_each_128_wide_k_block():
+    """fused_moe.py, group_k > 0: accumulator += dot(a_k, b_k) * a_scale[:, k] * b_scale[n, k]."""
+    a, w = _codes((4, 256), 2), _codes((256, 256), 3)
+    a_scale = torch.rand(4, 2, generator=torch.Generator().manual_seed(4)) * 0.01
+    w_scale = torch.rand(2, 2, generator=torch.Generator().manual_seed(5)) * 0.01  # [N/128, K/128]
+    got = vllm.fp8_gemm(a, a_scale, w, w_scale, "fp8-block")
+    want = torch.zeros(4, 256)
+    for k in range(2):
+        ks = slice(128 * k, 128 * (k + 1))
+        b_scale = torch.cat([w_scale[0, k].expand(128), w_scale[1, k].expand(128)])  # per output column
+        want = want + (a.float()[:, ks] @ w.float()[:, ks].T) * a_scale[:, k : k + 1] * b_scale.reshape(1, -1)
+    assert same_bits(got, want)
+    a_values = a.float() * a_scale.repeat_interleave(128, dim=1)
+    w_values = w.float() * w_scale.repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)
+    assert not same_bits(got, a_values @ w_values.T)  # dequantising first rounds differently
+
+
 # ---- silu_and_mul, the input weight, moe_sum -----------------------------------------------------
 
 
