@@ -54,7 +54,7 @@ Exit code of the doctor: 0 when every primitive is ok or has its workaround appl
 the sweep runs that workaround, it came out right), 1 otherwise.
 
 Longer than 400 lines because the suite is one piece: each probe's inputs, kernel, comparison
-and verdict sit next to the others they share helpers with (sixteen primitives), and the doctor's
+and verdict sit next to the others they share helpers with (seventeen primitives), and the doctor's
 report renders exactly those rows; split, every probe would span three files.
 
 Owns the probes and the doctor's report. Must not import an implementation: it gets one's hooks through the contract.
@@ -178,6 +178,9 @@ PRIMITIVES = (
     Primitive("bf16_reduce", "bf16 tl.sum / tl.max / tl.min", "bf16 reductions in a kernel are wrong"),
     Primitive("scalar_mask", "scalar comparison in a block mask", "a load masked by `block & (i < n)` raises"),
     Primitive("builtin_alias", "module-level alias of a builtin", "a kernel calling `f = tl.math.exp` raises"),
+    # vLLM's and lmdeploy's bf16 MoE kernels are @triton.autotune'd; under the interpreter on a
+    # machine without a GPU there is no driver to time their configs with
+    Primitive("autotune_driver", "@triton.autotune without a GPU driver", "an autotuned kernel raises: no driver times its configs"),
 )
 PRIMITIVE_KEYS = tuple(p.key for p in PRIMITIVES)
 _BY_KEY = {p.key: p for p in PRIMITIVES}
@@ -386,6 +389,19 @@ def _builtin_alias_probe_kernel(x_ptr, y_ptr, z_ptr, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offs)
     tl.store(y_ptr + offs, _ALIASED_EXP(x))
     tl.store(z_ptr + offs, tl.exp(x))
+
+
+# Two configs, so Triton's autotuner times them (with one it picks it untimed: autotuner.py,
+# "Match single-config autotune behavior"); each gives the same result, BLOCK only tiles it.
+_AUTOTUNE_CONFIGS = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})]
+
+
+@triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["n"])
+@triton.jit
+def _autotune_probe_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2.0, mask=mask)  # exact: no contraction to differ by
 
 
 def _elementwise_launch(n: int, device: torch.device) -> tuple[tuple[int], int]:
@@ -862,6 +878,21 @@ def probe_builtin_alias(device: torch.device, full: bool, hooks: ConformanceHook
                        "`_ALIASED_EXP = tl.math.exp` called in a kernel, bitwise vs tl.exp in the same kernel")
 
 
+def probe_autotune_driver(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    n = 100
+    x = torch.linspace(-4.0, 4.0, n, device=device)
+    y = torch.full_like(x, float("nan"))
+    _autotune_probe_kernel.cache.clear()  # tune afresh: a key tuned before is not timed again
+    try:
+        _autotune_probe_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+    except Exception as exc:  # noqa: BLE001 - the defect itself: timing the configs needs a driver
+        return _raised("autotune_driver", exc, n)
+    bad = _bit_mismatches(y.cpu(), x.cpu() * 2.0)
+    chosen = _autotune_probe_kernel.best_config.all_kwargs()
+    return ProbeResult("autotune_driver", DEFECT if bad.any() else OK, int(bad.sum()), n,
+                       f"a kernel autotuned over BLOCK 16 and 32 (chose {chosen}), bitwise vs torch")
+
+
 PROBES = {
     "fp8_cast": probe_fp8_cast,
     "fp8_upcast": probe_fp8_upcast,
@@ -879,6 +910,7 @@ PROBES = {
     "bf16_reduce": probe_bf16_reduce,
     "scalar_mask": probe_scalar_mask,
     "builtin_alias": probe_builtin_alias,
+    "autotune_driver": probe_autotune_driver,
 }
 assert tuple(PROBES) == PRIMITIVE_KEYS
 
@@ -940,7 +972,8 @@ _DOT_RULE = (f"a mismatch is a result outside the float32 accumulation bound |c 
              f"(K={DOT_K}, any summation order), and ok means none is")
 CRITERIA = {
     **{key: _EXACT for key in ("fp8_cast", "fp8_upcast", "bf16_cast", "bf16_upcast", "program_order", "grid_order",
-                               "aliasing", "fp32_div", "bf16_arith", "bf16_reduce", "scalar_mask", "builtin_alias")},
+                               "aliasing", "fp32_div", "bf16_arith", "bf16_reduce", "scalar_mask", "builtin_alias",
+                               "autotune_driver")},
     "fp8_dot": _DOT_RULE,
     "bf16_dot": _DOT_RULE,
     "fp32_dot": _DOT_RULE,
