@@ -273,7 +273,8 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
 
 def _add_impl_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
-                                                          "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers)")
+                                                          "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers; "
+                                                          "vllm==0.28.0, vllm==0.30.0: those releases)")
 
 
 def config_from_args(args: argparse.Namespace) -> MoEConfig:

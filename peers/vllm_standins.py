@@ -1,6 +1,6 @@
 """Stand-in modules for what vLLM's MoE files import beyond the five the adapter runs.
 
-The vLLM adapter (peers/vllm_0_33.py) executes five files of the vllm 0.33.0 wheel by path
+The vLLM adapter (peers/vllm_core.py) executes five files of a vLLM release's wheel by path
 (fused_moe.py, moe_align_block_size.py, modular_kernel.py, utils.py, experts/triton_moe.py).
 Everything else they import is a module built here, registered under its vllm name only while
 those files run; no vllm package `__init__` runs:
