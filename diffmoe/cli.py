@@ -9,6 +9,7 @@
     diffmoe demo
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
+    diffmoe museum [NAME ...] [--list] [--json]
     diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
                   [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
                   [--jobs N] [--json]
@@ -770,6 +771,12 @@ def cmd_peers(args: argparse.Namespace) -> int:
     return peers_main(args.rest, prog=f"{PROG} peers")
 
 
+def cmd_museum(args: argparse.Namespace) -> int:
+    from .museum import main as museum_main
+
+    return museum_main(args.rest, prog=f"{PROG} museum")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     # The probes are the harness's; what the default implementation does about each primitive
@@ -868,7 +875,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -931,6 +938,12 @@ def build_parser() -> argparse.ArgumentParser:
     peers.add_argument("rest", nargs=argparse.REMAINDER, help="fetch NAME [--wheel FILE.whl], or list")
     peers.set_defaults(handler=cmd_peers)
 
+    museum = sub.add_parser(
+        "museum", help="real vLLM bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/museum.py)",
+        description="diffmoe museum [NAME ...] [--list] [--json] (diffmoe/museum.py)", add_help=False)
+    museum.add_argument("rest", nargs=argparse.REMAINDER, help="exhibit names (default: all), --list, --json")
+    museum.set_defaults(handler=cmd_museum)
+
     cc = sub.add_parser(
         "compile-check", help="compile every kernel specialization for a GPU, no GPU needed",
         description="Run the implementation on CPU tensors with every Triton launch intercepted, then compile each "
@@ -989,7 +1002,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check or peers (see diffmoe --help)")
+            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers or museum (see diffmoe --help)")
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
         return status
