@@ -163,6 +163,10 @@ class VllmFiles(PeerFiles):
         self.invoke_gemm = self.fused_moe.invoke_fused_moe_triton_kernel
         self.triton_moe.invoke_fused_moe_triton_kernel = self._reporting_gemm
         self._gemm_signature = inspect.signature(self.invoke_gemm)
+        # the same for the clamped SwiGLU (utils.swiglu_limit_func, torch or Triton): reported as
+        # the activation launch, run unchanged
+        self.swiglu_limit = self.triton_moe.swiglu_limit_func
+        self.triton_moe.swiglu_limit_func = self._reporting_swiglu_limit
 
     def _reporting_gemm(self, *args, **kwargs):
         reporter = vllm_ops.ACTIVE_REPORTER.get()
@@ -171,8 +175,17 @@ class VllmFiles(PeerFiles):
         bound = self._gemm_signature.bind(*args, **kwargs)
         return reporter.gemm(self.invoke_gemm, bound)
 
+    def _reporting_swiglu_limit(self, output, input, swiglu_limit=0.0, topk_ids=None, expert_map=None):
+        reporter = vllm_ops.ACTIVE_REPORTER.get()
+        run = lambda: self.swiglu_limit(output, input, swiglu_limit, topk_ids, expert_map)  # noqa: E731
+        if reporter is None or not isinstance(reporter, RunReporter):
+            return run()
+        return reporter.launch("swiglu_limit", "vllm utils.swiglu_limit_func", (input.shape[0],),
+                               {"input": input, "output": output}, run)
+
     def experts(self, config: MoEConfig, quant: vllm_standins.FusedMoEQuantConfig):
-        return self.TritonExperts(vllm_standins.FusedMoEConfig(num_experts=config.num_experts), quant)
+        layer = vllm_standins.FusedMoEConfig(num_experts=config.num_experts, swiglu_limit=swiglu_limit(config))
+        return self.TritonExperts(layer, quant)
 
 
 def quant_config(config: MoEConfig, w1_scale=None, w2_scale=None) -> vllm_standins.FusedMoEQuantConfig:
@@ -186,12 +199,26 @@ def quant_config(config: MoEConfig, w1_scale=None, w2_scale=None) -> vllm_standi
     )
 
 
+def swiglu_limit(config: MoEConfig) -> float | None:
+    """The config's SwiGLU clamp limit (MoEConfig.swiglu_limit where this diffmoe has it), passed
+    to TritonExperts as vLLM takes a model's: the layer's FusedMoEConfig.swiglu_limit."""
+    return getattr(config, "swiglu_limit", None)
+
+
+def fuses_block_quant(config: MoEConfig, release: Release) -> bool:
+    """Whether `release`'s apply fuses silu with the 128-block quant for `config`."""
+    return config.quant == "fp8-block" and not (release.clamp_unfuses_block_quant and swiglu_limit(config) is not None)
+
+
 def check_supported(config: MoEConfig, release: Release = DEFAULT) -> None:
     """ValueError naming the field for what the adapter does not run."""
     who = f"{release.module} (vLLM {release.version})"
-    if config.quant == "fp8-block" and not config.fused:
-        raise ValueError(f"fused must be true for quant='fp8-block' with {who}: vLLM always fuses silu with the "
-                         "128-block quant (ops.silu_and_mul_per_block_quant), there is no unfused path")
+    if config.quant == "fp8-block" and config.fused != fuses_block_quant(config, release):
+        if config.fused:
+            raise ValueError(f"fused must be false for quant='fp8-block' with a swiglu_limit with {who}: its apply "
+                             "falls back to the unfused, clamped path (the fused kernel takes no clamp)")
+        raise ValueError(f"fused must be true for quant='fp8-block' with {who}: vLLM fuses silu with the 128-block "
+                         "quant (ops.silu_and_mul_per_block_quant) unless a clamp limit turns it off")
     if config.fused and config.quant != "fp8-block":
         raise ValueError(f"fused must be false for quant={config.quant!r} with {who}: vLLM fuses silu with the down "
                          "input's quant only for 128-block FP8")
@@ -293,7 +320,7 @@ class RunReporter(vllm_ops.OpReporter):
                 stage, reads = Stages.QUANT_DOWN_INPUT, {B.ACTIVATION_OUTPUT: tensors["input"]}
                 codes, scales = B.QUANTED_DOWN_INPUT, B.QUANTED_DOWN_INPUT_SCALES
             writes = {codes: tensors["output"], scales: tensors["scale"]}
-        elif op == "silu_and_mul":
+        elif op in ("silu_and_mul", "swiglu_limit"):
             stage = Stages.ACTIVATION
             reads, writes = {B.GATE_UP_OUTPUT: tensors["input"]}, {B.ACTIVATION_OUTPUT: tensors["output"]}
         elif op == "silu_and_mul_per_block_quant":

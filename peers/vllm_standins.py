@@ -188,7 +188,10 @@ class ApplyMoEActivationConfig:
 
     @classmethod
     def from_configs(cls, moe_config, quant_config) -> ApplyMoEActivationConfig:
-        return cls(clamp_limit=getattr(quant_config, "gemm1_clamp_limit", None))
+        """As vLLM's activation.py from_configs: the quant config's gemm1_clamp_limit, else the
+        layer's swiglu_limit (how a model's SwiGLU clamp reaches TritonExperts)."""
+        clamp = getattr(quant_config, "gemm1_clamp_limit", None)
+        return cls(clamp_limit=clamp if clamp is not None else getattr(moe_config, "swiglu_limit", None))
 
 
 def apply_moe_activation(activation, output, input, activation_config=None, topk_ids=None, expert_map=None,

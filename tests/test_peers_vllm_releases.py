@@ -79,3 +79,40 @@ def test_a_release_row_that_disagrees_with_the_wheel_stops_the_run(monkeypatch):
     with pytest.raises(RuntimeError, match="pad_aware_moe_sum"):
         impl.run(problem, ws)
     vllm_core.VllmTritonMoE(c, release=vllm_0_28.RELEASE).run(problem, ws)  # the true row runs
+
+
+# ---- the SwiGLU clamp, as each release's apply takes it (exhibit 2's vLLM side) -----------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ClampedConfig(MoEConfig):
+    """MoEConfig with the clamp limit the adapter reads (peers/vllm_core.swiglu_limit) until
+    MoEConfig has its own swiglu_limit field."""
+
+    swiglu_limit: float | None = None
+
+
+def _output(spec: str, config) -> torch.Tensor:
+    from diffmoe.problem import make_problem
+
+    problem = make_problem(config)
+    impl = load_factory(spec)(config)
+    n1, n2 = impl.workspace_shapes()
+    return impl.run(problem, (torch.zeros(n1, dtype=torch.uint8), torch.zeros(n2, dtype=torch.uint8))).output
+
+
+def test_the_clamp_limit_reaches_apply_and_each_release_takes_it_as_its_wheel_does():
+    """0.28.0 fuses silu with the FP8-block quant whatever the limit (the fused kernel has no
+    clamp: vLLM PR #57984's bug); 0.33.0 falls back to the unfused path, where vLLM's
+    swiglu_limit_func clamps; the adapter refuses a fused config there, naming the field."""
+    base = dict(num_tokens=1, num_experts=2, topk=1, hidden=128, inter=128, quant="fp8-block", seed=3)
+    limit = 0.01  # far below the gate/up values of the generated problem
+    free, clamped = ClampedConfig(**base, fused=True), ClampedConfig(**base, fused=True, swiglu_limit=limit)
+    assert torch.equal(_output("vllm==0.28.0", clamped), _output("vllm==0.28.0", free))  # the limit is dropped
+    with pytest.raises(ValueError, match="^fused must be false"):
+        load_factory("vllm==0.33.0")(clamped)
+    unfused = ClampedConfig(**base, fused=False, swiglu_limit=limit)
+    got, free_out = _output("vllm==0.33.0", unfused).float(), _output("vllm==0.33.0", free).float()
+    # clamped: |silu(gate) * up| <= silu(limit) * limit per element, so the output shrinks by orders
+    # of magnitude (a dropped clamp would leave it the size of the free one)
+    assert got.abs().max() < 0.01 * free_out.abs().max()
