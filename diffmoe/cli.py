@@ -772,9 +772,9 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 
 def cmd_museum(args: argparse.Namespace) -> int:
-    from .museum import main as museum_main
+    from .museum import run as museum_run
 
-    return museum_main(args.rest, prog=f"{PROG} museum")
+    return museum_run(args, prog=f"{PROG} museum")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -938,10 +938,12 @@ def build_parser() -> argparse.ArgumentParser:
     peers.add_argument("rest", nargs=argparse.REMAINDER, help="fetch NAME [--wheel FILE.whl], or list")
     peers.set_defaults(handler=cmd_peers)
 
+    from . import museum as museum_module  # the exhibit table names the arguments
+
     museum = sub.add_parser(
         "museum", help="real vLLM bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/museum.py)",
-        description="diffmoe museum [NAME ...] [--list] [--json] (diffmoe/museum.py)", add_help=False)
-    museum.add_argument("rest", nargs=argparse.REMAINDER, help="exhibit names (default: all), --list, --json")
+        description=museum_module.DESCRIPTION)
+    museum_module.add_arguments(museum)
     museum.set_defaults(handler=cmd_museum)
 
     cc = sub.add_parser(

@@ -37,6 +37,7 @@ from .config import MoEConfig
 from .vocabulary import Stages
 
 EXIT_AS_RECORDED, EXIT_NOT_AS_RECORDED, EXIT_USAGE = 0, 1, 2
+DESCRIPTION = "Run the exhibits: real vLLM bugs, each buggy release against the fixed one on the same config."
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,14 @@ class Exhibit:
     fixed: str  # the release run for the fix (`--impl` spelling)
     oracle: str  # the oracle that must name it on every buggy release
     stage: str  # ... at this stage
-    config: MoEConfig
+    fields: dict  # the minimal config's MoEConfig fields (built when the exhibit runs: see `requires`)
     unrouted_slots: tuple[int, ...] = ()  # routed slots (t*K + k) whose topk_ids entry is -1
     requires: str | None = None  # a MoEConfig field the exhibit needs; pending without it
     why: str = ""
+
+    @property
+    def config(self) -> MoEConfig:
+        return MoEConfig(**self.fields)
 
     @property
     def pending(self) -> str | None:
@@ -65,22 +70,22 @@ class Exhibit:
         return f"diffmoe museum {self.name}"
 
     def minimal_config(self) -> str:
-        c = self.config
-        parts = [f"T={c.num_tokens} E={c.num_experts} K={c.topk} H={c.hidden} I={c.inter} {c.quant}"]
-        if c.expert_map is not None:
-            parts.append(f"expert_map={list(c.expert_map)}")
+        f = self.fields
+        parts = [f"T={f['num_tokens']} E={f['num_experts']} K={f['topk']} H={f['hidden']} I={f['inter']} {f['quant']}"]
+        parts += [f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in f.items()
+                  if k not in ("num_tokens", "num_experts", "topk", "hidden", "inter", "quant")]
         if self.unrouted_slots:
             parts.append(f"topk_ids -1 at slots {list(self.unrouted_slots)}")
         return ", ".join(parts)
 
 
-_EP = MoEConfig(num_tokens=2, num_experts=4, topk=2, hidden=128, inter=128, quant="bf16", expert_map=(0, 1, -1, -1))
+_EP = dict(num_tokens=2, num_experts=4, topk=2, hidden=128, inter=128, quant="bf16", expert_map=(0, 1, -1, -1))
 EXHIBITS: tuple[Exhibit, ...] = (
     Exhibit(
         name="stale-ep-rows",
         title="stale workspace rows summed under expert parallelism",
         pr="vllm-project/vllm#54083", buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.31.0", fixed="vllm==0.33.0",
-        oracle="poison", stage=Stages.REDUCE, config=_EP, unrouted_slots=(0, 1),
+        oracle="poison", stage=Stages.REDUCE, fields=_EP, unrouted_slots=(0, 1),
         why="token 0's slots are -1: the alignment skips them, so no GEMM writes their rows of intermediate_cache3 "
             "(workspace2, over cache1's unwritten row 0), and the two-argument moe_sum adds those bytes into token 0's "
             "output; 0.31.0's pad-aware moe_sum skips them. A zero-filled workspace gives 0, the right answer",
@@ -89,7 +94,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
         name="stale-ep-rows-own-call",
         title="the same bug, the stale row written earlier in the same call",
         pr="vllm-project/vllm#54083", buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.31.0", fixed="vllm==0.33.0",
-        oracle="differential", stage=Stages.REDUCE, config=_EP, unrouted_slots=(1,),
+        oracle="differential", stage=Stages.REDUCE, fields=_EP, unrouted_slots=(1,),
         why="one -1 slot: its cache3 row lies over the up half of cache1's row 0, which the gate/up GEMM wrote in this "
             "call, so the stale bytes are the same under every poison (the poison oracle cannot see it) and a "
             "zero-filled workspace does not hide it; the differential sees token 0's output off at reduce",
@@ -99,10 +104,13 @@ EXHIBITS: tuple[Exhibit, ...] = (
         title="SwiGLU clamp dropped on the FP8-block fast path",
         pr="vllm-project/vllm#57984", buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.31.0", fixed="vllm==0.33.0",
         oracle="differential", stage=Stages.ACT_QUANT,
-        config=MoEConfig(num_tokens=1, num_experts=2, topk=1, hidden=128, inter=128, quant="fp8-block", fused=True),
+        fields=dict(num_tokens=1, num_experts=2, topk=1, hidden=128, inter=128, quant="fp8-block", fused=True,
+                    swiglu_limit=7.0),
         requires="swiglu_limit",
         why="silu_and_mul_per_block_quant takes no clamp, and 0.28-0.30 fuse anyway: a swiglu limit of 7 is ignored "
-            "for FP8 block-[128, 128] experts; 0.31.0 falls back to the unfused, clamped path",
+            "for FP8 block-[128, 128] experts; 0.31.0 falls back to the unfused, clamped path (the adapter passes the "
+            "limit to each release as its apply takes it: peers/vllm_core.py swiglu_limit). Open: 0.31+ then runs the "
+            "unfused pipeline, so `fused` must describe vLLM's choice, not the config's, for one config to serve both",
     ),
 )
 
@@ -176,16 +184,26 @@ def _render(result: ExhibitResult) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe museum") -> int:
-    """`diffmoe museum [NAME ...] [--list] [--json]`; returns the exit code."""
-    parser = argparse.ArgumentParser(prog=prog, description="Run the exhibits: real vLLM bugs, buggy release against fixed.")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`diffmoe museum`'s arguments (diffmoe.cli adds them to its subcommand)."""
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"exhibits to run (default: all): {', '.join(e.name for e in EXHIBITS)}")
     parser.add_argument("--list", action="store_true", help="list the exhibits without running them")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe museum") -> int:
+    """`diffmoe museum [NAME ...] [--list] [--json]`; returns the exit code."""
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_arguments(parser)
     try:
         args = parser.parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:
         return EXIT_AS_RECORDED if exc.code == 0 else EXIT_USAGE
+    return run(args, prog)
+
+
+def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
+    """The command on parsed arguments (add_arguments)."""
     known = {e.name: e for e in EXHIBITS}
     unknown = [n for n in args.names if n not in known]
     if unknown:

@@ -67,6 +67,7 @@ def test_an_exhibit_needing_a_missing_config_field_is_pending_not_run():
     assert "MoEConfig.no_such_field" in pending.pending
     assert museum.run_exhibit(pending).verdicts == [] and not museum.run_exhibit(pending).as_recorded
     assert dataclasses.replace(pending, requires="expert_map").pending is None
+    assert BY_NAME["swiglu-clamp-dropped"].pending or BY_NAME["swiglu-clamp-dropped"].config.swiglu_limit == 7.0
 
 
 def test_the_command_line(capsys):
@@ -84,3 +85,10 @@ def test_the_command_line_fails_when_an_exhibit_does_not_behave_as_recorded(monk
     monkeypatch.setattr(museum, "EXHIBITS", (wrong,))
     assert museum.main([wrong.name]) == 1
     assert "NOT AS RECORDED" in capsys.readouterr().out
+
+
+def test_diffmoe_museum_is_wired_into_the_command_line(capsys):
+    from diffmoe.cli import main as cli_main
+
+    assert cli_main(["museum", "--list"]) == 0 and "stale-ep-rows" in capsys.readouterr().out
+    assert cli_main(["museum", "no-such-exhibit"]) == 2
