@@ -80,12 +80,14 @@ class Exhibit:
 
 
 _EP = dict(num_tokens=2, num_experts=4, topk=2, hidden=128, inter=128, quant="bf16", expert_map=(0, 1, -1, -1))
+# both bugs: present in 0.28.0-0.30.0 (read in each wheel), fixed in 0.31.0, 0.33.0 run for the fix
+_RELEASES = dict(buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.31.0", fixed="vllm==0.33.0")
+_STALE_ROWS = dict(pr="vllm-project/vllm#54083", stage=Stages.REDUCE, fields=_EP, **_RELEASES)
 EXHIBITS: tuple[Exhibit, ...] = (
     Exhibit(
         name="stale-ep-rows",
         title="stale workspace rows summed under expert parallelism",
-        pr="vllm-project/vllm#54083", buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.31.0", fixed="vllm==0.33.0",
-        oracle="poison", stage=Stages.REDUCE, fields=_EP, unrouted_slots=(0, 1),
+        oracle="poison", unrouted_slots=(0, 1), **_STALE_ROWS,
         why="token 0's slots are -1: the alignment skips them, so no GEMM writes their rows of intermediate_cache3 "
             "(workspace2, over cache1's unwritten row 0), and the two-argument moe_sum adds those bytes into token 0's "
             "output; 0.31.0's pad-aware moe_sum skips them. A zero-filled workspace gives 0, the right answer",
@@ -93,8 +95,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
     Exhibit(
         name="stale-ep-rows-own-call",
         title="the same bug, the stale row written earlier in the same call",
-        pr="vllm-project/vllm#54083", buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.31.0", fixed="vllm==0.33.0",
-        oracle="differential", stage=Stages.REDUCE, fields=_EP, unrouted_slots=(1,),
+        oracle="differential", unrouted_slots=(1,), **_STALE_ROWS,
         why="one -1 slot: its cache3 row lies over the up half of cache1's row 0, which the gate/up GEMM wrote in this "
             "call, so the stale bytes are the same under every poison (the poison oracle cannot see it) and a "
             "zero-filled workspace does not hide it; the differential sees token 0's output off at reduce",
@@ -102,8 +103,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
     Exhibit(
         name="swiglu-clamp-dropped",
         title="SwiGLU clamp dropped on the FP8-block fast path",
-        pr="vllm-project/vllm#57984", buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.31.0", fixed="vllm==0.33.0",
-        oracle="differential", stage=Stages.ACT_QUANT,
+        pr="vllm-project/vllm#57984", oracle="differential", stage=Stages.ACT_QUANT, **_RELEASES,
         fields=dict(num_tokens=1, num_experts=2, topk=1, hidden=128, inter=128, quant="fp8-block", fused=True,
                     swiglu_limit=7.0),
         requires="swiglu_limit",

@@ -1,18 +1,10 @@
-"""vLLM 0.28.0's Triton fused MoE: `--impl vllm==0.28.0` (`peers.vllm_0_28:make`), fetched by `diffmoe peers fetch vllm==0.28.0`.
+"""vLLM 0.28.0's Triton fused MoE: `--impl vllm==0.28.0` (`peers.vllm_0_28:make`); `diffmoe peers fetch vllm==0.28.0`.
 
 Owns this release's factory. Must not hold anything the releases share: that is peers/vllm_core.py
-(its RELEASES row for 0.28.0: under an expert map, the two-argument moe_sum and the remote slots
-aligned, their blocks writing zeros; the fused FP8-block quant runs whatever the clamp limit).
+(its RELEASES row: under an expert map the two-argument moe_sum, remote blocks writing zeros).
 """
 
-from .vllm_core import RELEASES, VllmTritonMoE, attach
+from .vllm_core import release_factory
 
-RELEASE = RELEASES["0.28.0"]
-
-
-def make(config, device=None) -> VllmTritonMoE:
-    """The factory: `--impl vllm==0.28.0`."""
-    return VllmTritonMoE(config, device, release=RELEASE)
-
-
-attach(make, RELEASE)
+make = release_factory("0.28.0", __name__)
+RELEASE = make.release

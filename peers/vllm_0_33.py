@@ -5,15 +5,8 @@ Owns this release's factory. Must not hold anything the releases share: that is 
 alignment under an expert map, vLLM PR #54083; a clamp limit unfuses the FP8-block quant).
 """
 
-from .vllm_core import RELEASES, VARIANTS, VllmFiles, VllmTritonMoE, attach, check_supported, plan_workspaces  # noqa: F401
+from .vllm_core import VARIANTS, VllmFiles, VllmTritonMoE, check_supported, plan_workspaces, release_factory  # noqa: F401
 
-RELEASE = RELEASES["0.33.0"]
+make = release_factory("0.33.0", __name__)
+RELEASE = make.release
 VllmFiles = VllmFiles.of_release(RELEASE)  # noqa: F811 - this release's files (tests reach vLLM's modules through it)
-
-
-def make(config, device=None) -> VllmTritonMoE:
-    """The factory: `--impl vllm`."""
-    return VllmTritonMoE(config, device, release=RELEASE)
-
-
-attach(make, RELEASE)

@@ -508,6 +508,19 @@ class VllmTritonMoE:
                 raise ValueError(f"ws{idx + 1} is on {ws.device}, the implementation runs on {self.device}")
 
 
+def release_factory(version: str, module: str):
+    """`make(config, device=None)` for one release, exported by its module (`module:make`, what
+    --impl loads and replay lines name), with its factory attributes (attach)."""
+    release = RELEASES[version]
+
+    def make(config: MoEConfig, device=None) -> VllmTritonMoE:
+        return VllmTritonMoE(config, device, release=release)
+
+    make.__module__, make.__qualname__ = module, "make"
+    make.__doc__ = f"The factory: `--impl {'vllm' if release is DEFAULT else release.impl}`."
+    return attach(make, release)
+
+
 def attach(make, release: Release):
     """The factory attributes of a release's `make` (diffmoe.contract): its plan and `supports`."""
     def plan(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
