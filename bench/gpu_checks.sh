@@ -10,6 +10,7 @@
 # 2. compile-check: the CI subset for this GPU's arch, native traits, spills forbidden;
 # 3. demo and a grid of `diffmoe check` runs through every oracle, kernels compiled;
 # 4. the test suite's kernel and implementation modules with compiled kernels;
+# 4b. the museum of real vLLM bugs, when the peer cache holds its wheels' files;
 # 5. the tolerance measurement on CUDA (the table's "cuda fp8 GEMM" row is derived, not yet measured);
 # 6. the CUDA benchmark grid (tokens/s, TFLOP/s, GB/s against the H200's FP8 peak and HBM bandwidth).
 # Each step has its own time limit; summary.txt gets one line per step with its exit code.
@@ -46,6 +47,11 @@ for quant in bf16 fp8-tensor fp8-token fp8-block; do
 done
 step tests 180 $py -m pytest -q -p no:cacheprovider tests/test_optimized_moe.py tests/test_optimized_kernels.py \
     tests/test_oracles_quiet.py
+# the museum (diffmoe/museum.py) with vLLM's Triton GEMMs compiled, when the three wheels' files are in the
+# peer cache (this machine may have no network: copy ~/.cache/diffmoe/peers or set DIFFMOE_PEER_CACHE)
+if $py -c "import sys; from diffmoe import peer_wheels as p; sys.exit(not all(map(p.is_cached, ('vllm==0.28.0', 'vllm==0.30.0', 'vllm'))))"; then
+    step museum 120 .venv/bin/diffmoe museum --json
+fi
 step tolerances 90 $py bench/measure_tolerances.py
 step bench 150 $py -m pytest bench/bench_moe_throughput.py --benchmark-only --benchmark-json "$out/bench.json" -q
 $py bench/report_tables.py "$out/bench.json" --png "$out/throughput.png" > "$out/tables.md" 2>&1

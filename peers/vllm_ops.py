@@ -101,7 +101,10 @@ def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, ex
     topk_ids.numel(); a slot whose id is below 0 or at least num_experts is skipped (neither
     counted nor placed), and with `expert_map` (vLLM 0.31+: ignore_invalid_experts) so is one the
     map sends to -1, the others counted under their local id; each expert's slots are padded to
-    a multiple of block_size, one expert id per block; the blocks past the total hold 0."""
+    a multiple of block_size, one expert id per block; the blocks past the total hold 0. (The
+    revision of that file read tests only `expert_id >= num_experts` in its count and sort
+    loops; the skip of ids below 0 is the stated fact of the museum's exhibit, README "A museum
+    of real vLLM bugs".)"""
     if scatter_idx is not None:
         raise NotImplementedError("moe_align_block_size stand-in: scatter_idx is not supported")
     flat = topk_ids.reshape(-1).long()
