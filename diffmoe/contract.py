@@ -59,6 +59,7 @@ Owns the types an implementation builds and the names of the default implementat
 
 from __future__ import annotations
 
+import os
 import random
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -299,3 +300,21 @@ def compiling_for(target: CompileTarget):
         yield target
     finally:
         _COMPILE_TARGET.reset(token)
+
+
+def interpreter_enabled() -> bool:
+    """Whether Triton runs kernels under its interpreter (TRITON_INTERPRET, read as Triton reads it)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def default_device() -> torch.device:
+    """The device an implementation and its problem take when none is named, one rule for the
+    harness and every implementation: the CPU while a compile target is set (the compile gate
+    builds and runs on CPU tensors and only records the launches) or under the interpreter
+    (which runs on CPU tensors), else the current CUDA device where there is one, else the CPU.
+    With two rules, an H200 once got a problem on cuda:0 beside an implementation built on the
+    CPU (bench/gpu_checks.sh, 2026-12-04)."""
+    if compile_target() is not None or interpreter_enabled() or not torch.cuda.is_available():
+        return torch.device("cpu")
+    # with an index: tensors report cuda:N, and torch.device("cuda") != torch.device("cuda:0")
+    return torch.device("cuda", torch.cuda.current_device())

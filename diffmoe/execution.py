@@ -40,7 +40,9 @@ from .call_environment import HardExit, allocations_poisoned, exits_intercepted,
 from .compare import Comparison, Rule, compare
 from .config import MoEConfig, quoted
 from . import grid_order
-from .contract import ImplementationFactory, Schedule, WorkspacePlan, applies_own_order
+from .contract import (  # noqa: F401 - default_device, interpreter_enabled: used through this module too
+    ImplementationFactory, Schedule, WorkspacePlan, applies_own_order, default_device, interpreter_enabled,
+)
 from .oracles.guards import GuardedTensor, GuardedWorkspaces
 from .problem import Problem, make_problem, settle_uncomputed_rows
 from .recording import ChainedRecorder, LaunchLog
@@ -56,15 +58,6 @@ if TYPE_CHECKING:
 
 ProgressCallback = Callable[[str, "str | None", "list[Finding]"], None]
 """progress(phase, stage or None, findings so far): called at every phase change and launch."""
-
-
-def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def default_device() -> torch.device:
-    # with an index: tensors report cuda:N, and torch.device("cuda") != torch.device("cuda:0")
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 @dataclass

@@ -9,4 +9,5 @@ from .vllm_core import VARIANTS, VllmFiles, VllmTritonMoE, check_supported, plan
 
 make = release_factory("0.33.0", __name__)
 RELEASE = make.release
+PEER = RELEASE.peer  # its diffmoe.peer_wheels name ("vllm"), what `diffmoe peers fetch` takes
 VllmFiles = VllmFiles.of_release(RELEASE)  # noqa: F811 - this release's files (tests reach vLLM's modules through it)

@@ -46,19 +46,26 @@ TOKEN_SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # per-tensor and per-token scale fl
 GROUP_AMAX_FLOOR = 1e-10  # 1x128 group amax floor (vLLM)
 
 
+def over_fp8_max(t: torch.Tensor) -> torch.Tensor:
+    """t / 448, correctly rounded on every device. torch on CUDA divides by a Python scalar as a
+    multiply by its reciprocal: 3.40625 / 448 came out one float32 ulp high on an H200
+    (bench/gpu_checks.sh, 2026-12-04); a tensor divisor is a true division there too."""
+    return t / torch.full_like(t, FP8_MAX)
+
+
 def quantize_activation(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic FP8 quantisation of a [R, C] activation: (codes [R, C] fp8, scales fp32)."""
     xf = x.float()  # [R, C]
     if quant == "fp8-tensor":
         amax = xf.abs().amax() if xf.numel() else xf.new_zeros(())  # the amax of no element is 0
-        scale = (amax / FP8_MAX).clamp_min(TOKEN_SCALE_FLOOR).reshape(1)  # [1]
+        scale = over_fp8_max(amax).clamp_min(TOKEN_SCALE_FLOOR).reshape(1)  # [1]
         per_element = scale  # broadcast
     elif quant == "fp8-token":
-        scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(TOKEN_SCALE_FLOOR)  # [R, 1]
+        scale = over_fp8_max(xf.abs().amax(dim=1, keepdim=True)).clamp_min(TOKEN_SCALE_FLOOR)  # [R, 1]
         per_element = scale
     elif quant == "fp8-block":
         groups = xf.view(xf.shape[0], xf.shape[1] // QUANT_BLOCK, QUANT_BLOCK)  # [R, C/128, 128]
-        scale = groups.abs().amax(dim=2).clamp_min(GROUP_AMAX_FLOOR) / FP8_MAX  # [R, C/128]
+        scale = over_fp8_max(groups.abs().amax(dim=2).clamp_min(GROUP_AMAX_FLOOR))  # [R, C/128]
         per_element = scale.repeat_interleave(QUANT_BLOCK, dim=1)  # [R, C]
     else:
         raise ValueError(f"quant must be an fp8 scheme, got {quant!r}")
