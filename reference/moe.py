@@ -112,9 +112,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def local_expert_ids(problem: Problem) -> torch.Tensor:
     """[TK] local expert of each routed row (row t*K + k), -1 where the expert is not local."""
     ids = problem.topk_ids.long().flatten()  # [TK] global ids
-    if problem.expert_map is None:
-        return ids
-    return problem.expert_map.long()[ids]  # [TK]
+    unrouted = (ids < 0) | (ids >= problem.config.num_experts)  # a -1 slot: no expert computes it
+    if problem.expert_map is not None:
+        ids = problem.expert_map.long()[ids.clamp(0, problem.config.num_experts - 1)]  # [TK]
+    return ids.masked_fill(unrouted, -1)
 
 
 def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Problem) -> dict[str, torch.Tensor]:

@@ -257,7 +257,6 @@ def test_vllms_tuned_tile_configs_come_from_the_cache(monkeypatch):
 
 
 @pytest.mark.parametrize("changes, field", [
-    (dict(quant="fp8-token", expert_map=(0, -1, 1, 2)), "expert_map"),
     (dict(quant="fp8-token", fused=True), "fused"),
     (dict(quant="fp8-tensor", fused=True), "fused"),
     (dict(quant="fp8-block", fused=False), "fused"),
