@@ -36,6 +36,10 @@ H200_DENSE_FP8_TFLOPS = 1979.0  # FP8 tensor core, dense
 H200_DENSE_BF16_TFLOPS = 989.5  # BF16 tensor core, dense
 H200_HBM3E_TBPS = 4.8  # HBM3e bandwidth, TB/s
 
+# Issue 11: a peer's check at T=8 E=4 K=2 H=I=128 costs at most this many times the shipped
+# implementation's check of the same config (bench/bench_peer_cost.py, bench/report_tables.py).
+PEER_COST_BOUND = 3.0
+
 
 def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -29,6 +29,7 @@ if not torch.cuda.is_available():
 from benchkit import write_section  # noqa: E402
 from diffmoe.compare import compare  # noqa: E402
 from diffmoe.config import QUANT_SCHEMES, MoEConfig  # noqa: E402
+from diffmoe.contract import default_device  # noqa: E402
 from diffmoe.edge_cases import edge_cases  # noqa: E402
 from diffmoe.problem import make_problem  # noqa: E402
 from diffmoe.recording import LaunchLog  # noqa: E402
@@ -79,7 +80,7 @@ BACKEND = "interpreter" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "
 def measure(configs: list[MoEConfig]) -> dict[tuple[str, str, str], Worst]:
     table: dict[tuple[str, str, str], Worst] = defaultdict(Worst)
     for cfg in configs:
-        problem = make_problem(cfg)
+        problem = make_problem(cfg, default_device())  # where the implementation runs
         ref = reference_moe(problem).intermediates
         impl = make_implementation(cfg)
         log = LaunchLog(snapshot=True)

@@ -12,7 +12,9 @@ Tables, all from the one JSON, so every ratio compares figures measured in the s
 * oracle overhead: each oracle alone against the bare run, and every oracle together;
 * the static aliasing check on its own;
 * fuzzing: fixed-planner examples per second, and the legacy planner's time and examples to
-  the first failure and to the end of shrinking.
+  the first failure and to the end of shrinking;
+* peer check cost: each peer's check against the shipped implementation's on the same config
+  (bench/bench_peer_cost.py), with issue 11's 3x bound.
 
 --png plots tokens/s against T per provider; --write replaces the text between
 `<!-- bench:start -->` and `<!-- bench:end -->` in the given file (exit status 2 when the
@@ -26,8 +28,9 @@ import json
 import sys
 from collections import defaultdict
 
-from benchkit import BACKEND_CUDA, INTERPRETER_LABEL, write_section
+from benchkit import BACKEND_CUDA, INTERPRETER_LABEL, PEER_COST_BOUND, write_section
 from diffmoe.config import QUANT_SCHEMES
+from diffmoe.contract import DEFAULT_IMPLEMENTATION_NAME
 
 MARK_START = "<!-- bench:start -->"
 MARK_END = "<!-- bench:end -->"
@@ -193,6 +196,35 @@ def static_table(benchmarks: list[dict], stat: str) -> list[str]:
     return lines
 
 
+def peer_table(benchmarks: list[dict], stat: str) -> list[str]:
+    """bench/bench_peer_cost.py: each peer's check against the shipped implementation's on the same config."""
+    shipped = {(b["extra_info"]["config"]["quant"], b["extra_info"]["config"]["fused"]): b["stats"][stat]
+               for b in benchmarks if b["extra_info"]["impl"] == DEFAULT_IMPLEMENTATION_NAME}
+    first = benchmarks[0]["extra_info"]
+    cfg = first["config"]
+    lines = [
+        f"**Peer check cost** ({_backend_label(first['backend'])}; T={cfg['num_tokens']} E={cfg['num_experts']} "
+        f"K={cfg['topk']} H={cfg['hidden']} I={cfg['inter']}, every oracle, default schedules; {stat} of "
+        f"{benchmarks[0]['stats']['rounds']} round(s)):",
+        "",
+        "| config | implementation | seconds | x shipped | bound |",
+        "|---|---|---|---|---|",
+    ]
+    for b in benchmarks:
+        info, s = b["extra_info"], b["stats"][stat]
+        key = (info["config"]["quant"], info["config"]["fused"])
+        label = f"{key[0]} {'fused' if key[1] else 'unfused'}"
+        if info["impl"] == DEFAULT_IMPLEMENTATION_NAME:
+            lines.append(f"| {label} | optimized | {s:.2f} | 1.00 | - |")
+        elif key in shipped:
+            ratio = s / shipped[key]
+            verdict = "within" if ratio <= PEER_COST_BOUND else "OVER"
+            lines.append(f"| {label} | {info['impl']} | {s:.2f} | {ratio:.2f} | {verdict} {PEER_COST_BOUND:g}x |")
+        else:
+            lines.append(f"| {label} | {info['impl']} | {s:.2f} | (no shipped run) | - |")
+    return lines
+
+
 def _short_config(c: dict) -> str:
     return (f"T={c['num_tokens']} E={c['num_experts']} K={c['topk']} H={c['hidden']} I={c['inter']} {c['quant']} "
             f"{'fused' if c['fused'] else 'unfused'} planner={c['planner']} output={c['output']}")
@@ -242,6 +274,8 @@ def render(data: dict, stat: str) -> str:
         lines += [*static_table(parts["static aliasing"], stat), ""]
     if parts.get("fuzz"):
         lines += ["#### Fuzzing", "", *fuzz_table(parts["fuzz"], stat)]
+    if parts.get("peer cost"):
+        lines += ["#### Peer check cost", "", *peer_table(parts["peer cost"], stat), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -9,6 +9,7 @@
     diffmoe demo
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
+    diffmoe museum [NAME ...] [--list] [--json]
     diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
                   [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
                   [--jobs N] [--json]
@@ -77,8 +78,8 @@ from .config import (
     OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
 )
 from .contract import (
-    CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, Schedule, WorkspacePlan,
-    factory_attribute, factory_plan,
+    CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, Schedule, WorkspacePlan, factory_attribute,
+    factory_plan,
 )
 from .oracles import registry
 from .report import Oracles, Report, check_command
@@ -276,7 +277,8 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
 
 def _add_impl_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
-                                                          "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers)")
+                                                          "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers; "
+                                                          "vllm==0.28.0, vllm==0.30.0: those releases)")
 
 
 def config_from_args(args: argparse.Namespace) -> MoEConfig:
@@ -319,12 +321,11 @@ def _runner():
 
 
 def load_implementation(spec: str | None):
-    """(factory or None for the default, the name reports and replay commands use: a peer's
-    short name is its MODULE:FACTORY spec, so that the replay line loads it)."""
+    """(factory or None for the default, the name reports and replay commands use)."""
     if spec is None:
         return None, DEFAULT_IMPLEMENTATION_NAME
     try:
-        return _runner().load_factory(spec), IMPLEMENTATION_ALIASES.get(spec, spec)
+        return _runner().load_factory(spec), spec
     except (ImportError, TypeError, ValueError) as exc:
         message = str(exc)
         raise UsageError(message if "--impl" in message else f"--impl {spec}: {message}") from None
@@ -773,6 +774,12 @@ def cmd_peers(args: argparse.Namespace) -> int:
     return peers_main(args.rest, prog=f"{PROG} peers")
 
 
+def cmd_museum(args: argparse.Namespace) -> int:
+    from .museum import run as museum_run
+
+    return museum_run(args, prog=f"{PROG} museum")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     # The probes are the harness's; what the default implementation does about each primitive
@@ -871,7 +878,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -934,6 +941,14 @@ def build_parser() -> argparse.ArgumentParser:
     peers.add_argument("rest", nargs=argparse.REMAINDER, help="fetch NAME [--wheel FILE.whl], or list")
     peers.set_defaults(handler=cmd_peers)
 
+    from . import museum as museum_module  # the exhibit table names the arguments
+
+    museum = sub.add_parser(
+        "museum", help="real vLLM bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/museum.py)",
+        description=museum_module.DESCRIPTION)
+    museum_module.add_arguments(museum)
+    museum.set_defaults(handler=cmd_museum)
+
     cc = sub.add_parser(
         "compile-check", help="compile every kernel specialization for a GPU, no GPU needed",
         description="Run the implementation on CPU tensors with every Triton launch intercepted, then compile each "
@@ -992,7 +1007,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check or peers (see diffmoe --help)")
+            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers or museum (see diffmoe --help)")
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
         return status

@@ -63,6 +63,7 @@ Owns the types an implementation builds and the names of the default implementat
 
 from __future__ import annotations
 
+import os
 import random
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -218,7 +219,11 @@ DEFAULT_IMPLEMENTATION = "optimized:make_implementation"
 # with --impl is called by its spec as given, and its replay lines carry `--impl SPEC`.
 DEFAULT_IMPLEMENTATION_NAME = DEFAULT_IMPLEMENTATION.partition(":")[0]
 # Short names for the peers (peers/, third-party kernels run from their own wheels): `--impl vllm`.
-IMPLEMENTATION_ALIASES = {"vllm": "peers.vllm_0_33:make", "lmdeploy": "peers.lmdeploy_0_18:make"}
+IMPLEMENTATION_ALIASES = {
+    "vllm": "peers.vllm_0_33:make", "lmdeploy": "peers.lmdeploy_0_18:make",
+    # every supported vLLM release, spelled as `diffmoe peers fetch` spells it (peers/vllm_core.py RELEASES)
+    "vllm==0.28.0": "peers.vllm_0_28:make", "vllm==0.30.0": "peers.vllm_0_30:make", "vllm==0.33.0": "peers.vllm_0_33:make",
+}
 
 # The optional factory attributes (module docstring).
 PLAN_WORKSPACES = "plan_workspaces"
@@ -324,3 +329,21 @@ def compiling_for(target: CompileTarget):
         yield target
     finally:
         _COMPILE_TARGET.reset(token)
+
+
+def interpreter_enabled() -> bool:
+    """Whether Triton runs kernels under its interpreter (TRITON_INTERPRET, read as Triton reads it)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def default_device() -> torch.device:
+    """The device an implementation and its problem take when none is named, one rule for the
+    harness and every implementation: the CPU while a compile target is set (the compile gate
+    builds and runs on CPU tensors and only records the launches) or under the interpreter
+    (which runs on CPU tensors), else the current CUDA device where there is one, else the CPU.
+    With two rules, an H200 once got a problem on cuda:0 beside an implementation built on the
+    CPU (bench/gpu_checks.sh, 2026-12-04)."""
+    if compile_target() is not None or interpreter_enabled() or not torch.cuda.is_available():
+        return torch.device("cpu")
+    # with an index: tensors report cuda:N, and torch.device("cuda") != torch.device("cuda:0")
+    return torch.device("cuda", torch.cuda.current_device())

@@ -34,7 +34,7 @@ Finite float32 beyond +-448 and +-Inf saturate to +-448 in the e4m3 cast, as `sa
 (the kernels clamp before they cast, so none of them reaches it).
 
 Probe-gated fixes (what a third-party kernel needs: lmdeploy 0.18's blocked-FP8 MoE, peers/):
-four more defects of triton 3.9's interpreter, each patched only where its `diffmoe doctor`
+five more defects of triton 3.9's interpreter, each patched only where its `diffmoe doctor`
 probe (diffmoe.conformance, run once per process on triton's own methods) finds it:
 
   * `bf16_arith`: bf16 add/sub/mul, min/max, comparisons and negation run on the raw uint16
@@ -54,7 +54,14 @@ probe (diffmoe.conformance, run once per process on triton's own methods) finds 
   * `builtin_alias`: a module-level alias of a Triton builtin (`fast_expf = tl.math.exp`) is not
     patched by `_patch_lang` (it patches the tl modules only) and raises "_semantic argument
     must be provided" inside a kernel: the kernel's globals bound to builtins are patched in
-    the same launch scope.
+    the same launch scope;
+  * `autotune_driver`: a `@triton.autotune` kernel with several configs times them with the
+    active driver's benchmarker, and under the interpreter on a machine without a GPU there is
+    none ("0 active drivers"): `Autotuner.do_bench` gives an untimed benchmarker there (a
+    kernel's own `do_bench` is kept), so the first config left after Triton's pruning runs, as
+    Triton picks a single config untimed. The kernel runs one of its own configs unchanged and
+    `best_config` names it; timing on a GPU may pick another, whose bits can differ where the
+    configs tile a reduction differently.
 
 `suspended()` suspends the cast and dot fixes only (the software paths model exactly those);
 `suspended(gated=True)` suspends the probe-gated ones too (the tests showing their defects).
@@ -333,7 +340,7 @@ def status() -> FixStatus:
 
 # ---- the probe-gated fixes (module docstring) ------------------------------------------------
 
-GATED_FIXES = ("bf16_arith", "bf16_reduce", "scalar_mask", "builtin_alias")  # conformance probe keys
+GATED_FIXES = ("bf16_arith", "bf16_reduce", "scalar_mask", "builtin_alias", "autotune_driver")  # conformance probe keys
 _gated_originals: dict[tuple[int, str], tuple[object, str, object]] = {}  # (id(owner), name) -> (owner, name, original)
 _gated_verdicts: dict[str, str] = {}  # probe key -> its status on triton's own methods (once per process)
 _gated_reason: str | None = None  # what the last gated install did, or why it patched nothing
@@ -366,7 +373,27 @@ def _gated_problem() -> str | None:
     for name in ("_patch_lang", "_patch_attr", "interpreter_builder", "TensorHandle"):
         if not hasattr(interpreter, name):
             return f"triton {version} interpreter has no {name}: probe-gated fixes not installed"
+    from functools import cached_property
+
+    from triton.runtime import autotuner
+
+    # the autotune fix replaces the benchmarker lookup; Autotuner.__init__ keeps a user's own as _do_bench
+    if not isinstance(vars(autotuner.Autotuner).get("do_bench"), cached_property) or \
+            "do_bench" not in inspect.signature(autotuner.Autotuner.__init__).parameters:
+        return f"triton {version} Autotuner.do_bench is not the benchmarker lookup it was: probe-gated fixes not installed"
     return None
+
+
+class _Property(property):
+    """A property that can carry `__wrapped__` (the install records each fix's original there)."""
+
+
+def _untimed(kernel_call, quantiles=None):
+    """The interpreter's benchmarker: every config takes the same time, so `Autotuner.run` keeps
+    the first config left after Triton's own pruning (`builtins.min` returns the first of equal
+    timings), the choice triton already makes untimed for a single config. A time under the
+    interpreter says nothing of the kernel, and no config runs just to be timed."""
+    return [0.0] * len(quantiles) if quantiles else 0.0
 
 
 class _Globals:
@@ -460,6 +487,20 @@ def _gated_patches(interpreter, key: str) -> list[tuple[object, str, object]]:
             return scope
 
         return [(interpreter, "_patch_lang", _patch_lang)]
+    if key == "autotune_driver":
+        from triton import knobs
+        from triton.runtime import autotuner
+
+        lookup = vars(autotuner.Autotuner)["do_bench"].func  # triton's: the active driver's benchmarker
+
+        def do_bench(self):
+            # a plain property, never cached on the instance: uninstalling puts triton's lookup
+            # back for every autotuner, those already tuned included
+            if self._do_bench is None and knobs.runtime.interpret:
+                return _untimed
+            return lookup(self)
+
+        return [(autotuner.Autotuner, "do_bench", _Property(do_bench))]
     raise ValueError(f"unknown probe-gated fix {key!r}; known: {list(GATED_FIXES)}")
 
 

@@ -37,6 +37,12 @@ from .vocabulary import FP8_DTYPE, FP8_MAX, Buffers, weight_scale_shape
 WEIGHT_SCALE_FLOOR = 1e-10
 
 
+# The intermediates with one row per routed slot ([TK, ...]), whose rows of a slot that is not
+# computed (Problem.computed_slots) carry no value.
+ROUTED_ROW_BUFFERS = (Buffers.GATE_UP_OUTPUT, Buffers.ACTIVATION_OUTPUT, Buffers.QUANTED_DOWN_INPUT,
+                      Buffers.QUANTED_DOWN_INPUT_SCALES, Buffers.DOWN_OUTPUT)
+
+
 @dataclass
 class Problem:
     """All inputs of one MoE call. Weights cover the L local experts only."""
@@ -77,6 +83,18 @@ class Problem:
     @property
     def device(self) -> torch.device:
         return self.hidden_states.device
+
+    def computed_slots(self) -> torch.Tensor:
+        """[TK] bool: the routed slots (row t*K + k) an implementation computes. A slot whose id is
+        outside [0, E) (an unrouted -1) or whose expert the map sends to -1 (remote) has no value
+        on this rank: its rows of the per-routed-row buffers (ROUTED_ROW_BUFFERS) may hold
+        anything, as long as nothing downstream reads them (the output still judges that)."""
+        e = self.config.num_experts
+        ids = self.topk_ids.long().flatten()
+        ok = (ids >= 0) & (ids < e)
+        if self.expert_map is not None:
+            ok &= self.expert_map.long()[ids.clamp(0, e - 1)] >= 0
+        return ok
 
     @property
     def num_tokens(self) -> int:
@@ -252,3 +270,18 @@ def make_problem(config: MoEConfig, device: torch.device | str = "cpu", *, num_t
         for name in ("hidden_states", "topk_ids", "topk_weights"):
             setattr(problem, name, getattr(problem, name)[:num_tokens].clone())
     return problem if torch.device(device) == torch.device("cpu") else problem.to(device)
+
+
+def settle_uncomputed_rows(problem: Problem, reference: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
+    """In place: the rows of slots `problem`'s call does not compute (Problem.computed_slots:
+    remote under an expert map, unrouted) of each per-routed-row buffer take the reference's
+    values (`reference`: its intermediates), so no oracle judges bytes that carry no value;
+    whatever reads them still shows in what it writes (the output)."""
+    slots = problem.computed_slots()
+    if bool(slots.all()):
+        return
+    for name in ROUTED_ROW_BUFFERS:
+        mine, ref = buffers.get(name), reference.get(name)
+        if (isinstance(mine, torch.Tensor) and ref is not None and mine.shape == ref.shape and mine.dim() >= 1
+                and mine.shape[0] == slots.numel() and mine.dtype == ref.dtype):
+            mine[~slots.to(mine.device)] = ref[~slots.to(ref.device)].to(mine.device)

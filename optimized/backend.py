@@ -42,11 +42,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from diffmoe.contract import compile_target
-
-
-def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from diffmoe.contract import compile_target, default_device, interpreter_enabled
 
 
 @dataclass(frozen=True)
@@ -195,12 +191,6 @@ def backend_traits(device: torch.device) -> BackendTraits:
 def clear_traits_cache() -> None:
     """Forget the probed traits (tests that fake probe results restore the real ones with it)."""
     _TRAITS_CACHE.clear()
-
-
-def default_device() -> torch.device:
-    if torch.cuda.is_available() and not interpreter_enabled():
-        return torch.device("cuda")
-    return torch.device("cpu")
 
 
 def normalize_device(device: torch.device) -> torch.device:

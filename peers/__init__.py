@@ -1,6 +1,7 @@
 """Third-party fused-MoE kernels behind diffmoe's plug-in contract, one module per peer and pinned version.
 
     peers.vllm_0_33:make      vLLM 0.33.0's Triton fused MoE (TritonExperts), from its own wheel's files
+    peers.vllm_0_28:make      the same for vLLM 0.28.0 (and vllm_0_30 for 0.30.0): one core, peers/vllm_core.py
     peers.lmdeploy_0_18:make  lmdeploy 0.18.0's blocked-FP8 fused MoE, from its own wheel's files
 
 A peer's code is never copied here: `diffmoe peers fetch NAME` (diffmoe/peer_wheels.py) caches

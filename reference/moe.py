@@ -48,6 +48,7 @@ from diffmoe.problem import Problem
 from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages, materialised_buffers, pipeline_stages
 
 from . import numerics as vllm
+from .numerics import over_fp8_max  # both profiles' amax / 448
 
 TOKEN_SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # per-tensor and per-token scale floor (vLLM)
 GROUP_AMAX_FLOOR = 1e-10  # 1x128 group amax floor (vLLM)
@@ -58,14 +59,14 @@ def quantize_activation(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torc
     xf = x.float()  # [R, C]
     if quant == "fp8-tensor":
         amax = xf.abs().amax() if xf.numel() else xf.new_zeros(())  # the amax of no element is 0
-        scale = (amax / FP8_MAX).clamp_min(TOKEN_SCALE_FLOOR).reshape(1)  # [1]
+        scale = over_fp8_max(amax).clamp_min(TOKEN_SCALE_FLOOR).reshape(1)  # [1]
         per_element = scale  # broadcast
     elif quant == "fp8-token":
-        scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(TOKEN_SCALE_FLOOR)  # [R, 1]
+        scale = over_fp8_max(xf.abs().amax(dim=1, keepdim=True)).clamp_min(TOKEN_SCALE_FLOOR)  # [R, 1]
         per_element = scale
     elif quant == "fp8-block":
         groups = xf.view(xf.shape[0], xf.shape[1] // QUANT_BLOCK, QUANT_BLOCK)  # [R, C/128, 128]
-        scale = groups.abs().amax(dim=2).clamp_min(GROUP_AMAX_FLOOR) / FP8_MAX  # [R, C/128]
+        scale = over_fp8_max(groups.abs().amax(dim=2).clamp_min(GROUP_AMAX_FLOOR))  # [R, C/128]
         per_element = scale.repeat_interleave(QUANT_BLOCK, dim=1)  # [R, C]
     else:
         raise ValueError(f"quant must be an fp8 scheme, got {quant!r}")
@@ -152,9 +153,10 @@ def _weighted_input(x: torch.Tensor, weights: torch.Tensor, cfg: MoEConfig) -> t
 def local_expert_ids(problem: Problem) -> torch.Tensor:
     """[TK] local expert of each routed row (row t*K + k), -1 where the expert is not local."""
     ids = problem.topk_ids.long().flatten()  # [TK] global ids
-    if problem.expert_map is None:
-        return ids
-    return problem.expert_map.long()[ids]  # [TK]
+    unrouted = (ids < 0) | (ids >= problem.config.num_experts)  # a -1 slot: no expert computes it
+    if problem.expert_map is not None:
+        ids = problem.expert_map.long()[ids.clamp(0, problem.config.num_experts - 1)]  # [TK]
+    return ids.masked_fill(unrouted, -1)
 
 
 def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Problem) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ there), Python paths are files of the 0.33.0 wheel. The facts, in short:
   * moe_sum accumulates K = 2..4 rows in bf16, each add rounded; other K keep diffmoe's float32
     sum (at::sum_out accumulates bf16 in float32).
 
-Owns the vllm profile's rounding points. Must not import peers/ (the peer's torch stand-ins of
+Owns the vllm profile's rounding points (and the division by 448 both profiles share). Must not import peers/ (the peer's torch stand-ins of
 the same ops are judged against these, not borrowed), Triton or the harness's oracles.
 """
 
@@ -39,6 +39,13 @@ MIN_SCALING_FACTOR = 1.0 / (FP8_MAX * 512.0)
 GROUP_EPS = 1e-10
 # csrc/moe/moe_align_sum_kernels.cu: moe_sum has bf16-accumulating kernels for these K only
 BF16_SUM_TOPK = (2, 3, 4)
+
+
+def over_fp8_max(t: torch.Tensor) -> torch.Tensor:
+    """t / 448, correctly rounded on every device (both profiles divide so). torch on CUDA divides
+    by a Python scalar as a multiply by its reciprocal: 3.40625 / 448 came out one float32 ulp
+    high on an H200 (bench/gpu_checks.sh, 2026-12-04); a tensor divisor is a true division there too."""
+    return t / torch.full_like(t, FP8_MAX)
 
 
 def amax(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -64,16 +71,16 @@ def quantize(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
     if quant == "fp8-tensor":
         # csrc/quantization/w8a8/fp8/common.cu, dynamic_scaled_fp8_quant: atomicMaxFloat of
         # amax / 448, no floor; scaled_fp8_quant_kernel multiplies by the reciprocal
-        scale = (amax(xf) / FP8_MAX).reshape(1)  # [1]
+        scale = over_fp8_max(amax(xf)).reshape(1)  # [1]
         return clamp_cast(xf * (1.0 / scale), FP8_MAX), scale
     if quant == "fp8-token":
         # common.cu, dynamic_per_token_scaled_fp8_quant: floored scale, x / scale
-        scale = (amax(xf, dim=1) / FP8_MAX).clamp_min(MIN_SCALING_FACTOR)  # [R, 1]
+        scale = over_fp8_max(amax(xf, dim=1)).clamp_min(MIN_SCALING_FACTOR)  # [R, 1]
         return clamp_cast(xf / scale, FP8_MAX), scale
     if quant == "fp8-block":
         # csrc/quantization/w8a8/fp8/per_token_group_quant.cu: local_absmax starts at eps
         groups = xf.reshape(xf.shape[0], xf.shape[1] // QUANT_BLOCK, QUANT_BLOCK)  # [R, C/128, 128]; R may be 0
-        scale = amax(groups, dim=2).clamp_min(GROUP_EPS) / FP8_MAX  # [R, C/128, 1]
+        scale = over_fp8_max(amax(groups, dim=2).clamp_min(GROUP_EPS))  # [R, C/128, 1]
         return clamp_cast(groups / scale, -FP8_MAX).reshape(xf.shape), scale.squeeze(2)
     raise ValueError(f"quant must be an fp8 scheme, got {quant!r}")
 
@@ -96,7 +103,7 @@ def silu_and_mul_per_block_quant(gate_up: torch.Tensor) -> tuple[torch.Tensor, t
     gate, up = gate_up[:, :i].float(), gate_up[:, i:].float()
     act = gate * (1.0 / (1.0 + torch.exp(-gate))) * up  # [R, I] fp32, never rounded to bf16
     groups = act.reshape(act.shape[0], i // QUANT_BLOCK, QUANT_BLOCK)  # [R, I/128, 128]; R may be 0
-    scale = (amax(groups, dim=2) / FP8_MAX).clamp_min(MIN_SCALING_FACTOR)  # [R, I/128, 1]
+    scale = over_fp8_max(amax(groups, dim=2)).clamp_min(MIN_SCALING_FACTOR)  # [R, I/128, 1]
     return clamp_cast(groups / scale, FP8_MAX).reshape(act.shape), scale.squeeze(2)
 
 

@@ -6,7 +6,8 @@ Every mutant subclasses `optimized.moe.TritonFP8MoE` and overrides the smallest 
 (`_gemm`, `_act_quant`, `_reduce`, `_align`, `_carve`, `_run_stage`, `run`, `workspace_shapes`,
 or `traits`);
 the legacy planner is not a subclass at all but the shipped implementation run with
-`planner="legacy"`. Each `Mutant` records what it breaks, the smallest config that shows
+`planner="legacy"`, and `vllm-cache2-in-ws2` is vLLM 0.33's adapter (peers/vllm_0_33.py) with
+one carve planted wrong, judged against the unmodified adapter (its `control_factory`). Each `Mutant` records what it breaks, the smallest config that shows
 it, the oracles that must report it and the buffer or stage a finding must name.
 
 A mutant's factory is also a module-level function, so a config from the table replays with
@@ -34,7 +35,7 @@ from optimized.moe import TritonFP8MoE
 import triton  # noqa: E402 - after optimized, which picks the interpreter without a GPU
 import triton.language as tl  # noqa: E402
 
-from diffmoe import interpreter_fixes
+from diffmoe import interpreter_fixes, peer_wheels
 from diffmoe.config import MoEConfig
 from diffmoe.contract import RunResult
 from diffmoe.report import Finding, Oracles, Report
@@ -48,6 +49,7 @@ from optimized.kernels.reduce_kernel import moe_reduce_kernel  # noqa: E402
 from optimized.backend import safe_traits
 from optimized.launch import launch
 from optimized.workspace_planner import plan_workspaces
+from peers import vllm_0_33  # loads no vLLM file until an adapter is built
 
 B = Buffers
 # the stages whose kernels cast float32 to e4m3fn
@@ -812,6 +814,28 @@ def make_reduce_waits_for_all_programs(config: MoEConfig) -> TritonFP8MoE:
     return ReduceWaitsForAllPrograms(config)
 
 
+# ---- a peer adapter's planted carve ------------------------------------------------------
+# vLLM 0.33.0's adapter (peers/vllm_0_33.py) with one carve changed: workspace2 handed over as
+# workspace13 too, so intermediate_cache2 (activation_output) is carved from workspace2, over
+# cache1 while silu_and_mul reads it. The declared plan says so (variant "cache2-in-ws2"), so the
+# static oracle judges the carving the adapter really makes. Building either needs vLLM's files
+# in the peer cache: without them it fails with one line naming `diffmoe peers fetch vllm`.
+
+
+def make_vllm_cache2_in_ws2(config: MoEConfig) -> vllm_0_33.VllmTritonMoE:
+    return vllm_0_33.VllmTritonMoE(config, variant="cache2-in-ws2")
+
+
+def _plan_vllm_cache2_in_ws2(config: MoEConfig, num_tokens: int):
+    return vllm_0_33.plan_workspaces(config, num_tokens, variant="cache2-in-ws2")
+
+
+# diffmoe.contract's optional factory attributes: the declared plan without a build, and vLLM's
+# `supports` (the fuzzers draw around what vLLM does not run)
+make_vllm_cache2_in_ws2.plan_workspaces = _plan_vllm_cache2_in_ws2
+make_vllm_cache2_in_ws2.supports = vllm_0_33.make.supports
+
+
 # ---- the registry ------------------------------------------------------------------------
 
 
@@ -819,7 +843,7 @@ def make_reduce_waits_for_all_programs(config: MoEConfig) -> TritonFP8MoE:
 class Mutant:
     name: str
     what_it_breaks: str  # one line, for the README table
-    factory: Callable[[MoEConfig], TritonFP8MoE]  # run_differential's `implementation`
+    factory: Callable[[MoEConfig], object]  # run_differential's `implementation`
     config: MoEConfig  # the smallest config that shows it
     expected_oracles: frozenset[str]  # each must report at least one finding
     expected_name: str  # a buffer, stage or workspace some expected oracle's finding names
@@ -827,6 +851,10 @@ class Mutant:
     # For a mutant of an opt-in input class: the same config without that input, which the
     # mutant passes (the input class is what makes the bug visible)
     unseen_without: MoEConfig | None = None
+    # The implementation the mutant was broken from, which must pass its config (None: the shipped
+    # one), and the peer whose cached files both need (diffmoe.peer_wheels; None: no peer)
+    control_factory: Callable[[MoEConfig], object] | None = None
+    peer: str | None = None
 
     @property
     def impl(self) -> str:
@@ -836,6 +864,12 @@ class Mutant:
     @property
     def control_config(self) -> MoEConfig:
         return self.baseline_config or self.config
+
+    def fetch_peer(self) -> None:
+        """The peer's pinned files in the cache (downloaded once, as tests/test_peers_vllm.py does);
+        diffmoe.peer_wheels.PeerError with one line naming `diffmoe peers fetch PEER` when that fails."""
+        if self.peer is not None:
+            peer_wheels.fetch(self.peer)
 
 
 def finding_names(finding: Finding) -> set[str]:
@@ -1137,6 +1171,21 @@ MUTANTS: dict[str, Mutant] = {
             config=_cfg(quant="bf16", fused=False),
             expected_oracles=frozenset({O.SCHEDULE}),
             expected_name=B.OUTPUT,
+        ),
+        Mutant(
+            name="vllm-cache2-in-ws2",
+            what_it_breaks="vLLM 0.33's adapter carves intermediate_cache2 from workspace2, not workspace13: silu_and_mul "
+                           "writes activation_output over the gate_up_output it reads",
+            factory=make_vllm_cache2_in_ws2,
+            # what `diffmoe fuzz --impl bug_zoo:make_vllm_cache2_in_ws2 --seed 0` shrinks to (its plan
+            # tier finds it first; test_bug_zoo_fuzzed holds the two equal): the smallest sizes, and
+            # an unfused scheme, since vLLM's fused path never writes cache2
+            config=_cfg(num_experts=1, topk=1, hidden=16, inter=16, quant="fp8-tensor", fused=False),
+            # silu_and_mul computes before it stores, so the values stay right: only the aliasing oracles see it
+            expected_oracles=frozenset({O.STATIC_ALIASING, O.RUNTIME_ALIASING}),
+            expected_name=B.ACTIVATION_OUTPUT,
+            control_factory=vllm_0_33.make,
+            peer=vllm_0_33.PEER,
         ),
     )
 }

@@ -41,6 +41,7 @@ def run_all(progress=None) -> list[tuple[bug_zoo.Mutant, Report]]:
     for mutant in bug_zoo.MUTANTS.values():
         if progress:
             progress(f"running {mutant.name} ...")
+        mutant.fetch_peer()  # a peer's mutant: its files cached, or one line naming the fetch command
         results.append((mutant, run_differential(mutant.config, mutant.factory, implementation_name=mutant.impl)))
     return results
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 
 from bug_zoo import MUTANTS, Mutant, finding_names, names_expected
-from diffmoe.config import MoEConfig
 from diffmoe.report import Report
 from diffmoe.runner import ALL_ORACLES, run_differential
 
@@ -20,19 +19,23 @@ from diffmoe.runner import ALL_ORACLES, run_differential
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
 _mutant_reports: dict[str, Report] = {}
-_control_reports: dict[MoEConfig, Report] = {}
+_control_reports: dict[tuple, Report] = {}
 
 
 def mutant_report(mutant: Mutant) -> Report:
     if mutant.name not in _mutant_reports:
+        mutant.fetch_peer()
         _mutant_reports[mutant.name] = run_differential(mutant.config, mutant.factory, implementation_name=mutant.impl)
     return _mutant_reports[mutant.name]
 
 
-def control_report(config: MoEConfig) -> Report:
-    if config not in _control_reports:
-        _control_reports[config] = run_differential(config)  # the shipped implementation
-    return _control_reports[config]
+def control_report(mutant: Mutant) -> Report:
+    """The implementation the mutant was broken from (the shipped one, or a peer's adapter) on its config."""
+    key = (mutant.control_factory, mutant.control_config)
+    if key not in _control_reports:
+        mutant.fetch_peer()
+        _control_reports[key] = run_differential(mutant.control_config, mutant.control_factory)
+    return _control_reports[key]
 
 
 NAMES = sorted(MUTANTS)
@@ -61,7 +64,7 @@ def test_finding_names_the_broken_buffer_or_stage(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_unmodified_implementation_passes_the_same_config(name):
     mutant = MUTANTS[name]
-    report = control_report(mutant.control_config)
+    report = control_report(mutant)
     assert report.passed, f"control run for {name} is not clean:\n{report.render()}"
 
 

@@ -2,20 +2,27 @@
 every FULL_EVERY-th example full) from a cold start: no database, a fixed seed, nothing about
 the mutant told to the fuzzer but the flags a user would pass for its input class (the
 planner for the legacy planner, --special-rows for the NaN and zero-row mutants). A finding
-counts when the shipped implementation passes the config reported.
+counts when the implementation the mutant was broken from passes the config reported.
 
 Shrinking is off (`shrink=False`): finding is what the tiers could lose; the shrinker's own
-tests are tests/test_fuzzing.py's. The domain is narrowed (T <= 32, E <= 8) only to keep the
+tests are tests/test_fuzzing.py's. One mutant, the planted carve in vLLM's adapter, is also
+fuzzed as a user would, `diffmoe fuzz --impl bug_zoo:...`, and shrunk: to its zoo config. The domain is narrowed (T <= 32, E <= 8) only to keep the
 suite short: each example is still drawn by the default strategies.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bug_zoo import MUTANTS
+from diffmoe import cli
+from diffmoe.config import MoEConfig
 from diffmoe.fuzzing import fuzz
+from diffmoe.report import check_command
 from diffmoe.runner import run_differential
+from diffmoe.strategies import size_floor
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
 
@@ -36,6 +43,7 @@ def _cases():
 @pytest.mark.parametrize("name", _cases())
 def test_the_default_fuzz_finds_the_mutant_from_a_cold_start(name):
     mutant = MUTANTS[name]
+    mutant.fetch_peer()
     special = bool(mutant.config.nan_rows or mutant.config.zero_rows or mutant.config.inf_rows)
     outcome = fuzz(seed=0, planner=mutant.config.planner, implementation=mutant.factory,
                    implementation_name=mutant.impl, special_rows=special, shrink=False, max_examples=MAX_EXAMPLES, max_tokens=32, max_experts=8)
@@ -43,6 +51,22 @@ def test_the_default_fuzz_finds_the_mutant_from_a_cold_start(name):
     # Any oracle may be the one: on a drawn config a mutant may first crash (a view carved past
     # ws1, fp8 scales read on a bf16 config) or show to another oracle than on its minimal config.
     # What makes it the mutant's doing is the control: the shipped implementation passes the
-    # very config reported (with the fixed planner: the legacy planner is that mutant's bug).
-    control = run_differential(outcome.report.config.replace(planner="fixed"))
+    # very config reported (with the fixed planner: the legacy planner is that mutant's bug), or
+    # for a peer's mutant, the unmodified adapter does.
+    control = run_differential(outcome.report.config.replace(planner="fixed"), mutant.control_factory)
     assert control.passed, (name, control.render())
+
+
+def test_diffmoe_fuzz_shrinks_the_planted_vllm_carve_to_its_zoo_config(capsys):
+    # The zoo row's config is not typed from a guess: it is what the command prints, and it is
+    # minimal (one token, one expert, K = 1, H and I at the domain's floor: nothing to remove).
+    mutant = MUTANTS["vllm-cache2-in-ws2"]
+    mutant.fetch_peer()
+    code = cli.main(["fuzz", "--impl", mutant.impl, "--seed", "0", "--max-examples", "30", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1, data
+    shrunk = MoEConfig.from_dict(data["config"])
+    assert (shrunk.num_tokens, shrunk.num_experts, shrunk.topk) == (1, 1, 1), shrunk
+    assert shrunk.hidden == shrunk.inter == size_floor(shrunk.quant), shrunk
+    assert shrunk == mutant.config, (shrunk, mutant.config)
+    assert data["replay"] == check_command(mutant.config, mutant.impl)

@@ -388,7 +388,12 @@ def test_the_aliasing_probe_catches_views_that_do_not_alias(monkeypatch):
 
 
 @triton.jit
-def _reciprocal_div_kernel(x_ptr, y_ptr, q_ptr, n, BLOCK: tl.constexpr):
+def reciprocal_div(x, y):
+    return x * (1.0 / y)  # two roundings: not the correctly rounded quotient
+
+
+@triton.jit
+def _reciprocal_div_kernel(x_ptr, y_ptr, q_ptr, n, BLOCK: tl.constexpr, DIVIDE: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=1.0)
@@ -401,6 +406,26 @@ def test_the_division_probe_catches_a_division_by_reciprocal(monkeypatch):
     r = conformance.probe_fp32_div(CPU, True)
     assert r.status == DEFECT and 0 < r.mismatches < r.total, r
     assert "max 1 ulp" in r.detail
+
+
+def test_the_division_probe_verifies_the_division_the_kernels_use():
+    """Where `/` is not correctly rounded (CUDA's div.full.f32), the doctor runs the kernels'
+    own division on the same inputs: tl.math.div_rn verifies clean, a reciprocal multiply does not."""
+    good = conformance.probe_fp32_div(CPU, True, HOOKS)
+    assert good.workaround_mismatches == 0 and good.workaround_total == good.total, good
+    bad_hooks = dataclasses.replace(HOOKS, workarounds={
+        **HOOKS.workarounds, "fp32_div": dataclasses.replace(HOOKS.workarounds["fp32_div"], software=reciprocal_div)})
+    bad = conformance.probe_fp32_div(CPU, True, bad_hooks)
+    assert 0 < bad.workaround_mismatches < bad.total, bad
+
+
+@pytest.mark.parametrize("verified, trusted", [(0, True), (5, False)])
+def test_a_division_defect_is_trusted_only_where_the_kernels_division_verifies(verified, trusted):
+    """fp32_div's workaround has no switch (every backend gets div_rn): a DEFECT row is trusted
+    exactly when that division verified clean on the probe inputs."""
+    row = conformance._row(result("fp32_div", DEFECT, workaround_mismatches=verified, workaround_total=10),
+                           switches_of(NO_WORKAROUNDS), HOOKS)
+    assert row.workaround_applied and row.trusted is trusted, row
 
 
 def test_the_exp_probe_enforces_its_bound(monkeypatch):
@@ -488,7 +513,7 @@ def test_doctor_without_hooks_judges_the_backend_alone(unfixed_interpreter, caps
 def test_the_optimized_hooks_name_its_own_switches():
     """Each BackendTraits switch has its workarounds, and TRAIT_PROBES gates each switch on the
     primitives whose workaround it turns on."""
-    assert {w.trait for w in HOOKS.workarounds.values()} == set(backend.TRAIT_FIELDS)
+    assert {w.trait for w in HOOKS.workarounds.values()} - {None} == set(backend.TRAIT_FIELDS)
     for trait, keys in backend.TRAIT_PROBES.items():
         assert {k for k, w in HOOKS.workarounds.items() if w.trait == trait} == set(keys)
     assert HOOKS.switches(CPU) == (switches_of(backend_traits(CPU)), None)
@@ -539,7 +564,7 @@ def test_which_rows_the_exit_code_trusts(status, traits, verified, trusted):
                                   workaround_total=None if verified is None else 10), switches_of(traits), HOOKS)
     assert row.trusted is trusted, row
     # primitives without any workaround are trusted only when ok
-    for key in ("fp8_dot", "fp32_div", "aliasing"):
+    for key in ("fp8_dot", "aliasing"):
         assert conformance._row(result(key, status), switches_of(traits), HOOKS).trusted is (status == OK)
 
 

@@ -103,3 +103,49 @@ def test_the_doctor_shows_the_gated_defects_unguarded_when_they_are_suspended(ca
     for key in fixes.GATED_FIXES:
         assert rows[key]["status"] == DEFECT and not rows[key]["trusted"], rows[key]
         assert rows[key]["workaround"].startswith("NONE: "), rows[key]
+
+
+_CONFIGS = [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})]
+
+
+def _doubling(**autotune):
+    @triton.autotune(configs=_CONFIGS, key=["n"], **autotune)
+    @triton.jit
+    def kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2.0, mask=offs < n)
+
+    return kernel
+
+
+def _run(kernel, n=100):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    y = torch.full_like(x, float("nan"))
+    kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+    return x, y
+
+
+def test_an_autotuned_kernel_raises_without_the_fix_and_runs_its_first_config_with_it():
+    kernel = _doubling()
+    with fixes.suspended(gated=True), pytest.raises(RuntimeError, match="0 active drivers"):
+        _run(kernel)
+    assert "autotune_driver" in fixes.gated_installed()
+    x, y = _run(kernel)
+    assert torch.equal(y, x * 2.0)
+    assert kernel.best_config is _CONFIGS[0]  # every config timed alike: the first one kept
+
+
+def test_the_untimed_choice_is_made_after_tritons_own_pruning_and_a_kernels_own_benchmarker_is_kept():
+    pruned = _doubling(prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]})
+    x, y = _run(pruned)
+    assert torch.equal(y, x * 2.0) and pruned.best_config is _CONFIGS[1]
+    timed = []
+
+    def own_bench(kernel_call, quantiles):  # a kernel's own benchmarker: it, not the fix, times the configs
+        kernel_call()
+        timed.append(len(timed))
+        return [float(-len(timed))] * len(quantiles)  # each config faster than the one before
+
+    mine = _doubling(do_bench=own_bench)
+    x, y = _run(mine)
+    assert torch.equal(y, x * 2.0) and len(timed) == len(_CONFIGS) and mine.best_config is _CONFIGS[-1]

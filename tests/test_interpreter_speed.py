@@ -80,3 +80,31 @@ def test_the_overflow_sanitizer_is_skipped_only_while_its_assertions_are_off():
     finally:
         assert interpreter_speed.install() == "installed"
     assert not builder.options.sanitize_overflow
+
+
+def test_numpy_dtypes_come_from_a_memo_of_the_interpreters_own_answers():
+    """Every Triton dtype, as a scalar, a block and a pointer, maps to what triton's own
+    _get_np_dtype says; an unknown dtype still raises as it does; uninstall puts it back."""
+    from triton.runtime import interpreter
+
+    tl = interpreter.tl
+    fast = interpreter._get_np_dtype
+    original = fast.__wrapped__
+    assert fast is not original, "install memoizes the lookup"
+    scalars = [tl.int1, tl.float16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32,
+               tl.uint32, tl.int64, tl.uint64, tl.bfloat16, tl.float8e5, tl.float8e5b16, tl.float8e4nv,
+               tl.float8e4b8, tl.float8e4b15]
+    for dt in scalars:
+        for form in (dt, tl.block_type(dt, [4]), tl.pointer_type(dt), tl.block_type(tl.pointer_type(dt), [2])):
+            assert fast(form) == original(form), form
+            assert fast(form) == original(form), f"{form}, answered from the memo"
+    with pytest.raises(KeyError):
+        original(tl.void)
+    with pytest.raises(KeyError):
+        fast(tl.void)
+    interpreter_speed.uninstall()
+    try:
+        assert interpreter._get_np_dtype is original
+    finally:
+        assert interpreter_speed.install() == "installed"
+    assert interpreter._get_np_dtype is not original

@@ -68,3 +68,25 @@ def test_expert_map_shrinks_the_weights_to_local_experts():
     cfg = MoEConfig(num_experts=6, topk=2, expert_map=(0, -1, 1, -1, 2, -1))
     p = make_problem(cfg)
     assert p.w1.shape[0] == 3 and p.expert_map.tolist() == [0, -1, 1, -1, 2, -1]
+
+
+def test_uncomputed_rows_take_the_references_values_and_computed_rows_keep_theirs():
+    """Under an expert map the rows of remote (and unrouted) slots carry no value: settling gives
+    them the reference's, so no oracle judges them; a wrong value in a computed row stays."""
+    import torch
+
+    from diffmoe.config import MoEConfig
+    from diffmoe.problem import make_problem, settle_uncomputed_rows
+    from diffmoe.vocabulary import Buffers
+    from reference import reference_moe
+
+    config = MoEConfig(num_tokens=4, num_experts=4, topk=2, hidden=128, inter=128, expert_map=(0, 1, -1, -1))
+    problem = make_problem(config)
+    slots = problem.computed_slots()
+    ids = problem.topk_ids.flatten()
+    assert slots.tolist() == [bool(0 <= int(i) < 2) for i in ids] and not slots.all() and slots.any()
+    ref = reference_moe(problem).intermediates
+    down = torch.full_like(ref[Buffers.DOWN_OUTPUT], float("nan"))  # nothing written anywhere
+    settle_uncomputed_rows(problem, ref, {Buffers.DOWN_OUTPUT: down})
+    assert torch.equal(down[~slots], ref[Buffers.DOWN_OUTPUT][~slots])
+    assert torch.isnan(down[slots]).all()  # the computed rows are still judged as they are

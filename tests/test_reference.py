@@ -73,3 +73,25 @@ def test_quantisation_saturates_rounds_to_nearest_even_and_floors_the_scale():
     assert big.float().tolist() == [[448.0, 0.5]]
     zeros, floor = quantize_activation(torch.zeros(1, 4), "fp8-token")
     assert floor.item() == pytest.approx(1 / (448 * 512)) and torch.all(zeros.float() == 0)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("quant", ["fp8-tensor", "fp8-token", "fp8-block"])
+def test_activation_scales_are_correctly_rounded_quotients_on_every_device(quant, device):
+    """scale = amax / 448 is the correctly rounded float32 quotient on every device. The
+    float64 quotient of two float32 values, rounded once to float32, is the correctly rounded
+    float32 quotient (53 >= 2 * 24 + 2 bits). torch on CUDA divides by a Python scalar as a
+    multiply by its reciprocal, one ulp off for 3.40625 among others: on a GPU this fails
+    without reference.moe.over_fp8_max."""
+    amaxes = torch.arange(0x3F80, 0x4100, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()  # [1, 8)
+    amaxes = amaxes[(amaxes.double() / 448).float() != amaxes * (1 / 448)]  # where a reciprocal multiply is off
+    assert 3.40625 in amaxes.tolist() and amaxes.numel() > 10
+    rows = torch.zeros(amaxes.numel(), 128)
+    rows[:, 0] = amaxes  # one group, one token, one tensor per row
+    for i in range(rows.shape[0]):
+        _, scale = quantize_activation(rows[i:i + 1].to(device), quant)
+        want = (amaxes[i].double() / 448).float()
+        assert scale.flatten()[0].cpu() == want, (quant, device, amaxes[i].item())

@@ -267,3 +267,27 @@ def test_a_zero_token_call_runs_under_the_vllm_profile(quant):
     diffmoe = reference_moe(make_problem(cfg.replace(numerics="diffmoe"), num_tokens=0))
     assert run.output.shape == (0, 128)
     assert {n: v.shape for n, v in run.intermediates.items()} == {n: v.shape for n, v in diffmoe.intermediates.items()}
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("quant", ["fp8-tensor", "fp8-token", "fp8-block", "fused"])
+def test_vllm_scales_are_correctly_rounded_quotients_on_every_device(quant, device):
+    """amax / 448 as CUDA's float division rounds it: the float64 quotient rounded once (torch on
+    CUDA would multiply by the reciprocal of a Python scalar, one ulp high for 3.40625)."""
+    amax = torch.tensor(3.40625)
+    assert (amax.double() / 448).float() != amax * (1 / 448)  # a value where the two part
+    row = torch.zeros(1, 256)
+    row[0, 0] = amax
+    if quant == "fused":  # silu(40) is 40 in float32: the block's amax is 40 * up = 136.25
+        gate_up = torch.zeros(1, 256, dtype=torch.bfloat16)
+        gate_up[0, 0], gate_up[0, 128] = 40.0, amax
+        act = torch.tensor(40.0) * amax
+        assert (act.double() / 448).float() != act * (1 / 448)
+        scale = vllm.silu_and_mul_per_block_quant(gate_up.to(device))[1]
+        assert scale.flatten()[0].cpu() == (act.double() / 448).float()
+        return
+    scale = vllm.quantize(row.to(device), quant)[1]
+    assert scale.flatten()[0].cpu() == (amax.double() / 448).float()
