@@ -220,7 +220,7 @@ DEFAULT_IMPLEMENTATION = "optimized:make_implementation"
 DEFAULT_IMPLEMENTATION_NAME = DEFAULT_IMPLEMENTATION.partition(":")[0]
 # Short names for the peers (peers/, third-party kernels run from their own wheels): `--impl vllm`.
 IMPLEMENTATION_ALIASES = {
-    "vllm": "peers.vllm_0_33:make", "lmdeploy": "peers.lmdeploy_0_18:make",
+    "vllm": "peers.vllm_0_33:make", "lmdeploy": "peers.lmdeploy_0_18:make", "liger": "peers.liger_0_8:make",
     # every supported vLLM release, spelled as `diffmoe peers fetch` spells it (peers/vllm_core.py RELEASES)
     "vllm==0.28.0": "peers.vllm_0_28:make", "vllm==0.30.0": "peers.vllm_0_30:make", "vllm==0.33.0": "peers.vllm_0_33:make",
 }

@@ -1,7 +1,9 @@
 """The peer wheel cache: third-party MoE kernels (peers/) are loaded from their own pinned wheels.
 
 A peer package cannot be a pip extra beside diffmoe's torch/triton pins (vllm 0.33.0 pins
-torch==2.14.0; lmdeploy 0.18.0 pins torch<=2.12.1 and triton<=3.7.1), and no third-party source is copied into this repository. Instead
+torch==2.14.0; lmdeploy 0.18.0 pins torch<=2.12.1 and triton<=3.7.1), and no third-party source is copied into this repository
+(liger-kernel 0.8.5 could be an extra, but it is fetched the same way, so that every peer runs
+the pinned files and nothing else of its package). Instead
 `diffmoe peers fetch NAME` runs
 
     python -m pip download --no-deps --only-binary :all: --platform PLATFORM [--python-version V
@@ -102,6 +104,7 @@ VLLM_RELEASES: dict[str, PeerWheel] = {
     "vllm==0.30.0": _vllm("0.30.0", "ef52ee58c410ead0b8afb190838fa4cbcb52075596f67862a03859d984966ac4"),  # 314,883,777
     "vllm==0.33.0": _vllm("0.33.0", "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"),  # 336,361,138
 }
+_LIGER = "liger_kernel"
 PEERS: dict[str, PeerWheel] = {
     "vllm": VLLM_RELEASES["vllm==0.33.0"],  # the default vLLM pin: `--impl vllm`, the same cache as vllm==0.33.0
     **VLLM_RELEASES,
@@ -121,6 +124,21 @@ PEERS: dict[str, PeerWheel] = {
         ),
         license="Apache-2.0",
         python="3.11",
+    ),
+    "liger": PeerWheel(
+        name="liger",
+        package="liger-kernel",
+        version="0.8.5",
+        filename="liger_kernel-0.8.5-py3-none-any.whl",
+        # measured on the wheel PyPI served on 2026-12-04 (910,117 bytes)
+        sha256="60789cd576af073ab9b192b570d2597fd0cdad489cd62fb44fb16256d43754c9",
+        files=(
+            f"{_LIGER}/ops/fused_moe.py",  # LigerFusedMoEFunction (its forward: the run sequence), compute_routing_metadata
+            f"{_LIGER}/ops/fused_moe_kernels.py",  # the routing, fused up-proj + SwiGLU, down-proj and gather-sum kernels
+            f"{_LIGER}/ops/utils.py",  # ensure_contiguous (the forward's decorator)
+            f"{_LIGER}/utils.py",  # infer_device (ops/utils.py imports it)
+        ),
+        license="BSD-2-Clause",
     ),
 }
 
