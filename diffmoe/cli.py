@@ -74,8 +74,8 @@ import warnings
 from typing import Any, Sequence, TextIO
 
 from .config import (
-    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, OUTPUT_PLACEMENTS, PLANNERS,
-    QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
+    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, NUMERICS_PROFILES,
+    OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
 )
 from .contract import (
     CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, Schedule, WorkspacePlan, factory_attribute,
@@ -124,6 +124,7 @@ CONFIG_FLAGS = {
     "inf_rows": "inf_rows",
     "tie_heavy": "tie_heavy",
     "random_orders": "random_orders",
+    "numerics": "numerics",
 }
 
 # The one table of oracles (diffmoe/oracles/registry.py; its names cost no torch import).
@@ -269,6 +270,8 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")
     i.add_argument("--tie-heavy", action="store_const", const=True, help="hidden states with many values on e4m3 rounding midpoints")
     g.add_argument("--random-orders", type=_int, metavar="N", help=f"random program orders beside identity and reversed, 0..{MAX_RANDOM_ORDERS} (default {d.random_orders}; seeds --seed+1..--seed+N)")
+    g.add_argument("--numerics", choices=NUMERICS_PROFILES, help="the rounding the reference follows (default: the one the "
+                                                                 "implementation declares, diffmoe's unless it names one; vllm's kernel declares vllm)")
     g.add_argument("--config", metavar="FILE.json", help="read the whole config from a JSON file instead")
 
 

@@ -48,6 +48,13 @@ MAX_EXPERT_SCALE_SPREAD = 4
 DEFAULT_RANDOM_ORDERS = 2
 MAX_RANDOM_ORDERS = 16
 
+# Whose rounding the reference follows (reference/numerics.py): diffmoe's own (DESIGN.md's
+# numerics, reference/moe.py) or vLLM 0.33.0's rounding points. A config's numerics=None means
+# the profile the implementation under test declares (diffmoe.contract.NUMERICS), diffmoe's
+# when it declares none.
+NUMERICS_PROFILES = ("diffmoe", "vllm")
+DEFAULT_NUMERICS = NUMERICS_PROFILES[0]
+
 # fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.
 QUANT_BLOCK = 128
 
@@ -125,7 +132,7 @@ def _bounded_int(text: str) -> int:
 
 # Fields beyond the problem's core description, named in summaries and commands only when set.
 _OPT_IN_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "zero_rows", "nan_rows", "inf_rows",
-                  "tie_heavy", "random_orders")
+                  "tie_heavy", "random_orders", "numerics")
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,8 @@ class MoEConfig:
         seed: problem seed; the same config gives bitwise the same problem.
         random_orders: random program orders the schedule oracle runs beside identity and
             reversed, 0..MAX_RANDOM_ORDERS; their seeds are seed+1 .. seed+random_orders.
+        numerics: the reference's rounding, one of NUMERICS_PROFILES, or None for the profile
+            the implementation declares (the harness resolves it before building the problem).
     """
 
     num_tokens: int = 8
@@ -191,6 +200,7 @@ class MoEConfig:
     inf_rows: int = 0
     tie_heavy: bool = False
     random_orders: int = DEFAULT_RANDOM_ORDERS
+    numerics: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_map, list):  # accept a list from callers; store the hashable tuple
@@ -221,6 +231,11 @@ class MoEConfig:
     @property
     def is_fp8(self) -> bool:
         return self.quant != "bf16"
+
+    @property
+    def numerics_profile(self) -> str:
+        """The profile the reference follows: numerics, or DEFAULT_NUMERICS when it is None."""
+        return DEFAULT_NUMERICS if self.numerics is None else self.numerics
 
     @property
     def num_local_experts(self) -> int:
@@ -295,6 +310,9 @@ class MoEConfig:
             raise ValueError(f"topk must be 1 when router_weight='input' (the weight scales the token itself), got {self.topk}")
         self._validate_expert_map()
         self._validate_inputs()
+        if self.numerics is not None and self.numerics not in NUMERICS_PROFILES:
+            error = ValueError if isinstance(self.numerics, str) else TypeError
+            raise error(f"numerics must be None or one of {list(NUMERICS_PROFILES)}, got {quoted(self.numerics)}")
         if self.estimated_bytes > MAX_PROBLEM_BYTES:
             raise ValueError(
                 f"num_tokens, num_experts, topk, hidden and inter describe {self.estimated_bytes / 2**30:.1f} GiB of float32 "

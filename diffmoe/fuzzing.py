@@ -55,7 +55,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from .config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
-from .contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, unsupported
+from .contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
 from .fuzz_database import ResumingDatabase
 from .fuzz_tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy
 from .report import Finding, Oracles, Report
@@ -283,6 +283,7 @@ def fuzz(
     def run_one(config: MoEConfig) -> None:
         if unsupported(implementation, config) is not None:
             reject()  # the implementation's own `supports` refuses it: not an example (contract.SUPPORTS)
+        config = judged_config(config, implementation)  # as run_differential resolves it: drawn == reported
         outcome.examples += 1
         phase = PHASE_SHRINK if first_failure_at else PHASE_GENERATE
         if first_failure_at:

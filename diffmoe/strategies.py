@@ -39,6 +39,9 @@ The opt-in inputs (drawn after the seed, so they shrink away first; each shrinks
 * zero_rows, nan_rows, inf_rows: only with `special_rows=True`, each 0..MAX_SPECIAL_ROWS,
   cut to what the call's T holds (zero rows first, then NaN, then Inf).
 
+numerics is never drawn (always None): the rounding profile is the implementation's to declare
+(diffmoe.contract.NUMERICS), and the fuzzer resolves it as run_differential does.
+
 Budgets (enforced by construction: each size is drawn with an upper bound derived from the
 sizes already drawn, so nothing is filtered out):
 

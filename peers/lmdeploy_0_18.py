@@ -40,6 +40,9 @@ non-identity schedule permutes each launch's programs at the interpreter's grid 
 the hardware order runs. No `run_stage`: the buffers a stage would be fed live inside
 lmdeploy's one Python call.
 
+Numerics: lmdeploy has no profile of its own yet (the factory declares no `numerics`), so it is
+judged against diffmoe's; README's "Testing lmdeploy's kernel" lists what one would hold.
+
 Owns the adapter (loading lmdeploy's files, the run sequence, launch reporting, the declared
 plan). Must not copy lmdeploy source or change its numerics: differences are reported, not fixed.
 """
