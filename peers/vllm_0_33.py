@@ -7,14 +7,13 @@ alignment under an expert map, vLLM PR #54083; a clamp limit unfuses the FP8-blo
 Numerics: the factory declares the reference's `vllm` profile (`make.numerics`, diffmoe.contract
 NUMERICS): vLLM 0.33.0's rounding points (reference/numerics.py, from the same vLLM sources
 peers/vllm_ops.py follows), so a check with numerics=None judges this release against what
-vLLM's own ops compute, and numerics="diffmoe" against diffmoe's. The 0.28.0 and 0.30.0
-factories declare none (judged under diffmoe's) until their rounding is checked against it.
+vLLM's own ops compute, and numerics="diffmoe" against diffmoe's. Every release declares it
+(peers/vllm_core.py, attach).
 """
 
 from .vllm_core import VARIANTS, VllmFiles, VllmTritonMoE, check_supported, plan_workspaces, release_factory  # noqa: F401
 
 make = release_factory("0.33.0", __name__)
-make.numerics = "vllm"  # diffmoe.contract.NUMERICS: judged against vLLM 0.33.0's rounding points
 RELEASE = make.release
 PEER = RELEASE.peer  # its diffmoe.peer_wheels name ("vllm"), what `diffmoe peers fetch` takes
 VllmFiles = VllmFiles.of_release(RELEASE)  # noqa: F811 - this release's files (tests reach vLLM's modules through it)
