@@ -48,11 +48,12 @@ MAX_EXPERT_SCALE_SPREAD = 4
 DEFAULT_RANDOM_ORDERS = 2
 MAX_RANDOM_ORDERS = 16
 
-# Whose rounding the reference follows (reference/numerics.py): diffmoe's own (DESIGN.md's
-# numerics, reference/moe.py) or vLLM 0.33.0's rounding points. A config's numerics=None means
+# Whose rounding the reference follows: diffmoe's own (DESIGN.md's numerics, reference/moe.py),
+# vLLM 0.33.0's rounding points (reference/numerics.py) or Liger-Kernel 0.8.5's
+# (reference/numerics_liger.py). A config's numerics=None means
 # the profile the implementation under test declares (diffmoe.contract.NUMERICS), diffmoe's
 # when it declares none.
-NUMERICS_PROFILES = ("diffmoe", "vllm")
+NUMERICS_PROFILES = ("diffmoe", "vllm", "liger")
 DEFAULT_NUMERICS = NUMERICS_PROFILES[0]
 
 # fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.

@@ -211,4 +211,5 @@ def make(config: MoEConfig, device=None) -> LigerFusedMoE:
 
 
 make.plan_workspaces = plan_workspaces
+make.numerics = "liger"  # diffmoe.contract.NUMERICS: judged against Liger's rounding points (reference/numerics_liger.py)
 make.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses

@@ -1,8 +1,10 @@
 """The reference MoE: plain PyTorch, a fresh tensor per stage, every intermediate returned.
 
 Slow and obviously right. The config's numerics profile (config.numerics_profile) picks the
-rounding: "diffmoe" (below) or "vllm", vLLM 0.33.0's own rounding points, which
-reference/numerics.py holds, one function each, and which this module calls at those points.
+rounding: "diffmoe" (below), "vllm", vLLM 0.33.0's own rounding points, which
+reference/numerics.py holds, one function each, or "liger", Liger-Kernel 0.8.5's
+(reference/numerics_liger.py: SwiGLU of the float32 gate/up product, the router weight applied
+in the reduce), which this module calls at those points.
 diffmoe's numerics are the ones DESIGN.md states as vLLM's:
   * dynamic activation quantisation: per tensor and per token, scale = max(amax / 448,
     1 / (448 * 512)); per 1x128 group, scale = max(amax, 1e-10) / 448; codes = cast(clamp(x /
@@ -48,7 +50,8 @@ from diffmoe.problem import Problem
 from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages, materialised_buffers, pipeline_stages
 
 from . import numerics as vllm
-from .numerics import over_fp8_max  # both profiles' amax / 448
+from . import numerics_liger as liger
+from .numerics import over_fp8_max  # every profile's amax / 448
 
 TOKEN_SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # per-tensor and per-token scale floor (vLLM)
 GROUP_AMAX_FLOOR = 1e-10  # 1x128 group amax floor (vLLM)
@@ -137,6 +140,11 @@ def _vllm(cfg: MoEConfig) -> bool:
     return cfg.numerics_profile == vllm.PROFILE
 
 
+def _liger(cfg: MoEConfig) -> bool:
+    """reference/numerics_liger.py: SwiGLU of the float32 product, the router weight in the reduce."""
+    return cfg.numerics_profile == liger.PROFILE
+
+
 def _quantize(x: torch.Tensor, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return vllm.quantize(x, cfg.quant) if _vllm(cfg) else quantize_activation(x, cfg.quant)
 
@@ -175,16 +183,10 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         codes, scale = _quantize(x, cfg)  # [T, H] fp8, scales
         return {b.QUANTED_GATE_UP_INPUT: codes, b.QUANTED_GATE_UP_INPUT_SCALES: scale}
     if stage == Stages.GATE_UP_GEMM:
-        a1, a1_scale = given[b.HIDDEN_STATES], None  # [T, H] bf16
-        if cfg.is_fp8:
-            a1, a1_scale = given[b.QUANTED_GATE_UP_INPUT], given[b.QUANTED_GATE_UP_INPUT_SCALES]
-            if q != "fp8-tensor":
-                a1_scale = a1_scale.repeat_interleave(k, dim=0)  # one row of scales per routed row
-        elif cfg.router_weight == "input":
-            a1 = _weighted_input(a1, given[b.TOPK_WEIGHTS], cfg)
-        a1 = a1.repeat_interleave(k, dim=0)  # [TK, H]: routed row t*K + k reads token t
-        gate_up = _gemm(a1, a1_scale, local_expert_ids(problem), problem.w1, problem.w1_scale, cfg)  # [TK, 2I] fp32
-        return {b.GATE_UP_OUTPUT: gate_up.to(torch.bfloat16)}
+        return {b.GATE_UP_OUTPUT: _gate_up_product(given, problem).to(torch.bfloat16)}  # [TK, 2I] bf16
+    if stage == Stages.ACTIVATION and _liger(cfg):
+        # Liger's fused kernel: SwiGLU of the float32 product, which the bf16 gate_up_output no longer holds
+        return {b.ACTIVATION_OUTPUT: liger.swiglu_of_product(_gate_up_product(given, problem))}  # [TK, I] bf16
     if stage == Stages.ACTIVATION:
         return {b.ACTIVATION_OUTPUT: _silu_and_mul(given[b.GATE_UP_OUTPUT], cfg)}  # [TK, I] bf16
     if stage == Stages.ACT_QUANT and q == "fp8-block" and _vllm(cfg):
@@ -202,18 +204,36 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         else:
             a2, a2_scale = given[b.ACTIVATION_OUTPUT], None  # [TK, I] bf16
         down = _gemm(a2, a2_scale, local_expert_ids(problem), problem.w2, problem.w2_scale, cfg)  # [TK, H] fp32
-        if cfg.router_weight == "down":
+        if cfg.router_weight == "down" and not _liger(cfg):  # Liger weighs in the reduce
             down = down * given[b.TOPK_WEIGHTS].reshape(-1, 1)  # [TK, H] weighted, before the rounding
         return {b.DOWN_OUTPUT: down.to(torch.bfloat16)}  # [TK, H] bf16
     if stage == Stages.REDUCE:
         per_token = given[b.DOWN_OUTPUT].view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous at T = 0
         if _vllm(cfg) and k in vllm.BF16_SUM_TOPK:
             return {b.OUTPUT: vllm.moe_sum(per_token)}  # [T, H] bf16
+        if _liger(cfg):
+            return {b.OUTPUT: liger.weighted_sum(per_token, given[b.TOPK_WEIGHTS].view(t, k))}  # [T, H] bf16
         acc = per_token[:, 0].float()  # [T, H] fp32
         for j in range(1, k):
             acc = acc + per_token[:, j].float()  # summed in k order, as the reduce kernel does
         return {b.OUTPUT: acc.to(torch.bfloat16)}  # [T, H] bf16
     raise ValueError(f"stage must be one of {[s.name for s in pipeline_stages(cfg)]}, got {stage!r}")
+
+
+def _gate_up_product(given: dict[str, torch.Tensor], problem: Problem) -> torch.Tensor:
+    """The gate/up GEMM of the routed rows in float32, before its bf16 rounding: [TK, 2I]."""
+    cfg = problem.config
+    b = Buffers
+    k = problem.topk_ids.shape[1]
+    a1, a1_scale = given[b.HIDDEN_STATES], None  # [T, H] bf16
+    if cfg.is_fp8:
+        a1, a1_scale = given[b.QUANTED_GATE_UP_INPUT], given[b.QUANTED_GATE_UP_INPUT_SCALES]
+        if cfg.quant != "fp8-tensor":
+            a1_scale = a1_scale.repeat_interleave(k, dim=0)  # one row of scales per routed row
+    elif cfg.router_weight == "input":
+        a1 = _weighted_input(a1, given[b.TOPK_WEIGHTS], cfg)
+    a1 = a1.repeat_interleave(k, dim=0)  # [TK, H]: routed row t*K + k reads token t
+    return _gemm(a1, a1_scale, local_expert_ids(problem), problem.w1, problem.w1_scale, cfg)  # [TK, 2I] fp32
 
 
 def reference_moe(problem: Problem) -> RunResult:

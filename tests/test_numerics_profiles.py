@@ -59,7 +59,7 @@ def test_a_bad_declared_profile_is_named(value):
         raise AssertionError("not built")
 
     factory.numerics = value
-    with pytest.raises(ValueError, match=r"numerics attribute must be one of \['diffmoe', 'vllm'\]"):
+    with pytest.raises(ValueError, match=r"numerics attribute must be one of \['diffmoe', 'vllm', 'liger'\]"):
         judged_config(MoEConfig(**SMALL), factory)
     with pytest.raises(ValueError, match="numerics attribute"):
         run_differential(MoEConfig(**SMALL), factory)
@@ -90,6 +90,15 @@ def test_the_shipped_implementation_is_flagged_under_vllms_profile(changes, how,
     assert report.config.numerics == "vllm" and "--numerics vllm" in report.replay_command()
     assert {(f.oracle, f.stage) for f in report.findings} == {
         (Oracles.DIFFERENTIAL, stage), (Oracles.TEACHER_FORCING, stage)}, report.render()
+
+
+def test_the_shipped_implementation_is_flagged_under_ligers_profile():
+    """Liger takes SwiGLU of the float32 gate/up product and weighs the down rows in the reduce;
+    the shipped path rounds the product to bf16 first and weighs before the down rounding: under
+    `numerics="liger"` the differential names the activation first."""
+    report = run_differential(MoEConfig(**SMALL, numerics="liger"), oracles=[Oracles.DIFFERENTIAL])
+    assert report.config.numerics == "liger" and "--numerics liger" in report.replay_command()
+    assert [f.stage for f in report.findings] == [Stages.ACTIVATION], report.render()
 
 
 def test_a_given_problem_is_judged_under_the_resolved_profile():
