@@ -49,11 +49,12 @@ DEFAULT_RANDOM_ORDERS = 2
 MAX_RANDOM_ORDERS = 16
 
 # Whose rounding the reference follows: diffmoe's own (DESIGN.md's numerics, reference/moe.py),
-# vLLM 0.33.0's rounding points (reference/numerics.py) or Liger-Kernel 0.8.5's
-# (reference/numerics_liger.py). A config's numerics=None means
+# vLLM 0.33.0's rounding points (reference/numerics.py), Liger-Kernel 0.8.5's
+# (reference/numerics_liger.py) or lmdeploy 0.18.0's (reference/numerics_lmdeploy.py, fp8-block
+# only: the one scheme its pipeline runs). A config's numerics=None means
 # the profile the implementation under test declares (diffmoe.contract.NUMERICS), diffmoe's
 # when it declares none.
-NUMERICS_PROFILES = ("diffmoe", "vllm", "liger")
+NUMERICS_PROFILES = ("diffmoe", "vllm", "liger", "lmdeploy")
 DEFAULT_NUMERICS = NUMERICS_PROFILES[0]
 
 # fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.
@@ -314,6 +315,9 @@ class MoEConfig:
         if self.numerics is not None and self.numerics not in NUMERICS_PROFILES:
             error = ValueError if isinstance(self.numerics, str) else TypeError
             raise error(f"numerics must be None or one of {list(NUMERICS_PROFILES)}, got {quoted(self.numerics)}")
+        if self.numerics == "lmdeploy" and self.quant != "fp8-block":
+            raise ValueError(f"numerics='lmdeploy' needs quant='fp8-block' (lmdeploy's blocked-FP8 pipeline is the "
+                             f"profile), got quant={quoted(self.quant)}")
         if self.estimated_bytes > MAX_PROBLEM_BYTES:
             raise ValueError(
                 f"num_tokens, num_experts, topk, hidden and inter describe {self.estimated_bytes / 2**30:.1f} GiB of float32 "

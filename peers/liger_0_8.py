@@ -34,6 +34,9 @@ interpreter a non-identity schedule permutes each launch's programs at the grid 
 (diffmoe.grid_order, triton 3.9 only; `run` applies it, so it sets `orders_programs`). No
 `run_stage`: the buffers a stage would be fed live inside Liger's one Python call.
 
+Numerics: the factory declares the reference's `liger` profile (`make.numerics`,
+reference/numerics_liger.py): SwiGLU of the float32 product, the router weight in the reduce.
+
 Owns the adapter (loading Liger's files, the run sequence, launch reporting, the declared
 plan). Must not copy Liger source or change its numerics: differences are reported, not fixed.
 """

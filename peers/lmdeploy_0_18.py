@@ -40,8 +40,9 @@ non-identity schedule permutes each launch's programs at the interpreter's grid 
 the hardware order runs. No `run_stage`: the buffers a stage would be fed live inside
 lmdeploy's one Python call.
 
-Numerics: lmdeploy has no profile of its own yet (the factory declares no `numerics`), so it is
-judged against diffmoe's; README's "Testing lmdeploy's kernel" lists what one would hold.
+Numerics: the factory declares the reference's `lmdeploy` profile (`make.numerics`,
+reference/numerics_lmdeploy.py): lmdeploy's rounding points, so a check judges it against what
+its kernels compute; `numerics="diffmoe"` judges it against diffmoe's.
 
 Owns the adapter (loading lmdeploy's files, the run sequence, launch reporting, the declared
 plan). Must not copy lmdeploy source or change its numerics: differences are reported, not fixed.
@@ -247,4 +248,5 @@ def make(config: MoEConfig, device=None) -> LmdeployBlockedFP8MoE:
 
 
 make.plan_workspaces = plan_workspaces
+make.numerics = "lmdeploy"  # diffmoe.contract.NUMERICS: judged against lmdeploy's rounding points (reference/numerics_lmdeploy.py)
 make.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses

@@ -70,7 +70,8 @@ def _launch(op: str, grid: tuple[int, ...], tensors: dict[str, torch.Tensor], co
 
 def _amax_dropping_nan(x: torch.Tensor, dim=None, keepdim: bool = False) -> torch.Tensor:
     """max |x| as fmaxf(acc, fabsf(v)) from 0: NaN operands are dropped."""
-    a = x.float().abs().nan_to_num(nan=0.0)
+    a = x.float().abs()
+    a = torch.where(torch.isnan(a), torch.zeros_like(a), a)  # not nan_to_num: that also turns Inf into the largest float
     return a.amax() if dim is None else a.amax(dim=dim, keepdim=keepdim)
 
 

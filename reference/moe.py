@@ -2,9 +2,11 @@
 
 Slow and obviously right. The config's numerics profile (config.numerics_profile) picks the
 rounding: "diffmoe" (below), "vllm", vLLM 0.33.0's own rounding points, which
-reference/numerics.py holds, one function each, or "liger", Liger-Kernel 0.8.5's
+reference/numerics.py holds, one function each, "liger", Liger-Kernel 0.8.5's
 (reference/numerics_liger.py: SwiGLU of the float32 gate/up product, the router weight applied
-in the reduce), which this module calls at those points.
+in the reduce), or "lmdeploy", lmdeploy 0.18.0's blocked-FP8 pipeline
+(reference/numerics_lmdeploy.py: reciprocal-product scales, ratio-rescaled accumulation, silu
+rounded before the multiply, bf16 weighted reduce), which this module calls at those points.
 diffmoe's numerics are the ones DESIGN.md states as vLLM's:
   * dynamic activation quantisation: per tensor and per token, scale = max(amax / 448,
     1 / (448 * 512)); per 1x128 group, scale = max(amax, 1e-10) / 448; codes = cast(clamp(x /
@@ -51,6 +53,7 @@ from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages, materialised
 
 from . import numerics as vllm
 from . import numerics_liger as liger
+from . import numerics_lmdeploy as lmdeploy
 from .numerics import over_fp8_max  # every profile's amax / 448
 
 TOKEN_SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # per-tensor and per-token scale floor (vLLM)
@@ -99,10 +102,11 @@ def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str) -
 
 
 def expert_gemm(a: torch.Tensor, local_ids: torch.Tensor, w: torch.Tensor,
-                scales: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
+                scales: tuple[torch.Tensor, torch.Tensor, str] | None = None, fp8_gemm=vllm.fp8_gemm) -> torch.Tensor:
     """out[r] = a[r] @ w[local_ids[r]].T in float32; rows of non-local experts (-1) stay zero.
-    With scales (a_scale, w_scale, quant), a and w are FP8 codes, multiplied as vLLM's kernel
-    does (reference/numerics.fp8_gemm: the vllm profile)."""
+    With scales (a_scale, w_scale, quant), a and w are FP8 codes, multiplied as a peer's kernel
+    does: `fp8_gemm(a_rows, a_scale_rows, w_e, w_scale_e, quant)` (reference/numerics.fp8_gemm,
+    vLLM's; the lmdeploy profile's blocked_gemm)."""
     out = torch.zeros(a.shape[0], w.shape[1], dtype=torch.float32, device=a.device)  # [R, N]
     for e in range(w.shape[0]):
         rows = (local_ids == e).nonzero().flatten()  # routed rows of expert e
@@ -111,7 +115,7 @@ def expert_gemm(a: torch.Tensor, local_ids: torch.Tensor, w: torch.Tensor,
         else:
             a_scale, w_scale, quant = scales
             row_scale = a_scale if quant == "fp8-tensor" else a_scale[rows]  # one scale, or one per row
-            out[rows] = vllm.fp8_gemm(a[rows], row_scale, w[e], w_scale[e], quant)
+            out[rows] = fp8_gemm(a[rows], row_scale, w[e], w_scale[e], quant)
     return out
 
 
@@ -123,6 +127,9 @@ def _gemm(codes_or_values: torch.Tensor, a_scale: torch.Tensor | None, local_ids
         return expert_gemm(codes_or_values.float(), local_ids, w.float())
     if _vllm(cfg):
         return expert_gemm(codes_or_values, local_ids, w, (a_scale, w_scale, cfg.quant))
+    if _lmdeploy(cfg):
+        return expert_gemm(codes_or_values, local_ids, w, (a_scale, w_scale, cfg.quant),
+                           lambda a, sa, w, sw, quant: lmdeploy.blocked_gemm(a, sa, w, sw))
     a = dequantize_activation(codes_or_values, a_scale, cfg.quant)
     return expert_gemm(a, local_ids, dequantize_weight(w, w_scale, cfg.quant))
 
@@ -145,11 +152,24 @@ def _liger(cfg: MoEConfig) -> bool:
     return cfg.numerics_profile == liger.PROFILE
 
 
+def _lmdeploy(cfg: MoEConfig) -> bool:
+    return cfg.numerics_profile == lmdeploy.PROFILE
+
+
+def _weighs_in_reduce(cfg: MoEConfig) -> bool:
+    """Liger's and lmdeploy's down rows are unweighted: their reduce applies the router weight."""
+    return _liger(cfg) or _lmdeploy(cfg)
+
+
 def _quantize(x: torch.Tensor, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    if _lmdeploy(cfg):
+        return lmdeploy.quantize(x)
     return vllm.quantize(x, cfg.quant) if _vllm(cfg) else quantize_activation(x, cfg.quant)
 
 
 def _silu_and_mul(gate_up: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
+    if _lmdeploy(cfg):
+        return lmdeploy.silu_and_mul(gate_up)
     return vllm.silu_and_mul(gate_up) if _vllm(cfg) else silu_and_mul(gate_up)
 
 
@@ -204,15 +224,16 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         else:
             a2, a2_scale = given[b.ACTIVATION_OUTPUT], None  # [TK, I] bf16
         down = _gemm(a2, a2_scale, local_expert_ids(problem), problem.w2, problem.w2_scale, cfg)  # [TK, H] fp32
-        if cfg.router_weight == "down" and not _liger(cfg):  # Liger weighs in the reduce
+        if cfg.router_weight == "down" and not _weighs_in_reduce(cfg):
             down = down * given[b.TOPK_WEIGHTS].reshape(-1, 1)  # [TK, H] weighted, before the rounding
         return {b.DOWN_OUTPUT: down.to(torch.bfloat16)}  # [TK, H] bf16
     if stage == Stages.REDUCE:
         per_token = given[b.DOWN_OUTPUT].view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous at T = 0
         if _vllm(cfg) and k in vllm.BF16_SUM_TOPK:
             return {b.OUTPUT: vllm.moe_sum(per_token)}  # [T, H] bf16
-        if _liger(cfg):
-            return {b.OUTPUT: liger.weighted_sum(per_token, given[b.TOPK_WEIGHTS].view(t, k))}  # [T, H] bf16
+        if _weighs_in_reduce(cfg):
+            profile = liger if _liger(cfg) else lmdeploy
+            return {b.OUTPUT: profile.weighted_sum(per_token, given[b.TOPK_WEIGHTS].view(t, k))}  # [T, H] bf16
         acc = per_token[:, 0].float()  # [T, H] fp32
         for j in range(1, k):
             acc = acc + per_token[:, j].float()  # summed in k order, as the reduce kernel does

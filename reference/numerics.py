@@ -51,7 +51,8 @@ def over_fp8_max(t: torch.Tensor) -> torch.Tensor:
 def amax(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """max |x| as vLLM's reductions take it, fmaxf(acc, fabsf(v)) from 0: a NaN operand is
     dropped (CUDA's fmaxf returns the other operand). The amax of no element is 0."""
-    a = x.float().abs().nan_to_num(nan=0.0)
+    a = x.float().abs()
+    a = torch.where(torch.isnan(a), torch.zeros_like(a), a)  # not nan_to_num: that also turns Inf into the largest float
     if dim is None:
         return a.amax() if a.numel() else a.new_zeros(())
     return a.amax(dim=dim, keepdim=True)

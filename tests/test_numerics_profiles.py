@@ -59,7 +59,7 @@ def test_a_bad_declared_profile_is_named(value):
         raise AssertionError("not built")
 
     factory.numerics = value
-    with pytest.raises(ValueError, match=r"numerics attribute must be one of \['diffmoe', 'vllm', 'liger'\]"):
+    with pytest.raises(ValueError, match=r"numerics attribute must be one of \['diffmoe', 'vllm', 'liger', 'lmdeploy'\]"):
         judged_config(MoEConfig(**SMALL), factory)
     with pytest.raises(ValueError, match="numerics attribute"):
         run_differential(MoEConfig(**SMALL), factory)
@@ -99,6 +99,19 @@ def test_the_shipped_implementation_is_flagged_under_ligers_profile():
     report = run_differential(MoEConfig(**SMALL, numerics="liger"), oracles=[Oracles.DIFFERENTIAL])
     assert report.config.numerics == "liger" and "--numerics liger" in report.replay_command()
     assert [f.stage for f in report.findings] == [Stages.ACTIVATION], report.render()
+
+
+def test_the_shipped_implementation_is_flagged_under_lmdeploys_profile():
+    """lmdeploy scales by amax * float32(1/448); the shipped quant divides: under
+    `numerics="lmdeploy"` the differential names quant_input first."""
+    c = MoEConfig(**{**SMALL, "quant": "fp8-block", "topk": 2}, numerics="lmdeploy")
+    report = run_differential(c, oracles=[Oracles.DIFFERENTIAL])
+    assert report.findings and report.findings[0].stage == Stages.QUANT_INPUT, report.render()
+
+
+def test_the_lmdeploy_profile_is_for_blocked_fp8_only():
+    with pytest.raises(ValueError, match=r"numerics='lmdeploy' needs quant='fp8-block'.*got quant='bf16'"):
+        MoEConfig(**SMALL, numerics="lmdeploy")
 
 
 def test_a_given_problem_is_judged_under_the_resolved_profile():

@@ -88,3 +88,15 @@ def test_the_fused_silu_block_quant_takes_no_clamp():
     codes, scales = vllm_ops.silu_and_mul_per_block_quant(x, 128, vllm_ops.FP8)
     got = codes.float() * scales.repeat_interleave(128, dim=1)
     assert torch.allclose(got, torch.full_like(got, 20.0 * 20.0), rtol=0.07)  # silu(20) * 20, unclamped
+
+
+def test_the_amax_drops_nan_but_keeps_inf():
+    """fmaxf(acc, fabsf(v)) from 0: a NaN operand is dropped, an Inf wins (nan_to_num would have
+    made it the largest float, a scale no CUDA op computes)."""
+    from peers import vllm_ops
+    from reference import numerics
+
+    x = torch.tensor([[1.0, float("nan"), -float("inf"), 3.0]])
+    for amax in (vllm_ops._amax_dropping_nan(x), numerics.amax(x)):
+        assert amax.item() == float("inf")
+    assert numerics.amax(torch.tensor([[1.0, float("nan")]])).item() == 1.0
