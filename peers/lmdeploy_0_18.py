@@ -64,7 +64,7 @@ from diffmoe.contract import LaunchInfo, RunResult, Schedule, WorkspacePlan
 from diffmoe.execution import default_device
 from diffmoe.vocabulary import Buffers, Stages, pipeline_stages
 
-from . import PeerFiles, check_problem, install_interpreter_fixes, supports_from
+from . import PeerFiles, check_problem, install_interpreter_fixes, refuse_set_fields, supports_from
 
 PEER = "lmdeploy"
 VERSION = peer_wheels.PEERS[PEER].version
@@ -245,6 +245,11 @@ def check_supported(config: MoEConfig) -> None:
         raise ValueError(f"expert_map must be None for {name}: lmdeploy's expert_offset path is not wired into the adapter")
     if config.activation != "silu":
         raise ValueError(f"activation must be 'silu' for {name}, got {config.activation!r}")
+    refuse_set_fields(config, name, {
+        "swiglu_limit": "lmdeploy 0.18's silu_and_mul has no clamp",
+        "dropped_slots": "lmdeploy 0.18's route sort (fused_moe._get_sorted_idx_*) is not known to skip "
+                         "topk_ids -1, and the adapter wires no skip",
+    })
 
 
 def plan_workspaces(config: MoEConfig, num_tokens: int) -> WorkspacePlan:

@@ -65,7 +65,10 @@ from diffmoe.contract import LaunchInfo, Placement, RunResult, Schedule, Workspa
 from diffmoe.execution import default_device
 from diffmoe.vocabulary import Buffers, Stages, buffer_spec, pipeline_stages
 
-from . import PeerFiles, check_problem, install_interpreter_fixes, interpreting, supports_from, vllm_ops, vllm_standins
+from . import (
+    PeerFiles, check_problem, install_interpreter_fixes, interpreting, refuse_set_fields, supports_from, vllm_ops,
+    vllm_standins,
+)
 
 PEER = "vllm"
 VERSION = peer_wheels.PEERS[PEER].version
@@ -145,6 +148,10 @@ def check_supported(config: MoEConfig) -> None:
                          "with the down input's quant only for 128-block FP8")
     if config.activation != "silu":
         raise ValueError(f"activation must be 'silu' for peers.vllm_0_33, got {config.activation!r}")
+    refuse_set_fields(config, "peers.vllm_0_33", {
+        "swiglu_limit": "vLLM's clamp (activation_config.clamp_limit, swiglu_limit_func) is not wired into the adapter",
+        "dropped_slots": "the adapter's align and moe_sum stand-ins (peers/vllm_ops.py) do not skip topk_ids -1",
+    })
 
 
 def vllm_shapes(files: VllmFiles, config: MoEConfig, num_tokens: int):

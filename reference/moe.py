@@ -6,7 +6,9 @@ Slow and obviously right. Numerics are the ones DESIGN.md states as vLLM's:
     scale, -448, 448)) with torch's round-to-nearest-even cast to float8_e4m3fn;
   * GEMMs dequantise codes to float32 (code * scale) and accumulate in float32, then round to bf16;
   * silu_and_mul in float32: silu(gate) * up, rounded to bf16 before it is quantised, so the
-    fused and unfused flags give the same `quanted_down_input` bit for bit;
+    fused and unfused flags give the same `quanted_down_input` bit for bit; with
+    `swiglu_limit` the gate is clamped to max=limit and up to [-limit, limit] first (float32
+    clamps of the bf16 values, as vLLM 0.33's swiglu_limit_func);
   * router weight multiplied in float32 before the bf16 rounding of the down GEMM output (or
     into the hidden states, when router_weight='input');
   * reduce: a float32 sum over k in order 0..K-1, rounded to bf16.
@@ -28,6 +30,9 @@ Inputs outside the generated ranges, decided here because the reference is the s
     (the amax of nothing is 0).
   * Rows routed to experts the expert map sends elsewhere (-1) produce exact zeros; when
     every chosen expert is remote (skew "all-remote"), the whole output is exactly +0.
+    A dropped slot (topk_ids -1, `dropped_slots`) is the same: its rows are exact zeros,
+    whatever its router weight and its token's values (vLLM's align skips ids < 0).
+  * Shared experts fused into the routed set (`shared_experts`) are ordinary experts here.
 
 Owns the reference's stages. Must not import Triton, the optimized path or the harness's oracles.
 """
@@ -96,18 +101,24 @@ def expert_gemm(a: torch.Tensor, local_ids: torch.Tensor, w: torch.Tensor) -> to
     return out
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up in float32, rounded to bf16: [R, 2I] -> [R, I]."""
+def silu_and_mul(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """silu(gate) * up in float32, rounded to bf16: [R, 2I] -> [R, I]. With a SwiGLU limit,
+    gate = min(gate, limit) and up = clamp(up, -limit, limit) first, as vLLM 0.33's
+    swiglu_limit_func (fused_moe/utils.py, its torch and pad-aware Triton paths)."""
     i = gate_up.shape[1] // 2
-    return (F.silu(gate_up[:, :i].float()) * gate_up[:, i:].float()).to(torch.bfloat16)
+    gate, up = gate_up[:, :i].float(), gate_up[:, i:].float()  # [R, I] fp32 each
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)  # [R, I]; NaN stays NaN
+    return (F.silu(gate) * up).to(torch.bfloat16)  # [R, I] bf16
 
 
 def local_expert_ids(problem: Problem) -> torch.Tensor:
-    """[TK] local expert of each routed row (row t*K + k), -1 where the expert is not local."""
-    ids = problem.topk_ids.long().flatten()  # [TK] global ids
+    """[TK] local expert of each routed row (row t*K + k), -1 where the expert is not local or
+    the slot is dropped (topk_ids -1)."""
+    ids = problem.topk_ids.long().flatten()  # [TK] global ids, -1 for a dropped slot
     if problem.expert_map is None:
         return ids
-    return problem.expert_map.long()[ids]  # [TK]
+    return torch.where(ids >= 0, problem.expert_map.long()[ids.clamp_min(0)], -1)  # [TK]; map[-1] is not a drop
 
 
 def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Problem) -> dict[str, torch.Tensor]:
@@ -137,10 +148,11 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         w1 = dequantize_weight(problem.w1, problem.w1_scale, q)  # [L, 2I, H] fp32
         return {b.GATE_UP_OUTPUT: expert_gemm(a1, local_expert_ids(problem), w1).to(torch.bfloat16)}  # [TK, 2I]
     if stage == Stages.ACTIVATION:
-        return {b.ACTIVATION_OUTPUT: silu_and_mul(given[b.GATE_UP_OUTPUT])}  # [TK, I] bf16
+        return {b.ACTIVATION_OUTPUT: silu_and_mul(given[b.GATE_UP_OUTPUT], cfg.swiglu_limit)}  # [TK, I] bf16
     if stage in (Stages.QUANT_DOWN_INPUT, Stages.ACT_QUANT):
         # fused or not, the activation is a bf16 tensor first: the same codes either way
-        act = given[b.ACTIVATION_OUTPUT] if stage == Stages.QUANT_DOWN_INPUT else silu_and_mul(given[b.GATE_UP_OUTPUT])
+        fused_act = stage == Stages.ACT_QUANT
+        act = silu_and_mul(given[b.GATE_UP_OUTPUT], cfg.swiglu_limit) if fused_act else given[b.ACTIVATION_OUTPUT]
         codes, scale = quantize_activation(act, q)  # [TK, I] fp8, scales
         return {b.QUANTED_DOWN_INPUT: codes, b.QUANTED_DOWN_INPUT_SCALES: scale}
     if stage == Stages.DOWN_GEMM:
