@@ -77,6 +77,7 @@ from .config import (
     ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, NUMERICS_PROFILES,
     OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
 )
+from .config import MAX_SHARED_EXPERTS, MAX_SWIGLU_LIMIT
 from .contract import (
     CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, Schedule, WorkspacePlan, factory_attribute,
     factory_plan,
@@ -125,6 +126,9 @@ CONFIG_FLAGS = {
     "tie_heavy": "tie_heavy",
     "random_orders": "random_orders",
     "numerics": "numerics",
+    "swiglu_limit": "swiglu_limit",
+    "dropped_slots": "dropped_slots",
+    "shared_experts": "shared_experts",
 }
 
 # The one table of oracles (diffmoe/oracles/registry.py; its names cost no torch import).
@@ -207,6 +211,13 @@ def _one_line(message: str) -> str:
     return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."
 
 
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -269,6 +280,10 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 0)")
     i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")
     i.add_argument("--tie-heavy", action="store_const", const=True, help="hidden states with many values on e4m3 rounding midpoints")
+    m = p.add_argument_group("MoE-model features (opt-in)")
+    m.add_argument("--swiglu-limit", type=_float, metavar="LIMIT", help=f"SwiGLU clamp: silu(min(gate, LIMIT)) * clamp(up, -LIMIT, LIMIT), LIMIT in (0, {MAX_SWIGLU_LIMIT:g}] (gpt-oss: 7.0)")
+    m.add_argument("--dropped-slots", type=_int, metavar="N", help="routed slots (of T*K) whose topk_ids entry is -1, contributing nothing (default 0)")
+    m.add_argument("--shared-experts", type=_int, metavar="S", help=f"the last S experts are shared, fused into every token's last S slots with weight 1, 0..min({MAX_SHARED_EXPERTS}, K-1) (default 0)")
     g.add_argument("--random-orders", type=_int, metavar="N", help=f"random program orders beside identity and reversed, 0..{MAX_RANDOM_ORDERS} (default {d.random_orders}; seeds --seed+1..--seed+N)")
     g.add_argument("--numerics", choices=NUMERICS_PROFILES, help="the rounding the reference follows (default: the one the "
                                                                  "implementation declares, diffmoe's unless it names one; vllm's kernel declares vllm)")
@@ -625,6 +640,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 database=args.database,
                 time_limit=limit,
                 **({"special_rows": True} if args.special_rows else {}),
+                **({"features": True} if args.model_features else {}),
                 **({"tier": args.tier} if args.tier != "run" else {}),
                 **({"shrink": False} if args.no_shrink else {}),
             )
@@ -906,6 +922,7 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--max-experts", type=_positive_int, default=64, metavar="E", help="largest E drawn (default 64)")
     fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default all available)")
     fz.add_argument("--special-rows", action="store_true", help="also draw all-zero, NaN and Inf token rows")
+    fz.add_argument("--model-features", action="store_true", help="also draw the SwiGLU limit, dropped slots (-1 ids) and shared experts")
     fz.add_argument("--device", help="torch device (default: the implementation's)")
     fz.add_argument("--time-limit", type=_time_limit, metavar="S",
                     help="per-example limit on seconds without progress (no launch), past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")

@@ -13,7 +13,8 @@ hence here, before any peer module is.
 Owns the package's entry point and what every adapter shares: `PeerFiles` (a peer's files
 loaded once per cache root and device) and `modules_installed` (its module names resolved to
 those files while it runs), the interpreter set-up, the check of a
-problem against the built implementation, the `supports` answer from an adapter's check, the
+problem against the built implementation, the `supports` answer from an adapter's check, the refusal of config fields an adapter does not
+wire (`refuse_set_fields`), the
 launch-reporting proxy that stands where a peer's module holds a jit kernel (`ReportingKernel`),
 the grid such a launch runs (`launch_grid`), the recorder's view of a launch whose rows a peer
 keeps expert-sorted (`report_launch`), the shape of an adapter whose peer allocates
@@ -81,6 +82,16 @@ def check_problem(impl, problem) -> None:
         raise ValueError(f"num_tokens must be in [0, {impl.max_tokens}], got {problem.num_tokens}")
     if problem.device != impl.device:
         raise ValueError(f"problem is on {problem.device}, the implementation runs on {impl.device}")
+
+
+def refuse_set_fields(config, name: str, reasons: dict) -> None:
+    """ValueError for the first field of `reasons` (field -> why) that `config` sets to other than
+    MoEConfig's default: the adapter `name` does not run it, for that reason."""
+    defaults = type(config).__dataclass_fields__
+    for field, why in reasons.items():
+        default = defaults[field].default
+        if getattr(config, field) != default:
+            raise ValueError(f"{field} must be {default!r} for {name}: {why}")
 
 
 def supports_from(check_supported):

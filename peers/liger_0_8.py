@@ -56,7 +56,8 @@ from diffmoe.contract import LaunchInfo, WorkspacePlan
 from diffmoe.vocabulary import Buffers, Stages
 
 from . import (
-    PeerFiles, ReportingKernel, SelfAllocatingPeer, fresh_allocations_plan, launch_grid, report_launch, supports_from,
+    PeerFiles, ReportingKernel, SelfAllocatingPeer, fresh_allocations_plan, launch_grid, refuse_set_fields, report_launch,
+    supports_from,
 )
 
 PEER = "liger"
@@ -181,6 +182,10 @@ def check_supported(config: MoEConfig) -> None:
                          "expert-parallel map)")
     if config.activation != "silu":
         raise ValueError(f"activation must be 'silu' for {name}, got {config.activation!r}")
+    refuse_set_fields(config, name, {
+        "swiglu_limit": "Liger 0.8.5's SwiGLU (in _fused_up_proj_swiglu_kernel) has no clamp",
+        "dropped_slots": "Liger's routing histogram counts every topk id as an expert (a -1 id is not skipped)",
+    })
 
 
 def plan_workspaces(config: MoEConfig, num_tokens: int) -> WorkspacePlan:

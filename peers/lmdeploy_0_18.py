@@ -63,7 +63,8 @@ from diffmoe.contract import LaunchInfo, WorkspacePlan
 from diffmoe.vocabulary import Buffers, Stages
 
 from . import (
-    PeerFiles, ReportingKernel, SelfAllocatingPeer, fresh_allocations_plan, launch_grid, report_launch, supports_from,
+    PeerFiles, ReportingKernel, SelfAllocatingPeer, fresh_allocations_plan, launch_grid, refuse_set_fields, report_launch,
+    supports_from,
 )
 
 PEER = "lmdeploy"
@@ -212,6 +213,11 @@ def check_supported(config: MoEConfig) -> None:
         raise ValueError(f"expert_map must be None for {name}: lmdeploy's expert_offset path is not wired into the adapter")
     if config.activation != "silu":
         raise ValueError(f"activation must be 'silu' for {name}, got {config.activation!r}")
+    refuse_set_fields(config, name, {
+        "swiglu_limit": "lmdeploy 0.18's silu_and_mul has no clamp",
+        "dropped_slots": "lmdeploy 0.18's route sort (fused_moe._get_sorted_idx_*) is not known to skip "
+                         "topk_ids -1, and the adapter wires no skip",
+    })
 
 
 def plan_workspaces(config: MoEConfig, num_tokens: int) -> WorkspacePlan:

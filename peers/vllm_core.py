@@ -224,6 +224,9 @@ def check_supported(config: MoEConfig, release: Release = DEFAULT) -> None:
                          "input's quant only for 128-block FP8")
     if config.activation != "silu":
         raise ValueError(f"activation must be 'silu' for {who}, got {config.activation!r}")
+    if config.dropped_slots and config.expert_map is None:
+        raise ValueError(f"dropped_slots must be 0 without an expert_map for {who}: vLLM meets topk_ids -1 only under "
+                         "expert parallelism (without a map 0.33.0 sums the rows of -1 slots, stale)")
 
 
 def vllm_shapes(files: VllmFiles, config: MoEConfig, num_tokens: int):

@@ -13,7 +13,9 @@ diffmoe's numerics are the ones DESIGN.md states as vLLM's:
     scale, -448, 448)) with torch's round-to-nearest-even cast to float8_e4m3fn;
   * GEMMs dequantise codes to float32 (code * scale) and accumulate in float32, then round to bf16;
   * silu_and_mul in float32: silu(gate) * up, rounded to bf16 before it is quantised, so the
-    fused and unfused flags give the same `quanted_down_input` bit for bit;
+    fused and unfused flags give the same `quanted_down_input` bit for bit; with
+    `swiglu_limit` the gate is clamped to max=limit and up to [-limit, limit] first (float32
+    clamps of the bf16 values, as vLLM 0.33's swiglu_limit_func);
   * router weight multiplied in float32 before the bf16 rounding of the down GEMM output (or
     into the hidden states, when router_weight='input');
   * reduce: a float32 sum over k in order 0..K-1, rounded to bf16.
@@ -37,6 +39,9 @@ Inputs outside the generated ranges, decided here because the reference is the s
     (the amax of nothing is 0; under the vllm profile, which has no floor there, it is 0).
   * Rows routed to experts the expert map sends elsewhere (-1) produce exact zeros; when
     every chosen expert is remote (skew "all-remote"), the whole output is exactly +0.
+    A dropped slot (topk_ids -1, `dropped_slots`) is the same: its rows are exact zeros,
+    whatever its router weight and its token's values (vLLM's align skips ids < 0).
+  * Shared experts fused into the routed set (`shared_experts`) are ordinary experts here.
 
 Owns the reference's stages. Must not import Triton, the optimized path or the harness's oracles.
 """
@@ -134,10 +139,15 @@ def _gemm(codes_or_values: torch.Tensor, a_scale: torch.Tensor | None, local_ids
     return expert_gemm(a, local_ids, dequantize_weight(w, w_scale, cfg.quant))
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up in float32, rounded to bf16: [R, 2I] -> [R, I]."""
+def silu_and_mul(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """silu(gate) * up in float32, rounded to bf16: [R, 2I] -> [R, I]. With a SwiGLU limit,
+    gate = min(gate, limit) and up = clamp(up, -limit, limit) first, as vLLM 0.33's
+    swiglu_limit_func (fused_moe/utils.py, its torch and pad-aware Triton paths)."""
     i = gate_up.shape[1] // 2
-    return (F.silu(gate_up[:, :i].float()) * gate_up[:, i:].float()).to(torch.bfloat16)
+    gate, up = gate_up[:, :i].float(), gate_up[:, i:].float()  # [R, I] fp32 each
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)  # [R, I]; NaN stays NaN
+    return (F.silu(gate) * up).to(torch.bfloat16)  # [R, I] bf16
 
 
 # ---- the profile's choice at each rounding point (reference/numerics.py: the vllm profile) --------
@@ -170,7 +180,7 @@ def _quantize(x: torch.Tensor, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tens
 def _silu_and_mul(gate_up: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
     if _lmdeploy(cfg):
         return lmdeploy.silu_and_mul(gate_up)
-    return vllm.silu_and_mul(gate_up) if _vllm(cfg) else silu_and_mul(gate_up)
+    return vllm.silu_and_mul(gate_up, cfg.swiglu_limit) if _vllm(cfg) else silu_and_mul(gate_up, cfg.swiglu_limit)
 
 
 def _weighted_input(x: torch.Tensor, weights: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
@@ -209,8 +219,9 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         return {b.ACTIVATION_OUTPUT: liger.swiglu_of_product(_gate_up_product(given, problem))}  # [TK, I] bf16
     if stage == Stages.ACTIVATION:
         return {b.ACTIVATION_OUTPUT: _silu_and_mul(given[b.GATE_UP_OUTPUT], cfg)}  # [TK, I] bf16
-    if stage == Stages.ACT_QUANT and q == "fp8-block" and _vllm(cfg):
-        # vLLM's one fused op: the float32 activation, never rounded to bf16, quantised
+    if stage == Stages.ACT_QUANT and q == "fp8-block" and _vllm(cfg) and cfg.swiglu_limit is None:
+        # vLLM's one fused op: the float32 activation, never rounded to bf16, quantised (it takes
+        # no clamp: with a limit vLLM 0.31+ runs the clamped silu_and_mul and the group quant, below)
         codes, scale = vllm.silu_and_mul_per_block_quant(given[b.GATE_UP_OUTPUT])  # [TK, I] fp8, scales
         return {b.QUANTED_DOWN_INPUT: codes, b.QUANTED_DOWN_INPUT_SCALES: scale}
     if stage in (Stages.QUANT_DOWN_INPUT, Stages.ACT_QUANT):

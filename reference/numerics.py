@@ -86,12 +86,18 @@ def quantize(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
     raise ValueError(f"quant must be an fp8 scheme, got {quant!r}")
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
     """csrc/activation_kernels.cu, silu_and_mul: silu_kernel returns scalar_t (silu rounded to
-    bf16), and scalar_t * scalar_t rounds the product: [R, 2I] -> [R, I] bf16."""
+    bf16), and scalar_t * scalar_t rounds the product: [R, 2I] -> [R, I] bf16. With a SwiGLU
+    limit, as fused_moe/utils.py's swiglu_limit_func takes it on the path the adapter runs
+    (_swiglu_limit_torch: the bf16 gate clamped to max=limit and up to [-limit, limit], then
+    F.silu(gate) * up, each op rounding to bf16: the same two roundings)."""
     i = gate_up.shape[1] // 2
-    silu = F.silu(gate_up[:, :i].float()).to(torch.bfloat16)
-    return (silu.float() * gate_up[:, i:].float()).to(torch.bfloat16)
+    gate, up = gate_up[:, :i], gate_up[:, i:]
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)  # bf16 clamps; NaN stays NaN
+    silu = F.silu(gate.float()).to(torch.bfloat16)
+    return (silu.float() * up.float()).to(torch.bfloat16)
 
 
 def silu_and_mul_per_block_quant(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
