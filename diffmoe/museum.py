@@ -53,6 +53,10 @@ class Exhibit:
     fields: dict  # the minimal config's MoEConfig fields (built when the exhibit runs: see `requires`)
     unrouted_slots: tuple[int, ...] = ()  # routed slots (t*K + k) whose topk_ids entry is -1
     requires: str | None = None  # a MoEConfig field the exhibit needs; pending without it
+    # fused is each release's own choice for the config (peers/vllm_core.py fuses_block_quant): a
+    # release that fuses the FP8-block quant, and one whose apply falls back to the unfused path,
+    # meet the same inputs and the same reference, each through the pipeline it runs
+    fused_by_release: bool = False
     why: str = ""
 
     @property
@@ -73,7 +77,10 @@ class Exhibit:
         f = self.fields
         parts = [f"T={f['num_tokens']} E={f['num_experts']} K={f['topk']} H={f['hidden']} I={f['inter']} {f['quant']}"]
         parts += [f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in f.items()
-                  if k not in ("num_tokens", "num_experts", "topk", "hidden", "inter", "quant")]
+                  if k not in ("num_tokens", "num_experts", "topk", "hidden", "inter", "quant")
+                  and not (k == "fused" and self.fused_by_release)]
+        if self.fused_by_release:
+            parts.append("fused as each release chooses")
         if self.unrouted_slots:
             parts.append(f"topk_ids -1 at slots {list(self.unrouted_slots)}")
         return ", ".join(parts)
@@ -105,12 +112,13 @@ EXHIBITS: tuple[Exhibit, ...] = (
         title="SwiGLU clamp dropped on the FP8-block fast path",
         pr="vllm-project/vllm#57984", oracle="differential", stage=Stages.ACT_QUANT, **_RELEASES,
         fields=dict(num_tokens=1, num_experts=2, topk=1, hidden=128, inter=128, quant="fp8-block", fused=True,
-                    swiglu_limit=7.0),
-        requires="swiglu_limit",
-        why="silu_and_mul_per_block_quant takes no clamp, and 0.28-0.30 fuse anyway: a swiglu limit of 7 is ignored "
-            "for FP8 block-[128, 128] experts; 0.31.0 falls back to the unfused, clamped path (the adapter passes the "
-            "limit to each release as its apply takes it: peers/vllm_core.py swiglu_limit). Open: 0.31+ then runs the "
-            "unfused pipeline, so `fused` must describe vLLM's choice, not the config's, for one config to serve both",
+                    swiglu_limit=1.0),
+        requires="swiglu_limit", fused_by_release=True,
+        why="silu_and_mul_per_block_quant takes no clamp, and 0.28-0.30 fuse anyway: the swiglu limit is ignored for "
+            "FP8 block-[128, 128] experts; 0.31.0 falls back to the unfused, clamped path (the adapter passes the limit "
+            "to each release as its apply takes it: peers/vllm_core.py swiglu_limit), so the fixed release runs the "
+            "config unfused, its own choice. The limit is 1 rather than gpt-oss's 7: the generated gate/up values are "
+            "about standard normal, so 1 clamps about a third of them (7 would clamp none and hide nothing)",
     ),
 )
 
@@ -162,8 +170,14 @@ def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None) -> Exhib
     problem = exhibit_problem(exhibit)
     for release, expected in [*((r, "fail") for r in exhibit.buggy), (exhibit.fixed, "pass")]:
         start = time.perf_counter()
-        report = run_differential(exhibit.config, load_factory(release), oracles=chosen, problem=problem,
-                                  implementation_name=release)
+        factory = load_factory(release)
+        config, inputs = exhibit.config, problem
+        if exhibit.fused_by_release:
+            from peers.vllm_core import fuses_block_quant
+
+            config = config.replace(fused=fuses_block_quant(config, factory.release))
+            inputs = dataclasses.replace(problem, config=config)  # the same tensors: fused changes no input
+        report = run_differential(config, factory, oracles=chosen, problem=inputs, implementation_name=release)
         found = [(f.oracle, f.stage) for f in report.findings]
         ok = (exhibit.oracle, exhibit.stage) in found if expected == "fail" else report.passed
         result.verdicts.append(Verdict(release, expected, found, time.perf_counter() - start, ok))
