@@ -31,15 +31,28 @@ And it looks numpy dtypes up in a table built once. The interpreter's `_get_np_d
 the original returned for each dtype (pointers and blocks unwrapped as it does); a dtype it has
 not seen goes to the original, errors included. Same dtypes, so the same bits.
 
+And while an interpreted grid runs, numpy's BLAS (the OpenBLAS numpy bundles, which every
+interpreted `tl.dot` calls through `np.matmul`) uses one thread. A kernel tile's dot is small
+(32x128 by 128x256 for BLOCK_M=32: above OpenBLAS's threading threshold of 65536*4 multiply-adds,
+so it wakes a second thread for every dot); on a loaded 2-core machine that wait dominates:
+one cheap check of T=33 E=47 K=11 H=I=128 fp8-block fused spent 0.73 s of process time in its
+94 dots with OpenBLAS's default two threads and 0.011 s with one. OpenBLAS splits a GEMM's rows
+and columns between threads, never the K sum, so every element is the same sum in the same
+order: tests/test_interpreter_speed.py compares the two bitwise on the tile shapes the kernels
+use and on a whole run. The count is put back after each grid (`GridExecutor.__call__`), so
+numpy code outside a launch keeps its threads; without a bundled OpenBLAS nothing changes.
+
 Pinned to the Triton release it was read from (SUPPORTED_TRITON); elsewhere it patches nothing
 and says why. Imports Triton only inside `install()`.
 
-Owns the wrapped InterpretedFunction.__call__, the memoized `_get_np_dtype` and the interpreter builder's sanitize_overflow option. Must not change what an interpreted kernel computes.
+Owns the wrapped InterpretedFunction.__call__ and GridExecutor.__call__, the memoized `_get_np_dtype`, the interpreter builder's sanitize_overflow option and numpy's BLAS thread count during a launch. Must not change what an interpreted kernel computes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import os
 import threading
 
 from .triton_pin import triton_release
@@ -51,6 +64,7 @@ _original = None
 _reason: str | None = None
 _sanitizer_options = None  # the builder's options before install, put back by uninstall
 _original_np_dtype = None  # the interpreter's _get_np_dtype, put back by uninstall
+_original_grid_call = None  # GridExecutor.__call__, put back by uninstall
 
 
 def _problem():
@@ -61,7 +75,7 @@ def _problem():
         return f"written for triton {SUPPORTED_TRITON[0]}.{SUPPORTED_TRITON[1]}.x, found {version}: nothing patched"
     from triton.runtime import interpreter
 
-    for name in ("InterpretedFunction", "_patch_lang", "InterpreterError", "tl", "_get_np_dtype"):
+    for name in ("InterpretedFunction", "GridExecutor", "_patch_lang", "InterpreterError", "tl", "_get_np_dtype"):
         if not hasattr(interpreter, name):
             return f"triton {version} interpreter has no {name}: nothing patched"
     return None
@@ -121,7 +135,54 @@ def install() -> str:
         _original = original
         _skip_unchecked_overflow_sanitizer(interpreter.interpreter_builder)
         _memoize_np_dtype(interpreter)
+        _one_blas_thread_per_grid(interpreter)
         return "installed"
+
+
+def numpy_blas_threads():
+    """(get, set) of the thread count of the OpenBLAS numpy has loaded, or None when numpy has
+    none loaded (another BLAS, or not Linux: /proc/self/maps names the loaded libraries)."""
+    import numpy
+
+    folder = os.path.dirname(os.path.dirname(numpy.__file__))  # site-packages: numpy.libs sits beside numpy
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "openblas" in line and line.split()[-1].startswith(folder)})
+    except OSError:
+        return None
+    for path in paths:
+        lib = ctypes.CDLL(path)  # already loaded: the same handle numpy uses
+        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"), ("openblas", "")):
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and put is not None:
+                put.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
+                return get, put
+    return None
+
+
+def _one_blas_thread_per_grid(interpreter) -> None:
+    """GridExecutor.__call__ with numpy's BLAS on one thread, its count put back after (module doc)."""
+    global _original_grid_call
+    threads = numpy_blas_threads()
+    if threads is None:
+        return
+    get, put = threads
+    original = interpreter.GridExecutor.__call__
+
+    def call(self, *args, **kwargs):
+        before = get()
+        if before == 1:
+            return original(self, *args, **kwargs)
+        put(1)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            put(before)
+
+    call.__wrapped__ = original
+    interpreter.GridExecutor.__call__ = call
+    _original_grid_call = original
 
 
 def _memoize_np_dtype(interpreter) -> None:
@@ -158,7 +219,7 @@ def _skip_unchecked_overflow_sanitizer(builder) -> None:
 
 def uninstall() -> None:
     """Put triton's own method and options back (a test compares both)."""
-    global _original, _reason, _sanitizer_options, _original_np_dtype
+    global _original, _reason, _sanitizer_options, _original_np_dtype, _original_grid_call
     with _lock:
         if _original is not None:
             from triton.runtime import interpreter
@@ -169,7 +230,9 @@ def uninstall() -> None:
                 _sanitizer_options = None
             if _original_np_dtype is not None:
                 interpreter._get_np_dtype = _original_np_dtype
-        _original, _reason, _original_np_dtype = None, None, None
+            if _original_grid_call is not None:
+                interpreter.GridExecutor.__call__ = _original_grid_call
+        _original, _reason, _original_np_dtype, _original_grid_call = None, None, None, None
 
 
 def installed() -> bool:

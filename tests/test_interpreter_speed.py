@@ -15,11 +15,14 @@ from diffmoe.triton_pin import triton_release
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter only")
 
 CONFIG = MoEConfig(num_tokens=5, num_experts=3, topk=2, hidden=128, inter=128, quant="fp8-block", fused=True, seed=3)
+# 99 routed rows: BLOCK_M = 32 (optimized/tiles.py), so a GEMM tile's dot (32x128 by 128x128) is
+# above OpenBLAS's threading threshold (65536 * 4 multiply-adds) and would run on two threads
+THREADED_DOTS = MoEConfig(num_tokens=33, num_experts=4, topk=3, hidden=128, inter=128, quant="fp8-token", fused=True, seed=5)
 
 
-def run_once() -> tuple[torch.Tensor, ...]:
-    impl = optimized.make_implementation(CONFIG)
-    result = impl.run(make_problem(CONFIG), impl.allocate_workspaces())
+def run_once(config: MoEConfig = CONFIG) -> tuple[torch.Tensor, ...]:
+    impl = optimized.make_implementation(config)
+    result = impl.run(make_problem(config), impl.allocate_workspaces())
     return (result.output, *(t for _, t in sorted(result.intermediates.items()) if isinstance(t, torch.Tensor)))
 
 
@@ -108,3 +111,69 @@ def test_numpy_dtypes_come_from_a_memo_of_the_interpreters_own_answers():
     finally:
         assert interpreter_speed.install() == "installed"
     assert interpreter._get_np_dtype is not original
+
+
+@pytest.fixture
+def blas_threads():
+    threads = interpreter_speed.numpy_blas_threads()
+    assert threads is not None, "numpy's bundled OpenBLAS is found (the venv's numpy wheel carries it)"
+    get, put = threads
+    before = get()
+    yield get, put
+    put(before)
+
+
+@pytest.fixture
+def dot_threads(monkeypatch, blas_threads):
+    """The BLAS thread count every interpreted dot saw."""
+    from triton.runtime import interpreter
+
+    get, _ = blas_threads
+    seen = []
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, *args, **kwargs):
+        seen.append(get())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    return seen
+
+
+def test_dots_run_on_one_blas_thread_and_the_count_is_put_back(blas_threads, dot_threads):
+    get, put = blas_threads
+    put(2)
+    fast = run_once(THREADED_DOTS)
+    assert dot_threads and set(dot_threads) == {1}, "every dot of a launch sees one thread"
+    assert get() == 2, "the count is put back after the launch"
+    interpreter_speed.uninstall()
+    try:
+        dot_threads.clear()
+        slow = run_once(THREADED_DOTS)
+        assert set(dot_threads) == {2}, "triton's own launch keeps numpy's threads"
+    finally:
+        assert interpreter_speed.install() == "installed"
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_one_thread_and_two_give_the_same_bits_on_the_kernels_tile_shapes(blas_threads):
+    """OpenBLAS splits rows and columns between threads, never the K sum: the tiles the GEMM
+    kernel multiplies (BLOCK_M 16/32/64 by BLOCK_K 128 by BLOCK_N 128/256, optimized/tiles.py),
+    masked K tails and transposed operands, at scales from 1e-3 to 1e4, agree bit for bit."""
+    import numpy as np
+
+    _, put = blas_threads
+    rng = np.random.default_rng(0)
+    for m in (16, 32, 64):
+        for k in (17, 128):
+            for n in (128, 256):
+                for scale in (1e-3, 1.0, 1e4):
+                    a = (rng.standard_normal((m, k)) * scale).astype(np.float32)
+                    b = np.ascontiguousarray((rng.standard_normal((n, k)) * scale).astype(np.float32)).T  # [k, n] view
+                    put(2)
+                    two = np.matmul(a, b, dtype=np.float32)
+                    put(1)
+                    one = np.matmul(a, b, dtype=np.float32)
+                    assert np.array_equal(one.view(np.uint32), two.view(np.uint32)), (m, k, n, scale)
