@@ -177,3 +177,57 @@ def test_one_thread_and_two_give_the_same_bits_on_the_kernels_tile_shapes(blas_t
                     put(1)
                     one = np.matmul(a, b, dtype=np.float32)
                     assert np.array_equal(one.view(np.uint32), two.view(np.uint32)), (m, k, n, scale)
+
+
+def _built_by_triton(cls, *args):
+    obj = cls.__new__(cls)
+    cls.__init__.__wrapped__(obj, *args)
+    return obj
+
+
+def _attributes(obj) -> dict:
+    """vars() with Triton tuples and constexprs as plain values (memo and triton build distinct objects)."""
+    from triton.language import core
+
+    def plain(v):
+        if isinstance(v, core.tuple):
+            return ("tuple", [plain(x) for x in v.values])
+        if isinstance(v, core.constexpr):
+            return ("constexpr", plain(v.value))
+        return v
+
+    return {k: plain(v) for k, v in vars(obj).items()}
+
+
+def test_types_and_tensors_come_from_a_memo_of_tritons_own_constructors():
+    """Every block type and tensor the memo answers has the attributes (names, order, values)
+    triton's own constructor gives it; a shape seen before shares its tuple; shapes triton
+    refuses are still refused as it refuses them; uninstall puts the constructors back."""
+    from triton.language import core
+    from triton.runtime import interpreter
+
+    tl = interpreter.tl
+    assert core.block_type.__init__ is not core.block_type.__init__.__wrapped__, "install memoizes the types"
+    c = core.constexpr
+    for dt in (tl.float32, tl.int1, tl.uint8, tl.float8e4nv, tl.pointer_type(tl.bfloat16), tl.pointer_type(tl.int32)):
+        for shape in ([16], [32, 128], [c(64), 16], [c(c(8))], core.tuple([1, 256]), core.tuple([c(4), c(2)])):
+            for _ in range(2):  # the second answer comes from the memo
+                fast, slow = core.block_type(dt, shape), _built_by_triton(core.block_type, dt, shape)
+                assert fast.element_ty is dt and _attributes(fast) == _attributes(slow), (dt, shape)
+                handle = object()
+                t_fast, t_slow = core.tensor(handle, fast), _built_by_triton(core.tensor, handle, slow)
+                assert t_fast.handle is handle and t_fast.type is fast
+                assert list(vars(t_fast)) == list(vars(t_slow)) and _attributes(t_fast) == _attributes(t_slow)
+        scalar = core.tensor(None, dt)
+        assert _attributes(scalar) == _attributes(_built_by_triton(core.tensor, None, dt))
+    assert core.block_type(tl.float32, [16, 128]).shape is core.block_type(tl.float32, [16, 128]).shape
+    for shape, error in (([3], ValueError), ([], TypeError), ((16,), AssertionError), ([16.0], TypeError)):
+        for build in (lambda: core.block_type(tl.float32, shape), lambda: _built_by_triton(core.block_type, tl.float32, shape)):
+            with pytest.raises(error):
+                build()
+    original = core.block_type.__init__.__wrapped__, core.tensor.__init__.__wrapped__
+    interpreter_speed.uninstall()
+    try:
+        assert (core.block_type.__init__, core.tensor.__init__) == original
+    finally:
+        assert interpreter_speed.install() == "installed"
