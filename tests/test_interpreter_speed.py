@@ -231,3 +231,45 @@ def test_types_and_tensors_come_from_a_memo_of_tritons_own_constructors():
         assert (core.block_type.__init__, core.tensor.__init__) == original
     finally:
         assert interpreter_speed.install() == "installed"
+
+
+def _jit_functions(module_prefix: str) -> list:
+    import sys
+
+    from triton.runtime import interpreter
+
+    return [v for name, m in sorted(sys.modules.items()) if name.startswith(module_prefix)
+            for v in vars(m).values() if type(v) is interpreter.InterpretedFunction]
+
+
+def test_warm_rewrites_caches_what_triton_would_rewrite_in_the_worker():
+    """Every module-level kernel and helper of the shipped implementation is rewritten into
+    triton's cache, and the cached code is the code triton's own rewrite gives."""
+    from diffmoe import interpreter_speed as speed
+    from triton.runtime import interpreter
+
+    cache = interpreter.InterpretedFunction.rewritten_fn
+    kernels = _jit_functions("optimized.")
+    assert len(kernels) >= 5, "the shipped kernels are found"
+    for k in kernels:
+        cache.pop(k.fn, None)  # as a forked worker of a parent that never launched finds them
+    speed._modules_scanned = 0
+    assert speed.warm_rewrites() >= len(kernels)
+    assert speed.warm_rewrites() == 0, "nothing imported since: no second scan"
+    for k in kernels:
+        warm, fresh = cache[k.fn].__code__, interpreter.FunctionRewriter(k.fn, **k.kwargs).rewrite_ast().__code__
+        assert (warm.co_code, warm.co_consts, warm.co_names, warm.co_varnames) == \
+               (fresh.co_code, fresh.co_consts, fresh.co_names, fresh.co_varnames), k.fn.__qualname__
+
+
+def test_the_runner_warms_the_cache_before_forking_a_check(monkeypatch):
+    from diffmoe import interpreter_speed as speed
+    from diffmoe.runner import run_differential
+
+    calls = []
+    monkeypatch.setattr(speed, "warm_rewrites", lambda: calls.append(1) or 0)
+    config = MoEConfig(num_tokens=1, num_experts=1, topk=1, hidden=128, inter=128, quant="fp8-token", seed=1)
+    run_differential(config, oracles=["differential"], schedules=["identity"])
+    assert calls == [], "a check in this process forks nothing"
+    assert run_differential(config, oracles=["differential"], schedules=["identity"], time_limit=60.0).passed
+    assert calls == [1]
