@@ -273,3 +273,37 @@ def test_the_runner_warms_the_cache_before_forking_a_check(monkeypatch):
     assert calls == [], "a check in this process forks nothing"
     assert run_differential(config, oracles=["differential"], schedules=["identity"], time_limit=60.0).passed
     assert calls == [1]
+
+
+def test_operands_of_one_shape_skip_the_broadcast_and_others_get_tritons():
+    """Two blocks of one shape and two scalars come back as the same two objects, as triton's
+    method returns them; every other pair gets triton's answer (the same types and values) or its error."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    tl, semantic = interpreter.tl, interpreter.interpreter_semantic
+    fast = semantic.broadcast_impl_value
+    original = fast.__wrapped__
+    assert fast is not original, "install answers equal shapes itself"
+
+    def block(*shape, dtype=tl.float32):
+        data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        return tl.tensor(interpreter.TensorHandle(data, dtype), tl.block_type(dtype, list(shape)))
+
+    def scalar():
+        return tl.tensor(interpreter.TensorHandle(np.array([2.0], dtype=np.float32), tl.float32), tl.float32)
+
+    for lhs, rhs in ((block(16, 128), block(16, 128)), (scalar(), scalar()), (block(4, dtype=tl.int32), block(4))):
+        assert fast(lhs, rhs) == original(lhs, rhs) == (lhs, rhs)
+        assert fast(lhs, rhs)[0] is lhs and fast(lhs, rhs)[1] is rhs
+    for lhs, rhs in ((block(16, 1), block(1, 128)), (scalar(), block(8, 4)), (block(8, 4), scalar()), (block(128), block(16, 128))):
+        for a, b in zip(fast(lhs, rhs), original(lhs, rhs)):
+            assert a.type == b.type and np.array_equal(a.handle.data, b.handle.data)
+    for build in (fast, original):
+        with pytest.raises(ValueError, match="Cannot make_shape_compatible"):
+            build(block(16, 4), block(16, 8))
+    interpreter_speed.uninstall()
+    try:
+        assert "broadcast_impl_value" not in vars(semantic), "uninstall leaves the class's method"
+    finally:
+        assert interpreter_speed.install() == "installed"
