@@ -19,6 +19,7 @@
 # 3. the tolerance measurement on CUDA (the table's "cuda fp8 GEMM" row is derived, not yet measured);
 # 4. the CUDA benchmark grid (tokens/s, TFLOP/s, GB/s against the H200's FP8 peak and HBM bandwidth);
 # 5. the test modules that run compiled kernels on a GPU (the interpreter-only ones skip there);
+# 5b. diffmoe museum (real vLLM bugs, vLLM's Triton GEMMs compiled), when the peer cache holds its wheels' files;
 # 6. compile-check: the CI subset for this GPU's arch, native traits, spills forbidden (CI runs it
 #    without a GPU too; here it checks that the arch the device reports is the one CI compiles for).
 # Each step has its own time limit; summary.txt gets one line per step with its exit code.
@@ -73,6 +74,10 @@ step tolerances 90 $py bench/measure_tolerances.py
 step bench 150 $py -m pytest "${plugin[@]}" bench/bench_moe_throughput.py --benchmark-only --benchmark-json "$out/bench.json" -q
 step tests 180 $py -m pytest -q -p no:cacheprovider -n 8 "${plugin[@]}" tests/test_reference.py \
     tests/test_oracles_quiet.py
+# this machine may have no network: copy ~/.cache/diffmoe/peers over, or set DIFFMOE_PEER_CACHE
+if $py -c "import sys; from diffmoe import peer_wheels as p; sys.exit(not all(map(p.is_cached, ('vllm==0.28.0', 'vllm==0.30.0', 'vllm'))))"; then
+    step museum 120 "${diffmoe[@]}" museum --json
+fi
 step compile-check 120 "${diffmoe[@]}" compile-check --arch "$arch" --variant native --forbid-spills native
 [ -f "$out/bench.json" ] && $py bench/report_tables.py "$out/bench.json" --png "$out/throughput.png" > "$out/tables.md" 2>&1
 exit $status

@@ -9,6 +9,7 @@
     diffmoe demo
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
+    diffmoe museum [NAME ...] [--list] [--json]
     diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
                   [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
                   [--jobs N] [--json]
@@ -73,9 +74,10 @@ import warnings
 from typing import Any, Sequence, TextIO
 
 from .config import (
-    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, OUTPUT_PLACEMENTS, PLANNERS,
-    QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
+    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, NUMERICS_PROFILES,
+    OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
 )
+from .config import MAX_SHARED_EXPERTS, MAX_SWIGLU_LIMIT
 from .contract import (
     CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, Schedule, WorkspacePlan, factory_attribute,
     factory_plan,
@@ -123,6 +125,10 @@ CONFIG_FLAGS = {
     "inf_rows": "inf_rows",
     "tie_heavy": "tie_heavy",
     "random_orders": "random_orders",
+    "numerics": "numerics",
+    "swiglu_limit": "swiglu_limit",
+    "dropped_slots": "dropped_slots",
+    "shared_experts": "shared_experts",
 }
 
 # The one table of oracles (diffmoe/oracles/registry.py; its names cost no torch import).
@@ -205,6 +211,13 @@ def _one_line(message: str) -> str:
     return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."
 
 
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -267,13 +280,20 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 0)")
     i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")
     i.add_argument("--tie-heavy", action="store_const", const=True, help="hidden states with many values on e4m3 rounding midpoints")
+    m = p.add_argument_group("MoE-model features (opt-in)")
+    m.add_argument("--swiglu-limit", type=_float, metavar="LIMIT", help=f"SwiGLU clamp: silu(min(gate, LIMIT)) * clamp(up, -LIMIT, LIMIT), LIMIT in (0, {MAX_SWIGLU_LIMIT:g}] (gpt-oss: 7.0)")
+    m.add_argument("--dropped-slots", type=_int, metavar="N", help="routed slots (of T*K) whose topk_ids entry is -1, contributing nothing (default 0)")
+    m.add_argument("--shared-experts", type=_int, metavar="S", help=f"the last S experts are shared, fused into every token's last S slots with weight 1, 0..min({MAX_SHARED_EXPERTS}, K-1) (default 0)")
     g.add_argument("--random-orders", type=_int, metavar="N", help=f"random program orders beside identity and reversed, 0..{MAX_RANDOM_ORDERS} (default {d.random_orders}; seeds --seed+1..--seed+N)")
+    g.add_argument("--numerics", choices=NUMERICS_PROFILES, help="the rounding the reference follows (default: the one the "
+                                                                 "implementation declares, diffmoe's unless it names one; vllm's kernel declares vllm)")
     g.add_argument("--config", metavar="FILE.json", help="read the whole config from a JSON file instead")
 
 
 def _add_impl_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
-                                                          "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers)")
+                                                          "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers; "
+                                                          "vllm==0.28.0, vllm==0.30.0: those releases)")
 
 
 def config_from_args(args: argparse.Namespace) -> MoEConfig:
@@ -620,6 +640,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 database=args.database,
                 time_limit=limit,
                 **({"special_rows": True} if args.special_rows else {}),
+                **({"features": True} if args.model_features else {}),
                 **({"tier": args.tier} if args.tier != "run" else {}),
                 **({"shrink": False} if args.no_shrink else {}),
             )
@@ -769,6 +790,12 @@ def cmd_peers(args: argparse.Namespace) -> int:
     return peers_main(args.rest, prog=f"{PROG} peers")
 
 
+def cmd_museum(args: argparse.Namespace) -> int:
+    from .museum import run as museum_run
+
+    return museum_run(args, prog=f"{PROG} museum")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     # The probes are the harness's; what the default implementation does about each primitive
@@ -867,7 +894,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -895,6 +922,7 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--max-experts", type=_positive_int, default=64, metavar="E", help="largest E drawn (default 64)")
     fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default all available)")
     fz.add_argument("--special-rows", action="store_true", help="also draw all-zero, NaN and Inf token rows")
+    fz.add_argument("--model-features", action="store_true", help="also draw the SwiGLU limit, dropped slots (-1 ids) and shared experts")
     fz.add_argument("--device", help="torch device (default: the implementation's)")
     fz.add_argument("--time-limit", type=_time_limit, metavar="S",
                     help="per-example limit on seconds without progress (no launch), past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
@@ -929,6 +957,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list (diffmoe/peer_wheels.py)", add_help=False)
     peers.add_argument("rest", nargs=argparse.REMAINDER, help="fetch NAME [--wheel FILE.whl], or list")
     peers.set_defaults(handler=cmd_peers)
+
+    from . import museum as museum_module  # the exhibit table names the arguments
+
+    museum = sub.add_parser(
+        "museum", help="real vLLM bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/museum.py)",
+        description=museum_module.DESCRIPTION)
+    museum_module.add_arguments(museum)
+    museum.set_defaults(handler=cmd_museum)
 
     cc = sub.add_parser(
         "compile-check", help="compile every kernel specialization for a GPU, no GPU needed",
@@ -988,7 +1024,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check or peers (see diffmoe --help)")
+            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers or museum (see diffmoe --help)")
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
         return status

@@ -48,6 +48,15 @@ MAX_EXPERT_SCALE_SPREAD = 4
 DEFAULT_RANDOM_ORDERS = 2
 MAX_RANDOM_ORDERS = 16
 
+# Whose rounding the reference follows: diffmoe's own (DESIGN.md's numerics, reference/moe.py),
+# vLLM 0.33.0's rounding points (reference/numerics.py), Liger-Kernel 0.8.5's
+# (reference/numerics_liger.py) or lmdeploy 0.18.0's (reference/numerics_lmdeploy.py, fp8-block
+# only: the one scheme its pipeline runs). A config's numerics=None means
+# the profile the implementation under test declares (diffmoe.contract.NUMERICS), diffmoe's
+# when it declares none.
+NUMERICS_PROFILES = ("diffmoe", "vllm", "liger", "lmdeploy")
+DEFAULT_NUMERICS = NUMERICS_PROFILES[0]
+
 # fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.
 QUANT_BLOCK = 128
 
@@ -67,6 +76,16 @@ MAX_SEED = 2**63 - 1
 # intermediates). 8 GiB lets one accelerator-sized check through and stops a hostile or
 # mistyped config before the first allocation.
 MAX_PROBLEM_BYTES = 8 * 2**30
+# ---- the MoE-model features (swiglu_limit, dropped_slots, shared_experts) --------------------
+# SwiGLU clamp limit bounds: above every gate-up value the clamp is the plain activation. The
+# generator's gate-up values stay below 16*sqrt(H) <= 2048 (|x| <= 4, |w| <= 4/sqrt(H)), so
+# 2^16 leaves a wide margin; gpt-oss uses 7.0 (vLLM's gemm1_clamp_limit).
+MAX_SWIGLU_LIMIT = 2.0**16
+# Shared experts fused into the routed set: DeepSeek-V3 and Qwen2-MoE have 1 or 2; 8 is a margin.
+MAX_SHARED_EXPERTS = 8
+# Weight of a shared expert's slot: models add the shared expert's output unweighted.
+SHARED_EXPERT_WEIGHT = 1.0
+
 # A config file is a few hundred bytes; anything past this is not a config.
 MAX_CONFIG_JSON_CHARS = 2**20
 # Longest integer literal a config JSON may hold (MAX_SEED has 19 digits): Python would
@@ -85,12 +104,14 @@ def problem_bytes(num_tokens: int, topk: int, hidden: int, inter: int, local_exp
     return 4 * (weights + activations)
 
 
-def check_int(name: str, value: Any, lo: int, hi: int) -> int:
-    """`value` as an int in [lo, hi]; TypeError/ValueError naming `name` and the range otherwise."""
+def check_int(name: str, value: Any, lo: int, hi: int, hi_text: str | None = None) -> int:
+    """`value` as an int in [lo, hi]; TypeError/ValueError naming `name` and the range otherwise
+    (the upper bound shown as `hi_text = hi` when it is derived from other fields)."""
+    shown = f"[{lo}, {hi}]" if hi_text is None else f"[{lo}, {hi_text} = {hi}]"
     if not _is_int(value):
-        raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {type(value).__name__} {quoted(value)}")
+        raise TypeError(f"{name} must be an int in {shown}, got {type(value).__name__} {quoted(value)}")
     if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+        raise ValueError(f"{name} must be in {shown}, got {value}")
     return value
 
 
@@ -125,7 +146,7 @@ def _bounded_int(text: str) -> int:
 
 # Fields beyond the problem's core description, named in summaries and commands only when set.
 _OPT_IN_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "zero_rows", "nan_rows", "inf_rows",
-                  "tie_heavy", "random_orders")
+                  "tie_heavy", "random_orders", "numerics", "swiglu_limit", "dropped_slots", "shared_experts")
 
 
 @dataclass(frozen=True)
@@ -166,6 +187,16 @@ class MoEConfig:
         seed: problem seed; the same config gives bitwise the same problem.
         random_orders: random program orders the schedule oracle runs beside identity and
             reversed, 0..MAX_RANDOM_ORDERS; their seeds are seed+1 .. seed+random_orders.
+        numerics: the reference's rounding, one of NUMERICS_PROFILES, or None for the profile
+            the implementation declares (the harness resolves it before building the problem).
+        swiglu_limit: None, or the SwiGLU clamp limit in (0, MAX_SWIGLU_LIMIT]: the activation is
+            silu(min(gate, limit)) * clamp(up, -limit, limit) (gpt-oss; vLLM's gemm1_clamp_limit).
+        dropped_slots: routed slots (of the config's T*K) whose topk_ids entry is -1, 0..T*K:
+            slots the router or the expert-parallel dispatch leaves unrouted; they keep their
+            router weight and contribute nothing.
+        shared_experts: S, 0..min(MAX_SHARED_EXPERTS, K-1): the last S of the E experts are
+            shared experts fused into the routed set, every token's last S slots pick them in
+            order with weight SHARED_EXPERT_WEIGHT; the first K-S slots route among the first E-S.
     """
 
     num_tokens: int = 8
@@ -191,10 +222,16 @@ class MoEConfig:
     inf_rows: int = 0
     tie_heavy: bool = False
     random_orders: int = DEFAULT_RANDOM_ORDERS
+    numerics: str | None = None
+    swiglu_limit: float | None = None
+    dropped_slots: int = 0
+    shared_experts: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_map, list):  # accept a list from callers; store the hashable tuple
             object.__setattr__(self, "expert_map", tuple(self.expert_map))
+        if _is_int(self.swiglu_limit):  # 7 and 7.0 are one limit; store the float (JSON writes 7.0)
+            object.__setattr__(self, "swiglu_limit", float(self.swiglu_limit))
         self.validate()
 
     # ---- derived sizes -------------------------------------------------------------
@@ -221,6 +258,11 @@ class MoEConfig:
     @property
     def is_fp8(self) -> bool:
         return self.quant != "bf16"
+
+    @property
+    def numerics_profile(self) -> str:
+        """The profile the reference follows: numerics, or DEFAULT_NUMERICS when it is None."""
+        return DEFAULT_NUMERICS if self.numerics is None else self.numerics
 
     @property
     def num_local_experts(self) -> int:
@@ -295,6 +337,13 @@ class MoEConfig:
             raise ValueError(f"topk must be 1 when router_weight='input' (the weight scales the token itself), got {self.topk}")
         self._validate_expert_map()
         self._validate_inputs()
+        if self.numerics is not None and self.numerics not in NUMERICS_PROFILES:
+            error = ValueError if isinstance(self.numerics, str) else TypeError
+            raise error(f"numerics must be None or one of {list(NUMERICS_PROFILES)}, got {quoted(self.numerics)}")
+        if self.numerics == "lmdeploy" and self.quant != "fp8-block":
+            raise ValueError(f"numerics='lmdeploy' needs quant='fp8-block' (lmdeploy's blocked-FP8 pipeline is the "
+                             f"profile), got quant={quoted(self.quant)}")
+        self._validate_model_features()
         if self.estimated_bytes > MAX_PROBLEM_BYTES:
             raise ValueError(
                 f"num_tokens, num_experts, topk, hidden and inter describe {self.estimated_bytes / 2**30:.1f} GiB of float32 "
@@ -318,6 +367,21 @@ class MoEConfig:
                 f"zero_rows + nan_rows + inf_rows must be at most the call's tokens ({t}), got "
                 f"{self.zero_rows} + {self.nan_rows} + {self.inf_rows}"
             )
+
+    def _validate_model_features(self) -> None:
+        limit = self.swiglu_limit
+        if limit is not None:
+            if not isinstance(limit, float):
+                raise TypeError(f"swiglu_limit must be None or a float in (0, {MAX_SWIGLU_LIMIT:g}], got {quoted(limit)}")
+            if not 0.0 < limit <= MAX_SWIGLU_LIMIT:  # False for NaN too
+                raise ValueError(f"swiglu_limit must be finite and in (0, {MAX_SWIGLU_LIMIT:g}], got {limit!r}")
+        check_int("dropped_slots", self.dropped_slots, 0, self.routed_rows, "num_tokens * topk")
+        # topk - 1: at least one slot of every token is routed
+        check_int("shared_experts", self.shared_experts, 0, min(MAX_SHARED_EXPERTS, self.topk - 1),
+                  f"min({MAX_SHARED_EXPERTS}, topk - 1)")
+        if limit is not None and self.numerics in ("liger", "lmdeploy"):
+            raise ValueError(f"swiglu_limit must be None with numerics={quoted(self.numerics)}: that profile has no "
+                             f"clamp (neither Liger 0.8.5 nor lmdeploy 0.18 clamps), got {limit!r}")
 
     def _validate_expert_map(self) -> None:
         m = self.expert_map

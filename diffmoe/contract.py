@@ -29,7 +29,7 @@ and Inf inputs propagate as reference/moe.py specifies.
 The harness reaches an implementation only through this contract: a factory named
 "MODULE:FACTORY" (`--impl`; `DEFAULT_IMPLEMENTATION` when none is named, which reports and
 replay lines call `DEFAULT_IMPLEMENTATION_NAME`, "optimized"). A factory may also
-carry two optional attributes, cheap to call, that let the harness ask without building the
+carry optional attributes, cheap to read, that let the harness ask without building the
 implementation (building one may probe its backend or import Triton):
 
 * `plan_workspaces(config, num_tokens) -> WorkspacePlan`: the plan the built implementation's
@@ -43,7 +43,11 @@ implementation (building one may probe its backend or import Triton):
   line naming the field it refuses and why (a peer without an unfused path, say). The harness
   then does not ask it: `run_differential` refuses the config (the CLI's usage error), the
   fuzzers draw around it, and the metamorphic oracle, whose sibling it refuses, is skipped
-  with that reason instead of reporting the refusal as a crash. `factory_attribute` reads each.
+  with that reason instead of reporting the refusal as a crash. `factory_attribute` reads each;
+* `numerics = "vllm"` (a string, not a callable): the rounding profile (config.NUMERICS_PROFILES)
+  the reference follows when it judges this implementation, for a config whose `numerics` is
+  None. `judged_config` resolves it before the problem is built, so reports and replay lines
+  carry it; without the attribute the profile is diffmoe's and the config keeps None.
 
 An implementation (the built object, not its factory) may set `orders_programs = True` when its
 `run` applies the schedule itself, as the shipped kernels do with an order table they read. Without
@@ -68,7 +72,7 @@ from typing import Callable, Mapping, Protocol, runtime_checkable
 
 import torch
 
-from .config import MoEConfig
+from .config import NUMERICS_PROFILES, MoEConfig, quoted
 from .vocabulary import StageSpec
 
 SCHEDULE_KINDS = ("identity", "reversed", "random")
@@ -215,13 +219,18 @@ DEFAULT_IMPLEMENTATION = "optimized:make_implementation"
 # with --impl is called by its spec as given, and its replay lines carry `--impl SPEC`.
 DEFAULT_IMPLEMENTATION_NAME = DEFAULT_IMPLEMENTATION.partition(":")[0]
 # Short names for the peers (peers/, third-party kernels run from their own wheels): `--impl vllm`.
-IMPLEMENTATION_ALIASES = {"vllm": "peers.vllm_0_33:make", "lmdeploy": "peers.lmdeploy_0_18:make"}
+IMPLEMENTATION_ALIASES = {
+    "vllm": "peers.vllm_0_33:make", "lmdeploy": "peers.lmdeploy_0_18:make", "liger": "peers.liger_0_8:make",
+    # every supported vLLM release, spelled as `diffmoe peers fetch` spells it (peers/vllm_core.py RELEASES)
+    "vllm==0.28.0": "peers.vllm_0_28:make", "vllm==0.30.0": "peers.vllm_0_30:make", "vllm==0.33.0": "peers.vllm_0_33:make",
+}
 
 # The optional factory attributes (module docstring).
 PLAN_WORKSPACES = "plan_workspaces"
 CONFORMANCE_HOOKS = "conformance_hooks"
 SUPPORTS = "supports"
-FACTORY_ATTRIBUTES = (PLAN_WORKSPACES, CONFORMANCE_HOOKS, SUPPORTS)
+NUMERICS = "numerics"
+FACTORY_ATTRIBUTES = (PLAN_WORKSPACES, CONFORMANCE_HOOKS, SUPPORTS, NUMERICS)
 # The implementation's optional attribute (module docstring): its run applies the schedule itself.
 ORDERS_PROGRAMS = "orders_programs"
 
@@ -232,13 +241,37 @@ def applies_own_order(impl: object) -> bool:
     return getattr(impl, ORDERS_PROGRAMS, False) is True
 
 
-def factory_attribute(factory: Callable, name: str) -> Callable | None:
+def factory_attribute(factory: Callable, name: str) -> Callable | str | None:
     """One of the factory's optional cheap attributes (FACTORY_ATTRIBUTES), or None when it has
-    none (callers then build the implementation, or do without)."""
+    none (callers then build the implementation, or do without). NUMERICS is a string: see
+    `factory_numerics`."""
     if name not in FACTORY_ATTRIBUTES:
         raise ValueError(f"no optional factory attribute {name!r}; known: {list(FACTORY_ATTRIBUTES)}")
+    if name == NUMERICS:
+        return factory_numerics(factory)
     attr = getattr(factory, name, None)
     return attr if callable(attr) else None
+
+
+def factory_numerics(factory: Callable | None) -> str | None:
+    """The numerics profile the factory declares (its NUMERICS attribute), None when it declares
+    none; a ValueError naming the attribute and the profiles for anything else."""
+    declared = getattr(factory, NUMERICS, None) if factory is not None else None
+    if declared is not None and (not isinstance(declared, str) or declared not in NUMERICS_PROFILES):
+        raise ValueError(f"the factory's {NUMERICS} attribute must be one of {list(NUMERICS_PROFILES)}, "
+                         f"got {quoted(declared)}")
+    return declared
+
+
+def judged_config(config: MoEConfig, factory: Callable | None) -> MoEConfig:
+    """`config` as the harness judges it against `factory`'s implementation: a config naming its
+    numerics keeps it; numerics=None takes the profile the factory declares. Without a declared
+    profile it stays None (the reference's diffmoe profile), so the configs, reports and replay
+    lines of such implementations are what they always were."""
+    if config.numerics is not None:
+        return config
+    declared = factory_numerics(factory)
+    return config if declared is None else config.replace(numerics=declared)
 
 
 def unsupported(factory: Callable | None, config: MoEConfig) -> str | None:

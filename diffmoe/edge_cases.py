@@ -38,5 +38,15 @@ def edge_cases(quant: str, *, fused: bool = False, planner: str = "fixed") -> di
         "softmax-topk-K=1": dict(num_tokens=5, num_experts=4, topk=1, router="softmax-topk"),
         "softmax-topk-renormalized": dict(num_tokens=6, num_experts=5, topk=2, router="softmax-topk", renormalize=True),
         "tie-heavy": dict(num_tokens=4, num_experts=3, topk=2, tie_heavy=True),
+        # the MoE-model features (see MoEConfig). Gate-up values are about standard normal:
+        # 0.25 clamps most gates and ups, 2^-10 clamps all but a few of them
+        "swiglu-limit": dict(num_tokens=5, num_experts=4, topk=2, swiglu_limit=0.25),
+        "swiglu-limit-below-almost-every-value": dict(num_tokens=3, num_experts=3, topk=2, swiglu_limit=2.0**-10),
+        "dropped-slots": dict(num_tokens=7, num_experts=4, topk=2, dropped_slots=5),
+        # the last expert local: a dropped slot looked up as expert_map[-1] lands on a real expert
+        "dropped-slots-with-expert-map": dict(num_tokens=6, num_experts=6, topk=2, dropped_slots=4,
+                                              expert_map=(0, -1, 1, -1, -1, 2)),
+        "all-slots-dropped": dict(num_tokens=4, num_experts=3, topk=2, dropped_slots=8),
+        "shared-experts": dict(num_tokens=6, num_experts=6, topk=4, shared_experts=2),
     }
     return {label: MoEConfig(**{**base, **fields}) for label, fields in cases.items()}

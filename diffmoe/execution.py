@@ -44,7 +44,7 @@ from .contract import (  # noqa: F401 - default_device, interpreter_enabled: use
     ImplementationFactory, Schedule, WorkspacePlan, applies_own_order, default_device, interpreter_enabled,
 )
 from .oracles.guards import GuardedTensor, GuardedWorkspaces
-from .problem import Problem, make_problem
+from .problem import Problem, make_problem, settle_uncomputed_rows
 from .recording import ChainedRecorder, LaunchLog
 from .report import Finding, Oracles
 from reference import reference_moe  # pure PyTorch, Triton-free like the harness
@@ -330,6 +330,7 @@ class Check:
             if isinstance(tensor, torch.Tensor):
                 buffers.setdefault(name, tensor.detach().clone())
         buffers[Buffers.OUTPUT] = out
+        self.settle_uncomputed_rows(buffers, problem)
         watch.check()  # writes made outside any reported launch
         return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates))
 
@@ -354,6 +355,14 @@ class Check:
         """Every active oracle's verdict on one order's run (the runner's, and call-sequence's
         last order); later orders are judged against the first by the schedule oracle."""
         return [f for oracle in self.active for f in oracle.judge_run(self, run, first)]
+
+    def settle_uncomputed_rows(self, buffers: dict[str, torch.Tensor], problem: Problem | None = None) -> None:
+        """diffmoe.problem.settle_uncomputed_rows for one call of this check (another call's problem,
+        call-sequence's smaller ones, gets its own reference, once)."""
+        problem = problem or self.problem
+        if problem is not self.problem and getattr(self, "_other", (None,))[0] is not problem:
+            self._other = (problem, reference_moe(problem))
+        settle_uncomputed_rows(problem, (self.reference if problem is self.problem else self._other[1]).intermediates, buffers)
 
     def reference_stage(self, stage: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | str:
         """The reference's stage on the candidate's buffers, or why it cannot run on them."""

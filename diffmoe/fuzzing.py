@@ -55,7 +55,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from .config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
-from .contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, unsupported
+from .contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
 from .fuzz_database import ResumingDatabase
 from .fuzz_tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
 from .report import Finding, Oracles, Report
@@ -195,6 +195,7 @@ def fuzz(
     device: str | None = None,
     time_limit: float | None = None,
     special_rows: bool = False,
+    features: bool = False,
     tier: str = TIER_RUN,
     full_every: int = FULL_EVERY,
     full_offset: int | None = None,
@@ -212,7 +213,8 @@ def fuzz(
     failures are stored there and replayed first on the next run. A seeded run replays
     nothing by design (Hypothesis's @seed turns the database off), so seed and database
     are exclusive. special_rows: also draw all-zero, NaN and Inf rows (the
-    `moe_configs(special_rows=True)` profile). oracles, schedules, device, time_limit: passed to `run_differential`
+    `moe_configs(special_rows=True)` profile). features: also draw the MoE-model features
+    (swiglu_limit, dropped_slots, shared_experts; `moe_configs(features=True)`). oracles, schedules, device, time_limit: passed to `run_differential`
     unchanged (None: its defaults; time_limit None runs each example in this process).
     tier: "run" (default) judges most generated examples with the cheap oracle set and every
     `full_every`-th, every failing one, every shrinking run and every database replay with all
@@ -239,13 +241,14 @@ def fuzz(
         db = ResumingDatabase(db)
     if seed is not None and db is not None:
         raise ValueError("seed and database are exclusive: a seeded run is reproducible and replays no stored failure")
-    for flag, value in (("special_rows", special_rows), ("shrink", shrink)):
+    for flag, value in (("special_rows", special_rows), ("features", features), ("shrink", shrink)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {value!r}")
     if full_offset is None:
         full_offset = full_phase(seed, full_every) if isinstance(full_every, int) and full_every >= 1 else 0
     policy = TierPolicy(tier, oracles, schedules, full_every, full_offset)
-    strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts, special_rows=special_rows)
+    strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts, special_rows=special_rows,
+                           features=features)
     # Imported here, not at module import: tests replace the module, and importing the
     # runner pulls in the optimized implementation only when a fuzz actually starts.
     runner = importlib.import_module("diffmoe.runner")
@@ -288,6 +291,7 @@ def fuzz(
     def run_one(config: MoEConfig) -> None:
         if unsupported(implementation, config) is not None:
             reject()  # the implementation's own `supports` refuses it: not an example (contract.SUPPORTS)
+        config = judged_config(config, implementation)  # as run_differential resolves it: drawn == reported
         outcome.examples += 1
         phase = PHASE_SHRINK if first_failure_at else PHASE_GENERATE
         if first_failure_at:

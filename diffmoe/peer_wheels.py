@@ -1,7 +1,9 @@
 """The peer wheel cache: third-party MoE kernels (peers/) are loaded from their own pinned wheels.
 
 A peer package cannot be a pip extra beside diffmoe's torch/triton pins (vllm 0.33.0 pins
-torch==2.14.0; lmdeploy 0.18.0 pins torch<=2.12.1 and triton<=3.7.1), and no third-party source is copied into this repository. Instead
+torch==2.14.0; lmdeploy 0.18.0 pins torch<=2.12.1 and triton<=3.7.1), and no third-party source is copied into this repository
+(liger-kernel 0.8.5 could be an extra, but it is fetched the same way, so that every peer runs
+the pinned files and nothing else of its package). Instead
 `diffmoe peers fetch NAME` runs
 
     python -m pip download --no-deps --only-binary :all: --platform PLATFORM [--python-version V
@@ -17,7 +19,9 @@ Cache directory: $DIFFMOE_PEER_CACHE when set, else ~/.cache/diffmoe/peers; a pe
 
 Command line (wired by diffmoe.cli as `diffmoe peers ...`; `main(argv)` returns the exit code):
 
-    diffmoe peers fetch NAME [--wheel FILE.whl]   download (or take FILE.whl), verify, extract
+    diffmoe peers fetch NAME [--wheel FILE.whl]   download (or take FILE.whl), verify, extract;
+                                                  NAME: vllm (0.33.0), vllm==0.28.0, vllm==0.30.0,
+                                                  vllm==0.33.0, lmdeploy
     diffmoe peers list                            every known peer, its pin and whether it is cached
 
 Owns the pinned wheels (name, version, sha256, files kept) and the cache layout. Must not
@@ -76,24 +80,34 @@ class PeerWheel:
 
 _VLLM_MOE = "vllm/model_executor/layers/fused_moe"
 _LMDEPLOY_KERNELS = "lmdeploy/pytorch/kernels/cuda"
+# The vLLM files the adapters load (peers/vllm_core.py), the same paths in every supported release.
+_VLLM_FILES = (
+    f"{_VLLM_MOE}/fused_moe.py",  # fused_moe_kernel, invoke_fused_moe_triton_kernel, configs
+    f"{_VLLM_MOE}/moe_align_block_size.py",  # the Python side of the alignment op
+    f"{_VLLM_MOE}/experts/triton_moe.py",  # TritonExperts: workspace_shapes, apply (the carving)
+    f"{_VLLM_MOE}/utils.py",  # _resize_cache, moe_kernel_quantize_input, enable_swap_ab
+    f"{_VLLM_MOE}/modular_kernel.py",  # FusedMoEExperts(Modular): TritonExperts' base classes
+    f"{_VLLM_MOE}/configs/",  # the tuned tile configs fused_moe.py reads per GPU name (~340 JSON files, ~1.1 MB)
+)
+
+
+def _vllm(version: str, sha256: str) -> PeerWheel:
+    return PeerWheel(name="vllm", package="vllm", version=version,
+                     filename=f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl", sha256=sha256,
+                     files=_VLLM_FILES, license="Apache-2.0")
+
+
+# Every supported vLLM release (peers/vllm_core.py RELEASES), by `diffmoe peers fetch` name; each
+# sha256 measured on the wheel PyPI served on 2026-12-04 (sizes in bytes beside it).
+VLLM_RELEASES: dict[str, PeerWheel] = {
+    "vllm==0.28.0": _vllm("0.28.0", "addb0ffdaafd8155d75e9b3f5ddb3da28fdee9e8a7097ede91f7db2e9e1a3889"),  # 314,500,103
+    "vllm==0.30.0": _vllm("0.30.0", "ef52ee58c410ead0b8afb190838fa4cbcb52075596f67862a03859d984966ac4"),  # 314,883,777
+    "vllm==0.33.0": _vllm("0.33.0", "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"),  # 336,361,138
+}
+_LIGER = "liger_kernel"
 PEERS: dict[str, PeerWheel] = {
-    "vllm": PeerWheel(
-        name="vllm",
-        package="vllm",
-        version="0.33.0",
-        filename="vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
-        # measured on the wheel PyPI served on 2026-12-04 (336,361,138 bytes)
-        sha256="4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
-        files=(
-            f"{_VLLM_MOE}/fused_moe.py",  # fused_moe_kernel, invoke_fused_moe_triton_kernel, configs
-            f"{_VLLM_MOE}/moe_align_block_size.py",  # the Python side of the alignment op
-            f"{_VLLM_MOE}/experts/triton_moe.py",  # TritonExperts: workspace_shapes, apply (the carving)
-            f"{_VLLM_MOE}/utils.py",  # _resize_cache, moe_kernel_quantize_input, enable_swap_ab
-            f"{_VLLM_MOE}/modular_kernel.py",  # FusedMoEExperts(Modular): TritonExperts' base classes
-            f"{_VLLM_MOE}/configs/",  # the tuned tile configs fused_moe.py reads per GPU name (339 JSON files, ~1.1 MB)
-        ),
-        license="Apache-2.0",
-    ),
+    "vllm": VLLM_RELEASES["vllm==0.33.0"],  # the default vLLM pin: `--impl vllm`, the same cache as vllm==0.33.0
+    **VLLM_RELEASES,
     "lmdeploy": PeerWheel(
         name="lmdeploy",
         package="lmdeploy",
@@ -110,6 +124,21 @@ PEERS: dict[str, PeerWheel] = {
         ),
         license="Apache-2.0",
         python="3.11",
+    ),
+    "liger": PeerWheel(
+        name="liger",
+        package="liger-kernel",
+        version="0.8.5",
+        filename="liger_kernel-0.8.5-py3-none-any.whl",
+        # measured on the wheel PyPI served on 2026-12-04 (910,117 bytes)
+        sha256="60789cd576af073ab9b192b570d2597fd0cdad489cd62fb44fb16256d43754c9",
+        files=(
+            f"{_LIGER}/ops/fused_moe.py",  # LigerFusedMoEFunction (its forward: the run sequence), compute_routing_metadata
+            f"{_LIGER}/ops/fused_moe_kernels.py",  # the routing, fused up-proj + SwiGLU, down-proj and gather-sum kernels
+            f"{_LIGER}/ops/utils.py",  # ensure_contiguous (the forward's decorator)
+            f"{_LIGER}/utils.py",  # infer_device (ops/utils.py imports it)
+        ),
+        license="BSD-2-Clause",
     ),
 }
 
@@ -289,9 +318,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe peers") -> i
         return 0 if exc.code == 0 else 2
     if args.command == "list":
         print(f"cache: {cache_dir()} (${CACHE_ENV} overrides)")
-        for wheel in PEERS.values():
-            state = "cached" if is_cached(wheel.name) else f"not cached: {fetch_command(wheel.name)}"
-            print(f"{wheel.name:8} {wheel.requirement:17} sha256 {wheel.sha256[:16]}...  {state}")
+        for name, wheel in PEERS.items():
+            state = "cached" if is_cached(name) else f"not cached: {fetch_command(name)}"
+            print(f"{name:12} {wheel.requirement:17} sha256 {wheel.sha256[:16]}...  {state}")
         return 0
     try:
         root = fetch(args.name, args.wheel)

@@ -12,8 +12,10 @@ same weights; `Problem.num_tokens` is the T of the call.
 Inputs a config opts into (each drawn from its own generator, seeded from `config.seed` and
 the input's name, so a config without them is bitwise the problem it always was):
 `router="softmax-topk"` (softmax over E logits, top-K, optional renormalisation),
-`expert_scale_spread` (per-expert weight scales), `tie_heavy` hidden states, and the
-all-zero / NaN / Inf rows (`zero_rows`, `nan_rows`, `inf_rows`) among the call's tokens.
+`expert_scale_spread` (per-expert weight scales), `tie_heavy` hidden states, the
+all-zero / NaN / Inf rows (`zero_rows`, `nan_rows`, `inf_rows`) among the call's tokens, and
+`dropped_slots` (-1 ids). `shared_experts` changes the routing itself (the router draws K-S
+slots among the first E-S experts; the shared experts fill the last S slots), so no stream.
 
 Value bounds (why quantisation never overflows): hidden states are standard normal clamped
 to [-4, 4]; weights are normal with std 1/sqrt(fan_in) clamped to 4 std. Every scale is
@@ -30,11 +32,17 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .config import QUANT_BLOCK, MoEConfig
+from .config import QUANT_BLOCK, SHARED_EXPERT_WEIGHT, MoEConfig
 from .vocabulary import FP8_DTYPE, FP8_MAX, Buffers, weight_scale_shape
 
 # Floor for a weight scale (an all-zero weight block would otherwise divide by zero).
 WEIGHT_SCALE_FLOOR = 1e-10
+
+
+# The intermediates with one row per routed slot ([TK, ...]), whose rows of a slot that is not
+# computed (Problem.computed_slots) carry no value.
+ROUTED_ROW_BUFFERS = (Buffers.GATE_UP_OUTPUT, Buffers.ACTIVATION_OUTPUT, Buffers.QUANTED_DOWN_INPUT,
+                      Buffers.QUANTED_DOWN_INPUT_SCALES, Buffers.DOWN_OUTPUT)
 
 
 @dataclass
@@ -43,7 +51,7 @@ class Problem:
 
     config: MoEConfig
     hidden_states: torch.Tensor  # [T, H] bf16
-    topk_ids: torch.Tensor  # [T, K] int32 global expert ids, distinct per token
+    topk_ids: torch.Tensor  # [T, K] int32 global expert ids, distinct per token, or -1 (a dropped slot)
     topk_weights: torch.Tensor  # [T, K] fp32
     w1_master: torch.Tensor  # [L, 2I, H] bf16, gate rows first then up rows
     w2_master: torch.Tensor  # [L, H, I] bf16
@@ -78,14 +86,36 @@ class Problem:
     def device(self) -> torch.device:
         return self.hidden_states.device
 
+    def computed_slots(self) -> torch.Tensor:
+        """[TK] bool: the routed slots (row t*K + k) an implementation computes. A slot whose id is
+        outside [0, E) (an unrouted -1) or whose expert the map sends to -1 (remote) has no value
+        on this rank: its rows of the per-routed-row buffers (ROUTED_ROW_BUFFERS) may hold
+        anything, as long as nothing downstream reads them (the output still judges that)."""
+        e = self.config.num_experts
+        ids = self.topk_ids.long().flatten()
+        ok = (ids >= 0) & (ids < e)
+        if self.expert_map is not None:
+            ok &= self.expert_map.long()[ids.clamp(0, e - 1)] >= 0
+        return ok
+
     @property
     def num_tokens(self) -> int:
         """T of this call: config.num_tokens, or fewer for a smaller call (0 included)."""
         return int(self.hidden_states.shape[0])
 
 
+def _routed_sizes(config: MoEConfig) -> tuple[int, int, int]:
+    """T, and the experts and slots the router chooses among: E - S and K - S (S shared experts)."""
+    return config.num_tokens, config.num_experts - config.shared_experts, config.topk - config.shared_experts
+
+
+def _local_mask(config: MoEConfig, experts: int) -> torch.Tensor:
+    """[experts] whether each of the first `experts` global experts is local (skew all-remote)."""
+    return torch.tensor([v >= 0 for v in config.expert_map[:experts]])
+
+
 def _route(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    t, e, k = config.num_tokens, config.num_experts, config.topk
+    t, e, k = _routed_sizes(config)
     scores = torch.rand(t, e, generator=gen)  # [T, E] in [0, 1)
     if config.skew == "one-expert":
         scores[:, 0] = 2.0  # every token picks expert 0 (plus K-1 others)
@@ -93,8 +123,7 @@ def _route(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch
         active = max(k, math.ceil(e / 2))
         scores[:, active:] = -1.0  # experts >= active receive nothing
     elif config.skew == "all-remote" and config.expert_map is not None:
-        local = torch.tensor([v >= 0 for v in config.expert_map])
-        scores[:, local] -= 2.0  # below every remote expert, in the same random order among themselves
+        scores[:, _local_mask(config, e)] -= 2.0  # below every remote expert, in the same random order among themselves
     ids = scores.topk(k, dim=1).indices.to(torch.int32)  # [T, K], distinct by construction
     logits = torch.randn(t, k, generator=gen)
     weights = torch.softmax(logits, dim=1).to(torch.float32)  # [T, K], rows sum to 1
@@ -102,7 +131,7 @@ def _route(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch
 
 
 # Streams of the opt-in inputs: each has its own generator, so turning one on changes nothing else.
-_STREAMS = {"router": 1, "expert_scale_spread": 2, "tie_heavy": 3, "special_rows": 4}
+_STREAMS = {"router": 1, "expert_scale_spread": 2, "tie_heavy": 3, "special_rows": 4, "dropped_slots": 5}
 # Tie-heavy amax: 448 * 2^-7, so scale = amax / 448 is exactly 2^-7 and a code is x * 128 exactly.
 TIE_HEAVY_AMAX = 3.5
 # Significant bits of a tie-heavy value: e4m3 keeps 4 (1 + 3 mantissa bits), so with 5 about
@@ -116,20 +145,36 @@ def _stream(config: MoEConfig, name: str) -> torch.Generator:
 
 def _softmax_topk(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Engine-style routing: E logits, softmax over all E, the K most probable experts."""
-    t, e, k = config.num_tokens, config.num_experts, config.topk
+    t, e, k = _routed_sizes(config)
     logits = torch.randn(t, e, generator=gen) * 2.0  # [T, E]
     if config.skew == "one-expert":
         logits[:, 0] = 30.0  # expert 0 wins every token
     elif config.skew == "empty-experts":
         logits[:, max(k, math.ceil(e / 2)):] = -30.0  # never among the top K, probability ~1e-13
     elif config.skew == "all-remote" and config.expert_map is not None:
-        local = torch.tensor([v >= 0 for v in config.expert_map])
-        logits[:, local] -= 60.0
+        logits[:, _local_mask(config, e)] -= 60.0
     probs = torch.softmax(logits, dim=1)  # [T, E]
     weights, ids = probs.topk(k, dim=1)  # [T, K] each
     if config.renormalize:
         weights = weights / weights.sum(dim=1, keepdim=True)
     return ids.to(torch.int32), weights.to(torch.float32).contiguous()
+
+
+def _append_shared(config: MoEConfig, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, K-S] routed slots -> [T, K]: every token's last S slots are the shared experts
+    E-S..E-1 in order, weighted SHARED_EXPERT_WEIGHT (the shared expert fused into the top-k)."""
+    t, s = ids.shape[0], config.shared_experts
+    shared = torch.arange(config.num_experts - s, config.num_experts, dtype=torch.int32).expand(t, s)  # [T, S]
+    ones = torch.full((t, s), SHARED_EXPERT_WEIGHT, dtype=torch.float32)  # [T, S]
+    return torch.cat([ids, shared], dim=1).contiguous(), torch.cat([weights, ones], dim=1).contiguous()
+
+
+def _drop_slots(config: MoEConfig, ids: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """`dropped_slots` of the T*K slots, distinct and uniformly drawn, set to -1 (weights kept)."""
+    slots = torch.randperm(ids.numel(), generator=gen)[: config.dropped_slots]
+    ids = ids.clone()
+    ids.view(-1)[slots] = -1
+    return ids
 
 
 def _spread_experts(config: MoEConfig, w: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -218,6 +263,10 @@ def make_problem(config: MoEConfig, device: torch.device | str = "cpu", *, num_t
     w2_master = _normal((n_local, h, i), 1.0 / math.sqrt(i), gen)  # [L, H, I]
     if config.router == "softmax-topk":
         topk_ids, topk_weights = _softmax_topk(config, _stream(config, "router"))
+    if config.shared_experts:
+        topk_ids, topk_weights = _append_shared(config, topk_ids, topk_weights)
+    if config.dropped_slots:
+        topk_ids = _drop_slots(config, topk_ids, _stream(config, "dropped_slots"))
     if config.expert_scale_spread:
         spread = _stream(config, "expert_scale_spread")
         w1_master, w2_master = _spread_experts(config, w1_master, spread), _spread_experts(config, w2_master, spread)
@@ -252,3 +301,18 @@ def make_problem(config: MoEConfig, device: torch.device | str = "cpu", *, num_t
         for name in ("hidden_states", "topk_ids", "topk_weights"):
             setattr(problem, name, getattr(problem, name)[:num_tokens].clone())
     return problem if torch.device(device) == torch.device("cpu") else problem.to(device)
+
+
+def settle_uncomputed_rows(problem: Problem, reference: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
+    """In place: the rows of slots `problem`'s call does not compute (Problem.computed_slots:
+    remote under an expert map, unrouted) of each per-routed-row buffer take the reference's
+    values (`reference`: its intermediates), so no oracle judges bytes that carry no value;
+    whatever reads them still shows in what it writes (the output)."""
+    slots = problem.computed_slots()
+    if bool(slots.all()):
+        return
+    for name in ROUTED_ROW_BUFFERS:
+        mine, ref = buffers.get(name), reference.get(name)
+        if (isinstance(mine, torch.Tensor) and ref is not None and mine.shape == ref.shape and mine.dim() >= 1
+                and mine.shape[0] == slots.numel() and mine.dtype == ref.dtype):
+            mine[~slots.to(mine.device)] = ref[~slots.to(ref.device)].to(mine.device)

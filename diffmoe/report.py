@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .config import MoEConfig
-from .contract import DEFAULT_IMPLEMENTATION_NAME
+from .contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES
 
 
 class Oracles:
@@ -46,9 +46,11 @@ UNREPLAYABLE_IMPL = "MODULE:FACTORY"
 
 
 def is_factory_spec(implementation: str) -> bool:
-    """Whether a report's implementation name is a MODULE:FACTORY spec `--impl` can load (the
-    runner names a factory so only when `import_module(MODULE).FACTORY is factory`)."""
-    return isinstance(implementation, str) and _FACTORY_SPEC.fullmatch(implementation) is not None
+    """Whether a report's implementation name is one `--impl` can load: a MODULE:FACTORY spec (the
+    runner names a factory so only when `import_module(MODULE).FACTORY is factory`) or an alias
+    of one (contract.IMPLEMENTATION_ALIASES: `--impl vllm`)."""
+    return isinstance(implementation, str) and (
+        implementation in IMPLEMENTATION_ALIASES or _FACTORY_SPEC.fullmatch(implementation) is not None)
 
 
 def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME) -> str:

@@ -8,6 +8,9 @@ through the plug-in contract (diffmoe/contract.py): a factory, by default the on
 DEFAULT_IMPLEMENTATION names.
 
 Order of work for a config:
+  0. resolve the config's numerics profile against the implementation (contract.judged_config:
+     numerics=None takes the profile the factory declares), so the report's config and its
+     replay line name the rounding the reference followed;
   1. build the problem and run the reference (fresh tensor per stage);
   2. build the implementation, ask for its plan and workspace shapes; `judge_plan` hooks
      (static aliasing); a plan that does not fit the workspaces ends the check before any launch;
@@ -34,6 +37,7 @@ Must not judge: a verdict in this module belongs in an oracle module (tests/test
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -47,7 +51,8 @@ import torch
 from . import interpreter_speed
 from .config import MoEConfig, quoted
 from .contract import (
-    DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ImplementationFactory, Schedule, unsupported,
+    DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ImplementationFactory, Schedule, judged_config,
+    unsupported,
 )
 from .execution import Check, Crash, ProgressCallback, default_device, interpreter_enabled
 from .oracles.call_sequence import SMALL_CALL_DIVISOR, makes_last_order_run
@@ -292,6 +297,9 @@ def run_differential(
     """Run the reference and `implementation` (default: the optimized Triton MoE) on the
     problem of `config` and judge them with the selected oracles.
 
+    config.numerics: None judges under the profile the implementation declares (its factory's
+        `numerics` attribute: contract.judged_config; the default implementation declares
+        none, diffmoe's profile); the report's config names the profile it resolved to.
     problem: the inputs to judge instead of `make_problem(config)`; its config must be
         `config` and it may hold 0..config.num_tokens tokens (`make_problem(config,
         num_tokens=0)` is a zero-token call). The report says the inputs were given, since
@@ -322,6 +330,9 @@ def run_differential(
         _check_problem_argument(problem, config)
     if implementation is not None and not callable(implementation):
         raise TypeError(f"implementation must be a factory callable (config -> implementation), got {implementation!r}")
+    config = judged_config(config, implementation)  # before the problem: the reference reads its profile there
+    if problem is not None and problem.config != config:
+        problem = dataclasses.replace(problem, config=config)  # same tensors: no input depends on numerics
     if implementation_name is None:
         implementation_name = factory_name(implementation)
     elif not isinstance(implementation_name, str):

@@ -39,6 +39,20 @@ The opt-in inputs (drawn after the seed, so they shrink away first; each shrinks
 * zero_rows, nan_rows, inf_rows: only with `special_rows=True`, each 0..MAX_SPECIAL_ROWS,
   cut to what the call's T holds (zero rows first, then NaN, then Inf).
 
+numerics is never drawn (always None): the rounding profile is the implementation's to declare
+(diffmoe.contract.NUMERICS), and the fuzzer resolves it as run_differential does.
+
+The MoE-model features (only with `features=True`; drawn last, each shrinks to off). Off by
+default: with them drawn, the default fuzz from a cold start (seed 0, 60 examples, T <= 32,
+E <= 8; tests/test_bug_zoo_fuzzed.py) missed two bug-zoo mutants it otherwise finds
+(amax-over-capacity-rows, amax-pass-cached-across-calls), the budget spent on other draws:
+
+* swiglu_limit: None in about three draws of four, or one of ``SWIGLU_LIMITS`` (7.0, gpt-oss's; 1.0 and 0.25, which clamp
+  about a third and most of the generated gate-up values, roughly standard normal).
+* dropped_slots: 0 in about three draws of four, else 1..min(MAX_DRAWN_DROPS, T*K) or (half of
+  those) all T*K slots set to -1.
+* shared_experts: 0..min(MAX_SHARED_EXPERTS, K-1).
+
 Budgets (enforced by construction: each size is drawn with an upper bound derived from the
 sizes already drawn, so nothing is filtered out):
 
@@ -64,7 +78,8 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from .config import (
-    MAX_EXPERT_SCALE_SPREAD, MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS, MoEConfig, check_int,
+    MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS,
+    MoEConfig, check_int,
 )
 from .contract import SCHEDULE_KINDS, Schedule
 
@@ -80,6 +95,11 @@ MAX_DRAWN_SEED = 2**32 - 1
 # Special rows of each kind per draw: one shows a kind's propagation, two show that it stays
 # in its own token; more only costs time.
 MAX_SPECIAL_ROWS = 2
+# SwiGLU limits drawn: gpt-oss's 7.0 (above almost every generated gate-up value, so the clamp
+# path runs on unchanged values), 1.0 and 0.25 (the clamp changes a third and most of them).
+SWIGLU_LIMITS = (7.0, 1.0, 0.25)
+# Dropped slots drawn when some (not all) are: up to 64, cut to T*K.
+MAX_DRAWN_DROPS = 64
 
 TOKEN_BUDGET = 2**16  # T * K * max(H, I)
 WEIGHT_BUDGET = 2**22  # E * 2I * H
@@ -203,6 +223,7 @@ def moe_configs(
     weight_budget: int = WEIGHT_BUDGET,
     inputs: bool = True,
     special_rows: bool = False,
+    features: bool = False,
 ) -> SearchStrategy[MoEConfig]:
     """Valid MoEConfigs within the module's documented domains.
 
@@ -211,6 +232,7 @@ def moe_configs(
     expert_map: False never draws a map. The budgets bound T*K*max(H, I) and E*2I*H.
     inputs: False never draws the opt-in inputs (call_tokens, router, spread, tie_heavy).
     special_rows: True also draws all-zero, NaN and Inf rows.
+    features: True also draws the MoE-model features (swiglu_limit, dropped_slots, shared_experts).
     """
     if planner is not None and planner not in PLANNERS:
         raise ValueError(f"planner must be None or one of {list(PLANNERS)}, got {planner!r}")
@@ -218,7 +240,8 @@ def moe_configs(
     check_int("max_experts", max_experts, 1, MAX_EXPERTS)
     if fused is not None and not isinstance(fused, bool):
         raise TypeError(f"fused must be None or a bool, got {fused!r}")
-    for name, value in (("expert_map", expert_map), ("inputs", inputs), ("special_rows", special_rows)):
+    for name, value in (("expert_map", expert_map), ("inputs", inputs), ("special_rows", special_rows),
+                        ("features", features)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
     quants = _quant_choices(quant, fused)
@@ -254,6 +277,8 @@ def moe_configs(
         extra = draw(_input_fields(t)) if inputs else {}
         if special_rows:
             extra.update(draw(_special_row_fields(t if extra.get("call_tokens") is None else extra["call_tokens"])))
+        if features:
+            extra.update(draw(_feature_fields(t, k)))
         return MoEConfig(
             num_tokens=t,
             num_experts=e,
@@ -308,6 +333,28 @@ def _special_row_fields(call_tokens: int) -> SearchStrategy[dict]:
         return fields
 
     return counts.map(to_fields)
+
+
+def _feature_fields(num_tokens: int, topk: int) -> SearchStrategy[dict]:
+    """swiglu_limit, dropped_slots, shared_experts. The choices' ranges do not depend on T or K
+    (counts are cut to the config afterwards): a range that moved with K would let the
+    shrinker's replay of a smaller K land on different choices (see biased_integers)."""
+    routed = num_tokens * topk
+    # The limit and the drops are each on in about a quarter of the draws (two booleans): a peer
+    # refusing both (peers/) still gets about half the draws, the fuzzers drawing around refusals.
+    on = st.tuples(st.booleans(), st.booleans()).map(all)
+    choices = st.tuples(
+        on, st.sampled_from(SWIGLU_LIMITS),
+        on, st.booleans(), st.integers(1, MAX_DRAWN_DROPS),  # drop? all? how many
+        st.integers(0, MAX_SHARED_EXPERTS),
+    )
+
+    def to_fields(c: tuple) -> dict:
+        clamp, limit, drop, drop_all, dropped, shared = c
+        dropped = (routed if drop_all else min(dropped, routed)) if drop else 0
+        return dict(swiglu_limit=limit if clamp else None, dropped_slots=dropped, shared_experts=min(shared, topk - 1))
+
+    return choices.map(to_fields)
 
 
 def schedules(max_seed: int = 2**16) -> SearchStrategy[Schedule]:

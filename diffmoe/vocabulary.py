@@ -54,6 +54,17 @@ class Buffers:
     # per-program partial amax of a per-tensor quantisation (implementation-private)
     AMAX_PARTIALS = "amax_partials"
 
+    # An implementation's own scratch buffer that has no name here (a peer's sort tables:
+    # lmdeploy's per-expert counts, Liger's tile offsets): reported as PRIVATE_PREFIX + its own
+    # name, a launch may write it (the contract oracle), the aliasing and extent oracles see its
+    # bytes like any buffer's, and no numeric oracle compares it.
+    PRIVATE_PREFIX = "private:"
+
+    @classmethod
+    def private(cls, name: str) -> str:
+        """The reported name of an implementation's own scratch buffer `name`."""
+        return cls.PRIVATE_PREFIX + name
+
 
 class Stages:
     """Names of the pipeline stages (also the names of the optimized path's launches)."""

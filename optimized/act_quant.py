@@ -47,6 +47,7 @@ def run_row_stage(
     row_weight: tuple[str, torch.Tensor] | None = None,  # [R] fp32
     amax_partials: torch.Tensor | None = None,  # [>= programs] fp32 scratch, per-tensor only
     software_fp8: bool | None = None,
+    swiglu_limit: float | None = None,  # SwiGLU clamp of the activation (apply_activation only)
 ) -> None:
     # (1) constraints
     x_name, x_t = x
@@ -82,12 +83,13 @@ def run_row_stage(
     common = dict(
         x_ptr=x_t, row_weight_ptr=weight_t, act_ptr=act_t, q_ptr=codes_t, scale_ptr=scales_t,
         partial_amax_ptr=partials_t,
-        R=rows, C=cols, num_programs=programs,
+        R=rows, C=cols, num_programs=programs, swiglu_limit=0.0 if swiglu_limit is None else swiglu_limit,
         stride_xr=x_t.stride(0), stride_xc=x_t.stride(1),
         stride_ar=act_t.stride(0) if act_out else 0, stride_ac=act_t.stride(1) if act_out else 0,
         stride_qr=codes_t.stride(0) if codes_out else 0, stride_qc=codes_t.stride(1) if codes_out else 0,
         stride_sr=scale_strides[0], stride_sc=scale_strides[1],
         APPLY_ACTIVATION=apply_activation, ROW_WEIGHT=row_weight is not None,
+        SWIGLU_CLAMP=apply_activation and swiglu_limit is not None,
         STORE_ACTIVATION=act_out is not None, SCALE_MODE=SCALE_MODES[quant],
         SOFTWARE_BF16=traits.software_bf16_cast, SOFTWARE_FP8=software_fp8,
         BLOCK_R=tiles.rows_per_program, BLOCK_C=tiles.cols_per_step,

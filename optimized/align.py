@@ -4,6 +4,8 @@ Layout (vLLM's): sorted_token_ids holds flat routed-row indices t*K + k grouped 
 expert id in ascending order, each expert's segment padded with the sentinel TK to a
 multiple of BLOCK_M; expert_ids holds the local expert of each BLOCK_M block (-1 where the
 expert map says the expert is not local); num_tokens_post_padded is the padded length.
+Dropped slots (topk_ids -1) are sorted last, into one more segment whose blocks are -1 like a
+remote expert's: the GEMMs store zeros there, as the reference's exact zeros of a dropped slot.
 The buffers are allocated once for the largest batch and written in place.
 
 Owns the aligned layout's torch ops. Must not allocate outside the views it is given.
@@ -15,17 +17,19 @@ import torch
 
 
 def max_padded_rows(routed_rows: int, num_experts: int, block_m: int) -> int:
-    """Upper bound of the padded length: every non-empty expert adds at most BLOCK_M - 1 rows."""
-    return routed_rows + min(num_experts, routed_rows) * (block_m - 1)
+    """Upper bound of the padded length: every non-empty expert (and the dropped slots' segment)
+    adds at most BLOCK_M - 1 rows."""
+    return routed_rows + min(num_experts + 1, routed_rows) * (block_m - 1)
 
 
 def max_blocks(routed_rows: int, num_experts: int, block_m: int) -> int:
-    # sum over experts of ceil(c_e / BLOCK_M) <= floor(TK / BLOCK_M) + (non-empty experts)
-    return routed_rows // block_m + min(num_experts, routed_rows)
+    # sum over experts of ceil(c_e / BLOCK_M) <= floor(TK / BLOCK_M) + (non-empty experts), the
+    # dropped slots' segment counted as one more expert
+    return routed_rows // block_m + min(num_experts + 1, routed_rows)
 
 
 def align_routed_rows(
-    topk_ids: torch.Tensor,  # [T, K] int32 global expert ids
+    topk_ids: torch.Tensor,  # [T, K] int32 global expert ids, -1 for a dropped slot
     expert_map: torch.Tensor | None,  # [E] int32 global -> local or -1
     num_experts: int,
     block_m: int,
@@ -35,8 +39,9 @@ def align_routed_rows(
 ) -> int:
     """Fill the aligned layout in place; returns the number of BLOCK_M blocks in use."""
     flat = topk_ids.flatten().long()  # [TK]
+    flat = torch.where(flat < 0, num_experts, flat)  # [TK]: a dropped slot joins segment E, sorted last
     routed = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)  # [E]
+    counts = torch.bincount(flat, minlength=num_experts + 1)  # [E + 1]
     padded = (counts + block_m - 1) // block_m * block_m  # [E]
     padded_start = torch.cumsum(padded, 0) - padded  # [E] first slot of each expert
     count_start = torch.cumsum(counts, 0) - counts  # [E] first rank of each expert in sorted order
@@ -47,9 +52,9 @@ def align_routed_rows(
     sorted_token_ids[:total].fill_(routed)
     sorted_token_ids[padded_start[experts_sorted] + rank] = order.to(torch.int32)
     blocks = total // block_m
-    block_expert = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)  # [blocks]
-    if expert_map is not None:
-        block_expert = expert_map.long()[block_expert]
+    local = torch.arange(num_experts, device=flat.device) if expert_map is None else expert_map.long()  # [E]
+    local = torch.cat([local, local.new_full((1,), -1)])  # [E + 1]: the dropped slots' blocks run no expert
+    block_expert = local[torch.repeat_interleave(torch.arange(num_experts + 1, device=flat.device), padded // block_m)]
     expert_ids[:blocks] = block_expert.to(torch.int32)
     num_tokens_post_padded.fill_(total)
     return blocks

@@ -18,7 +18,10 @@ Inputs outside the generated ranges follow the reference (reference/moe.py, the 
   * A zero-token call (problem.num_tokens == 0) launches nothing and returns the [0, H]
     output (the caller's tensor, a fresh one, or the empty ws1 view).
   * Blocks of experts the expert map sends elsewhere store zeros, so a call whose every
-    token is routed away returns exact zeros.
+    token is routed away returns exact zeros; dropped slots (topk_ids -1) are aligned into
+    blocks of the same kind (optimized.align), so they are exact zeros too.
+  * `swiglu_limit` is a constexpr switch of the row kernel's activation; shared experts fused
+    into the routed set are ordinary experts.
 
 Owns the implementation class and its factory. Must not hold jit code or judge its own results.
 """
@@ -172,7 +175,7 @@ class TritonFP8MoE:
                        router_weight_on_a=cfg.router_weight == "input" and not cfg.is_fp8)
         elif stage == Stages.ACTIVATION:
             run_row_stage(**row, stage=stage, x=(B.GATE_UP_OUTPUT, bufs[B.GATE_UP_OUTPUT]), apply_activation=True,
-                          quant=None, act_out=(B.ACTIVATION_OUTPUT, bufs[B.ACTIVATION_OUTPUT]))
+                          quant=None, act_out=(B.ACTIVATION_OUTPUT, bufs[B.ACTIVATION_OUTPUT]), swiglu_limit=cfg.swiglu_limit)
         elif stage in (Stages.QUANT_DOWN_INPUT, Stages.ACT_QUANT):
             fused = stage == Stages.ACT_QUANT
             source = B.GATE_UP_OUTPUT if fused else B.ACTIVATION_OUTPUT
@@ -204,7 +207,7 @@ class TritonFP8MoE:
     def _act_quant(self, stage, row, source, fused, codes_out, scales_out, software_fp8=None):
         run_row_stage(**row, stage=stage, x=source, apply_activation=fused, quant=self.config.quant,
                       codes_out=codes_out, scales_out=scales_out, amax_partials=self._amax_partials,
-                      software_fp8=software_fp8)
+                      software_fp8=software_fp8, swiglu_limit=self.config.swiglu_limit if fused else None)
 
     def _reduce(self, stage, ctx, down, out):
         run_reduce(ctx, self.tiles, self.traits, stage=stage, down=down, out=out, topk=self.config.topk)

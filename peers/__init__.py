@@ -1,7 +1,9 @@
 """Third-party fused-MoE kernels behind diffmoe's plug-in contract, one module per peer and pinned version.
 
     peers.vllm_0_33:make      vLLM 0.33.0's Triton fused MoE (TritonExperts), from its own wheel's files
+    peers.vllm_0_28:make      the same for vLLM 0.28.0 (and vllm_0_30 for 0.30.0): one core, peers/vllm_core.py
     peers.lmdeploy_0_18:make  lmdeploy 0.18.0's blocked-FP8 fused MoE, from its own wheel's files
+    peers.liger_0_8:make      Liger-Kernel 0.8.5's bf16 fused MoE (LigerFusedMoEFunction), from its own wheel's files
 
 A peer's code is never copied here: `diffmoe peers fetch NAME` (diffmoe/peer_wheels.py) caches
 the few files its adapter loads, by path, from the pinned wheel. Without a GPU the Triton
@@ -11,13 +13,19 @@ hence here, before any peer module is.
 Owns the package's entry point and what every adapter shares: `PeerFiles` (a peer's files
 loaded once per cache root and device) and `modules_installed` (its module names resolved to
 those files while it runs), the interpreter set-up, the check of a
-problem against the built implementation, and the `supports` answer from an adapter's check. Must not hold third-party source or judge a peer's results.
+problem against the built implementation, the `supports` answer from an adapter's check, the refusal of config fields an adapter does not
+wire (`refuse_set_fields`), the
+launch-reporting proxy that stands where a peer's module holds a jit kernel (`ReportingKernel`),
+the grid such a launch runs (`launch_grid`), the recorder's view of a launch whose rows a peer
+keeps expert-sorted (`report_launch`), the shape of an adapter whose peer allocates
+every buffer itself (`SelfAllocatingPeer`, `fresh_allocations_plan`) and the permutation of a peer's expert-sorted rows into route order (`route_order`). Must not hold third-party source or judge a peer's results.
 """
 
 import contextlib
 import os
 import sys
 import threading
+import types
 
 import torch
 
@@ -76,6 +84,16 @@ def check_problem(impl, problem) -> None:
         raise ValueError(f"problem is on {problem.device}, the implementation runs on {impl.device}")
 
 
+def refuse_set_fields(config, name: str, reasons: dict) -> None:
+    """ValueError for the first field of `reasons` (field -> why) that `config` sets to other than
+    MoEConfig's default: the adapter `name` does not run it, for that reason."""
+    defaults = type(config).__dataclass_fields__
+    for field, why in reasons.items():
+        default = defaults[field].default
+        if getattr(config, field) != default:
+            raise ValueError(f"{field} must be {default!r} for {name}: {why}")
+
+
 def supports_from(check_supported):
     """diffmoe.contract's `supports(config)` from an adapter's check: None, or the check's message."""
     def supports(config) -> str | None:
@@ -114,8 +132,172 @@ class PeerFiles:
                 cls._loaded[key] = cls(root, device)
             return cls._loaded[key]
 
+    def load(self, root, packages, files, before=None, loaded=None) -> None:
+        """Into `self.modules`: an empty package module per name in `packages` (no `__init__` of the
+        peer runs), the modules of `before` (name -> module: stand-ins) and each (name, path under
+        `root`) of `files` executed in order, each seeing the ones before it; `loaded(name,
+        module)`, if given, right after each (before the next one imports it)."""
+        import importlib.util
+
+        for name in packages:
+            module = types.ModuleType(name)
+            module.__path__ = []
+            self.modules[name] = module
+        self.modules.update(before or {})
+        with self.installed():
+            for name, rel in files:
+                spec = importlib.util.spec_from_file_location(name, root / rel)
+                module = importlib.util.module_from_spec(spec)
+                self.modules[name] = module
+                sys.modules[name] = module
+                spec.loader.exec_module(module)
+                if loaded is not None:
+                    loaded(name, module)
+
     @contextlib.contextmanager
     def installed(self):
         """The peer's module names resolve to these modules (its files import some at call time)."""
         with modules_installed(self.modules):
             yield self
+
+
+class ReportingKernel:
+    """Stands where a peer's module holds a jit kernel (instrumentation, not a change): `kernel[grid](...)`
+    goes to the reporter `active.reporter` of the run in progress, if any, as
+    `reporter.launch(name, grid, bound_args, run, jit)`, and runs the peer's kernel unchanged."""
+
+    def __init__(self, name: str, jit, active: threading.local):
+        self.name, self.jit, self.active = name, jit, active
+        self.arg_names = list(jit.arg_names)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            run = lambda: self.jit[grid](*args, **kwargs)  # noqa: E731
+            reporter = getattr(self.active, "reporter", None)
+            if reporter is None:
+                return run()
+            bound = dict(zip(self.arg_names, args), **kwargs)
+            return reporter.launch(self.name, grid, bound, run, self.jit)
+
+        return launch
+
+
+def route_order(sorted_rows: torch.Tensor, sorted_idx: torch.Tensor) -> torch.Tensor:
+    """A peer's expert-sorted rows (row r holds route sorted_idx[r]) gathered into route order
+    (row t * K + k holds route t * K + k), the order of diffmoe's vocabulary."""
+    out = torch.empty_like(sorted_rows)
+    out[sorted_idx.long()] = sorted_rows
+    return out
+
+
+def launch_grid(jit, grid, args: dict) -> tuple[int, ...]:
+    """The grid a launch `jit[grid](**args)` runs: a tuple as given, or a callable grid of the bound
+    arguments; of an autotuned kernel with one config, of the arguments and that config's
+    meta-parameters (the only config it can run). An autotuned kernel with several configs picks
+    one at launch, so its grid is not known beforehand: a ValueError says so."""
+    if not callable(grid):
+        return tuple(grid)
+    configs = getattr(jit, "configs", None)
+    if configs is None:
+        return tuple(grid(args))
+    if len(configs) != 1:
+        raise ValueError(f"{getattr(jit, 'fn', jit)} is autotuned over {len(configs)} configs: its grid is chosen at "
+                         "launch; pin it to one config to report its launches")
+    return tuple(grid({**args, **configs[0].all_kwargs()}))
+
+
+def fresh_allocations_plan(config, planner: str):
+    """The declared plan of a peer that carves nothing: every buffer a fresh allocation, no
+    placement, 0 bytes of ws1 and ws2 (the static oracle then has nothing to judge, and says so)."""
+    from diffmoe.contract import WorkspacePlan
+    from diffmoe.vocabulary import pipeline_stages
+
+    return WorkspacePlan(planner=f"{planner} (fresh allocations only)", buffer_list=(), placements=(),
+                         stages=tuple(pipeline_stages(config)), workspace_bytes=(0, 0))
+
+
+class SelfAllocatingPeer:
+    """An adapter of a peer that allocates every buffer itself (lmdeploy, Liger), behind the
+    plug-in contract: built for a config it supports, on the default device; no workspaces; one
+    run is the peer's own Python call (`call(problem)`, returning its output tensor) inside the
+    peer's modules and the schedule's program order (diffmoe.grid_order), with the run's
+    launch reporter (`reporter_class(impl, problem, recorder)`) active for the kernel proxies
+    (`active`, peers.ReportingKernel); `check_launches(reporter)` says whether the call made the
+    launches the adapter maps. The output is the peer's tensor, copied into the caller's."""
+
+    name: str
+    files_class: type  # a PeerFiles subclass
+    reporter_class: type
+    active: threading.local
+    orders_programs = True  # run() applies the schedule through diffmoe.grid_order itself
+
+    @staticmethod
+    def check_supported(config) -> None:
+        raise NotImplementedError
+
+    def __init__(self, config, device=None):
+        from diffmoe.contract import default_device
+
+        config.validate()
+        self.check_supported(config)
+        self.config = config
+        self.device = torch.device(device) if device is not None else default_device()
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.max_tokens = config.num_tokens
+        self.files = self.files_class.get(self.device)
+
+    def workspace_plan(self, num_tokens: int):
+        return fresh_allocations_plan(self.config, self.name)
+
+    def workspace_shapes(self, max_tokens: int | None = None) -> tuple[int, int]:
+        return (0, 0)
+
+    def call(self, problem) -> torch.Tensor:
+        raise NotImplementedError
+
+    def check_launches(self, reporter) -> None:
+        """RuntimeError unless the call made the launches the adapter maps to stages."""
+
+    def run(self, problem, workspaces, *, output=None, schedule=None, recorder=None):
+        from diffmoe import grid_order
+        from diffmoe.contract import RunResult, Schedule
+
+        check_problem(self, problem)
+        if not isinstance(workspaces, (tuple, list)) or len(workspaces) != 2:
+            raise TypeError("workspaces must be a pair (ws1, ws2) of uint8 tensors")
+        t, hidden = problem.num_tokens, self.config.hidden
+        out = output if output is not None else torch.empty(t, hidden, dtype=torch.bfloat16, device=self.device)
+        if out.shape != (t, hidden) or out.dtype != torch.bfloat16 or out.device != self.device:
+            raise ValueError(f"output must be a [{t}, {hidden}] bf16 tensor on {self.device}")
+        if t == 0:
+            return RunResult(output=out)  # nothing routed: no launch
+        reporter = self.reporter_class(self, problem, recorder)
+        self.active.reporter = reporter
+        try:
+            with self.files.installed(), grid_order.program_order(schedule or Schedule()), torch.no_grad():
+                install_interpreter_fixes()
+                result = self.call(problem)
+        finally:
+            self.active.reporter = None
+        self.check_launches(reporter)
+        out.copy_(result)
+        return RunResult(output=out)
+
+
+def report_launch(recorder, info, run, sorted_rows: dict, sorted_idx):
+    """`run()` the launch `info` describes, between the recorder's before and after; the buffers
+    of `sorted_rows` (name -> tensor a peer keeps in expert-sorted order, row r = route
+    sorted_idx[r]) are in route order while the recorder looks after the launch (its snapshot
+    is of route order) and put back, bit for bit, before the peer goes on."""
+    if recorder is None:
+        return run()
+    recorder.before_launch(info)
+    result = run()
+    saved = {n: t.clone() for n, t in sorted_rows.items()}
+    for n, t in sorted_rows.items():
+        t.copy_(route_order(saved[n], sorted_idx))
+    recorder.after_launch(info)
+    for n, t in sorted_rows.items():
+        t.copy_(saved[n])
+    return result

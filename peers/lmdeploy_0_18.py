@@ -37,11 +37,12 @@ router_weight 'down' (applied in its reduce), output 'separate', silu. Refused t
 `supports` with the field named: everything else. Program order: under the interpreter a
 non-identity schedule permutes each launch's programs at the interpreter's grid loop
 (diffmoe.grid_order, triton 3.9 only; `run` applies it, so it sets `orders_programs`); on a GPU
-the hardware order runs. No
-`run_stage`: the buffers a stage would be fed live inside lmdeploy's one Python call.
+the hardware order runs. No `run_stage`: the buffers a stage would be fed live inside
+lmdeploy's one Python call.
 
-Longer than 400 lines because it holds the loader, the kernel proxies, the launch reporter and
-the run sequence, which all drive the same loaded lmdeploy modules.
+Numerics: the factory declares the reference's `lmdeploy` profile (`make.numerics`,
+reference/numerics_lmdeploy.py): lmdeploy's rounding points, so a check judges it against what
+its kernels compute; `numerics="diffmoe"` judges it against diffmoe's.
 
 Owns the adapter (loading lmdeploy's files, the run sequence, launch reporting, the declared
 plan). Must not copy lmdeploy source or change its numerics: differences are reported, not fixed.
@@ -49,22 +50,22 @@ plan). Must not copy lmdeploy source or change its numerics: differences are rep
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 import threading
 import types
 from pathlib import Path
 
 import torch
 
-from diffmoe import grid_order, peer_wheels
+from diffmoe import peer_wheels
 from diffmoe.config import QUANT_BLOCK, MoEConfig
-from diffmoe.contract import LaunchInfo, RunResult, Schedule, WorkspacePlan
-from diffmoe.execution import default_device
-from diffmoe.vocabulary import Buffers, Stages, pipeline_stages
+from diffmoe.contract import LaunchInfo, WorkspacePlan
+from diffmoe.vocabulary import Buffers, Stages
 
-from . import PeerFiles, check_problem, install_interpreter_fixes, supports_from
+from . import (
+    PeerFiles, ReportingKernel, SelfAllocatingPeer, fresh_allocations_plan, launch_grid, refuse_set_fields, report_launch,
+    supports_from,
+)
 
 PEER = "lmdeploy"
 VERSION = peer_wheels.PEERS[PEER].version
@@ -82,13 +83,26 @@ REAL_MODULES = (
 PACKAGES = ("lmdeploy", "lmdeploy.pytorch", "lmdeploy.pytorch.kernels", _K, f"{_K}.moe")
 # utils.py's WARPS_PER_SM / BLOCKS_PER_SM entries for (9, 0), and the 132 SMs of an H100/H200
 INTERPRETER_DEVICE_PROPS = dict(multi_processor_count=132, compute_capability=(9, 0), warps_per_sm=64, blocks_per_sm=32)
-ALIGN_KERNELS = ("_sorted_idx_phase1_kernel", "_route_prefix_kernel", "_scatter_sorted_idx_kernel",
-                 "_single_cta_route_prepare_kernel", "_scatter_and_fill_block_meta_kernel")
 GEMM_KERNELS = ("fused_moe_blocked_fp8_kernel", "fused_moe_blocked_fp8_compact_kernel")
-# The sort's per-expert counts, ranks and start/end offsets (Counts, LocalPos, ExpStart, ExpEnd)
-# have no vocabulary name (the contract oracle's private buffers are vLLM-style aligned-layout
-# names): they are not reported, and the store-extent oracle says so for the two launches that
-# write only them (README, "Testing lmdeploy's kernel"). The sorted route ids are sorted_token_ids.
+# What each route-sort launch writes (lmdeploy's argument names): the sorted route ids are the
+# vocabulary's sorted_token_ids; the per-expert counts, ranks, start/end offsets and block tables
+# have no vocabulary name and are reported under their own (Buffers.private: `private:Counts`).
+# The block tables are written only where the launch's BUILD_BLOCKS is on (lmdeploy passes
+# ExpStart again as a placeholder BlockEnd where it is off).
+ALIGN_WRITES = {
+    "_sorted_idx_phase1_kernel": ("Counts", "LocalPos"),
+    "_route_prefix_kernel": ("ExpStart", "ExpEnd", "BlockEnd"),
+    "_scatter_sorted_idx_kernel": ("SortedIdx",),
+    "_scatter_and_fill_block_meta_kernel": ("SortedIdx", "BlockExpertIds", "BlockOffsets"),
+    "_single_cta_route_prepare_kernel": ("Cursors", "SortedIdx", "ExpStart", "ExpEnd", "BlockEnd", "BlockExpertIds",
+                                         "BlockOffsets"),
+}
+BLOCK_TABLES = ("BlockEnd", "BlockExpertIds", "BlockOffsets")
+ALIGN_KERNELS = tuple(ALIGN_WRITES)
+
+
+# the run in progress on this thread, for the kernel proxies (peers.ReportingKernel)
+_ACTIVE: threading.local = threading.local()
 
 
 class LmdeployFiles(PeerFiles):
@@ -102,22 +116,14 @@ class LmdeployFiles(PeerFiles):
 
     def __init__(self, root: Path, device: torch.device):
         self.modules: dict[str, types.ModuleType] = {}
-        for name in PACKAGES:
-            module = types.ModuleType(name)
-            module.__path__ = []
-            self.modules[name] = module
         utils = types.ModuleType("lmdeploy.utils")
         utils.get_logger = logging.getLogger
-        self.modules["lmdeploy.utils"] = utils
-        with self.installed():
-            for name, rel in REAL_MODULES:
-                spec = importlib.util.spec_from_file_location(name, root / rel)
-                module = importlib.util.module_from_spec(spec)
-                self.modules[name] = module
-                sys.modules[name] = module
-                spec.loader.exec_module(module)
-                if name.endswith(".utils") and device.type != "cuda":
-                    module.get_device_props = lambda device=None: dict(INTERPRETER_DEVICE_PROPS)
+
+        def answer_device_props(name, module):
+            if name.endswith(".utils") and device.type != "cuda":
+                module.get_device_props = lambda device=None: dict(INTERPRETER_DEVICE_PROPS)
+
+        self.load(root, PACKAGES, REAL_MODULES, before={"lmdeploy.utils": utils}, loaded=answer_device_props)
         self.blocked_fp8 = self.modules[f"{_K}.moe.blocked_fp8"]
         self.quant_fp8 = self.modules[f"{_K}.blocked_gemm_fp8"].quant_fp8
         # instrumentation, not a change: each launcher reaches its kernel through a module
@@ -126,37 +132,7 @@ class LmdeployFiles(PeerFiles):
             for attr, value in list(vars(module).items()):
                 if attr in (*ALIGN_KERNELS, *GEMM_KERNELS, "_silu_and_mul_kernel", "_quant_fp8_kernel",
                             "_moe_reduce_kernel", "fused_moe_kernel", "fused_moe_compact_kernel"):
-                    setattr(module, attr, ReportingKernel(attr, value))
-
-
-_ACTIVE: threading.local = threading.local()
-
-
-class ReportingKernel:
-    """Stands where lmdeploy's module holds a jit kernel: `kernel[grid](...)` is reported to the
-    active run's reporter (if any) and runs the kernel unchanged."""
-
-    def __init__(self, name: str, jit):
-        self.name, self.jit = name, jit
-        self.arg_names = list(jit.arg_names)
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            run = lambda: self.jit[grid](*args, **kwargs)  # noqa: E731
-            reporter = getattr(_ACTIVE, "reporter", None)
-            if reporter is None:
-                return run()
-            bound = dict(zip(self.arg_names, args), **kwargs)
-            return reporter.launch(self.name, grid, bound, run)
-
-        return launch
-
-
-def _route_order(sorted_rows: torch.Tensor, sorted_idx: torch.Tensor) -> torch.Tensor:
-    """lmdeploy's sorted-route rows gathered into route order (row r = route r)."""
-    out = torch.empty_like(sorted_rows)
-    out[sorted_idx.long()] = sorted_rows
-    return out
+                    setattr(module, attr, ReportingKernel(attr, value, _ACTIVE))
 
 
 class RunReporter:
@@ -167,7 +143,7 @@ class RunReporter:
         self.quants = self.gemms = 0
         self.sorted_idx: torch.Tensor | None = None
 
-    def launch(self, kernel: str, grid, args: dict, run):
+    def launch(self, kernel: str, grid, args: dict, run, jit=None):
         p, cfg = self.problem, self.impl.config
         tk, i = p.num_tokens * cfg.topk, cfg.inter
         sorted_rows: set[str] = set()  # reported buffers lmdeploy keeps in sorted-route order
@@ -175,9 +151,13 @@ class RunReporter:
         writes: dict[str, torch.Tensor] = {}
         if kernel in ALIGN_KERNELS:
             stage, reads = Stages.ALIGN, {B.TOPK_IDS: p.topk_ids}
+            for arg in ALIGN_WRITES[kernel]:
+                if arg in BLOCK_TABLES and not args.get("BUILD_BLOCKS", True):
+                    continue
+                if isinstance(args.get(arg), torch.Tensor):
+                    writes[B.SORTED_TOKEN_IDS if arg == "SortedIdx" else B.private(arg)] = args[arg]
             if "SortedIdx" in args:
                 self.sorted_idx = args["SortedIdx"]
-                writes = {B.SORTED_TOKEN_IDS: args["SortedIdx"]}
         elif kernel == "_quant_fp8_kernel":
             self.quants += 1
             if self.quants == 1:
@@ -211,21 +191,9 @@ class RunReporter:
             writes = {B.OUTPUT: args["out_ptr"]}
         else:
             raise NotImplementedError(f"lmdeploy launched {kernel}, which the adapter does not map to a diffmoe stage")
-        grid = tuple(grid) if not callable(grid) else tuple(grid(args))
+        grid = launch_grid(jit, grid, args)
         info = LaunchInfo(stage=stage, kernel=kernel, grid=grid, reads=reads, writes=writes)
-        if self.recorder is not None:
-            self.recorder.before_launch(info)
-        result = run()
-        if self.recorder is not None:
-            # the recorder snapshots route order: lmdeploy's sorted rows are permuted in place for
-            # it and put back, bit for bit, before lmdeploy goes on
-            saved = {n: writes[n].clone() for n in sorted_rows}
-            for n in sorted_rows:
-                writes[n].copy_(_route_order(saved[n], self.sorted_idx))
-            self.recorder.after_launch(info)
-            for n in sorted_rows:
-                writes[n].copy_(saved[n])
-        return result
+        return report_launch(self.recorder, info, run, {n: writes[n] for n in sorted_rows}, self.sorted_idx)
 
 
 def check_supported(config: MoEConfig) -> None:
@@ -245,64 +213,39 @@ def check_supported(config: MoEConfig) -> None:
         raise ValueError(f"expert_map must be None for {name}: lmdeploy's expert_offset path is not wired into the adapter")
     if config.activation != "silu":
         raise ValueError(f"activation must be 'silu' for {name}, got {config.activation!r}")
+    refuse_set_fields(config, name, {
+        "swiglu_limit": "lmdeploy 0.18's silu_and_mul has no clamp",
+        "dropped_slots": "lmdeploy 0.18's route sort (fused_moe._get_sorted_idx_*) is not known to skip "
+                         "topk_ids -1, and the adapter wires no skip",
+    })
 
 
 def plan_workspaces(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
     """lmdeploy's layout: nothing carved, every buffer a fresh allocation."""
     check_supported(config)
-    return WorkspacePlan(planner=f"lmdeploy-{VERSION} (fresh allocations only)", buffer_list=(), placements=(),
-                         stages=tuple(pipeline_stages(config)), workspace_bytes=(0, 0))
+    return fresh_allocations_plan(config, f"lmdeploy-{VERSION}")
 
 
-class LmdeployBlockedFP8MoE:
+class LmdeployBlockedFP8MoE(SelfAllocatingPeer):
     """lmdeploy 0.18.0's fused_moe_blocked_fp8 behind diffmoe's plug-in contract (diffmoe.contract)."""
 
     name = f"lmdeploy-{VERSION}"
-    orders_programs = True  # run() applies the schedule through diffmoe.grid_order itself
+    files_class = LmdeployFiles
+    reporter_class = RunReporter
+    active = _ACTIVE
+    check_supported = staticmethod(check_supported)
 
-    def __init__(self, config: MoEConfig, device=None):
-        config.validate()
-        check_supported(config)
-        self.config = config
-        self.device = torch.device(device) if device is not None else default_device()
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.max_tokens = config.num_tokens
-        self.files = LmdeployFiles.get(self.device)
+    def call(self, problem) -> torch.Tensor:
+        cfg = self.config
+        codes, scales = self.files.quant_fp8(problem.hidden_states, QUANT_BLOCK, dtype=torch.float8_e4m3fn)
+        return self.files.blocked_fp8.fused_moe_blocked_fp8(
+            codes, scales, problem.w1, problem.w1_scale, problem.w2, problem.w2_scale,
+            problem.topk_weights, problem.topk_ids, cfg.topk, out_dtype=torch.bfloat16, num_experts=cfg.num_experts)
 
-    def workspace_plan(self, num_tokens: int) -> WorkspacePlan:
-        return plan_workspaces(self.config, num_tokens)
-
-    def workspace_shapes(self, max_tokens: int | None = None) -> tuple[int, int]:
-        return (0, 0)
-
-    def run(self, problem, workspaces, *, output=None, schedule: Schedule = Schedule(), recorder=None) -> RunResult:
-        check_problem(self, problem)
-        if not isinstance(workspaces, (tuple, list)) or len(workspaces) != 2:
-            raise TypeError("workspaces must be a pair (ws1, ws2) of uint8 tensors")
-        cfg, t = self.config, problem.num_tokens
-        out = output if output is not None else torch.empty(t, cfg.hidden, dtype=torch.bfloat16, device=self.device)
-        if out.shape != (t, cfg.hidden) or out.dtype != torch.bfloat16 or out.device != self.device:
-            raise ValueError(f"output must be a [{t}, {cfg.hidden}] bf16 tensor on {self.device}")
-        if t == 0:
-            return RunResult(output=out)  # nothing routed: no launch
-        reporter = RunReporter(self, problem, recorder)
-        _ACTIVE.reporter = reporter
-        try:
-            with self.files.installed(), grid_order.program_order(schedule):
-                install_interpreter_fixes()
-                codes, scales = self.files.quant_fp8(problem.hidden_states, QUANT_BLOCK, dtype=torch.float8_e4m3fn)
-                result = self.files.blocked_fp8.fused_moe_blocked_fp8(
-                    codes, scales, problem.w1, problem.w1_scale, problem.w2, problem.w2_scale,
-                    problem.topk_weights, problem.topk_ids, cfg.topk, out_dtype=torch.bfloat16,
-                    num_experts=cfg.num_experts)
-        finally:
-            _ACTIVE.reporter = None
+    def check_launches(self, reporter) -> None:
         if reporter.gemms != 2 or reporter.quants != 2:
             raise RuntimeError(f"lmdeploy's call made {reporter.gemms} GEMM and {reporter.quants} quant launches, "
                                "the adapter expects 2 of each")
-        out.copy_(result)
-        return RunResult(output=out)
 
 
 def make(config: MoEConfig, device=None) -> LmdeployBlockedFP8MoE:
@@ -311,4 +254,5 @@ def make(config: MoEConfig, device=None) -> LmdeployBlockedFP8MoE:
 
 
 make.plan_workspaces = plan_workspaces
+make.numerics = "lmdeploy"  # diffmoe.contract.NUMERICS: judged against lmdeploy's rounding points (reference/numerics_lmdeploy.py)
 make.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses

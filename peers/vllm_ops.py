@@ -1,12 +1,13 @@
 """vLLM's compiled CUDA ops, in torch: what `vllm._custom_ops` (and fp8_utils' group quant) compute.
 
-vLLM's MoE files (run by peers/vllm_0_33.py from the wheel) call compiled ops that have no
+vLLM's MoE files (run by peers/vllm_core.py from each release's wheel) call compiled ops that have no
 Python fallback in vLLM: moe_align_block_size, moe_sum, silu_and_mul, scaled_fp8_quant,
 silu_and_mul_per_block_quant and per_token_group_quant_fp8. These are diffmoe's own torch
 versions, each following the vLLM source it names below, each reported as a launch through the
 run's `OpReporter` (ACTIVE_REPORTER). peers/vllm_standins.py puts them where vLLM imports them.
 
-CUDA numerics followed (vLLM csrc; the points where they differ from diffmoe's reference):
+CUDA numerics followed (vLLM csrc; the points where they differ from diffmoe's reference, and
+the facts reference/numerics.py's vllm profile follows too, without importing these):
   * silu_and_mul (csrc/activation_kernels.cu): silu(g) = g / (1 + exp(-g)) in float32, rounded
     to bf16, times `up` in bf16 arithmetic (float product rounded to bf16);
   * moe_sum (csrc/moe/moe_align_sum_kernels.cu): K = 2, 3, 4 accumulate in bf16 (each add
@@ -21,7 +22,9 @@ CUDA numerics followed (vLLM csrc; the points where they differ from diffmoe's r
     silu(g) * up in float32, never rounded to bf16, scale = max(amax / 448, 1 / (448 * 512)),
     codes = x / scale;
   * moe_align_block_size (csrc/moe/moe_align_sum_kernels.cu): per expert, its routed rows in
-    ascending order, padded to the block size with the pad id TK; one expert id per block.
+    ascending order, padded to the block size with the pad id TK; one expert id per block; ids
+    below 0 or at least num_experts (and, given the map, remote ones) skipped;
+  * moe_sum, pad-aware form (vLLM 0.31+): skipped slots add nothing.
 
 Owns the torch versions of vLLM's compiled ops and the reporting hook they call. Must not hold
 vLLM source: every line here is diffmoe's own.
@@ -67,7 +70,8 @@ def _launch(op: str, grid: tuple[int, ...], tensors: dict[str, torch.Tensor], co
 
 def _amax_dropping_nan(x: torch.Tensor, dim=None, keepdim: bool = False) -> torch.Tensor:
     """max |x| as fmaxf(acc, fabsf(v)) from 0: NaN operands are dropped."""
-    a = x.float().abs().nan_to_num(nan=0.0)
+    a = x.float().abs()
+    a = torch.where(torch.isnan(a), torch.zeros_like(a), a)  # not nan_to_num: that also turns Inf into the largest float
     return a.amax() if dim is None else a.amax(dim=dim, keepdim=keepdim)
 
 
@@ -81,49 +85,88 @@ def _clamp_max_first(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), torch.full_like(x, -FP8_MAX), x.clamp(-FP8_MAX, FP8_MAX))
 
 
+def _slot_experts(flat: torch.Tensor, num_experts: int, expert_map: torch.Tensor | None) -> torch.Tensor:
+    """Each routed slot's expert as the CUDA ops count it, -1 for a slot they skip: an id below
+    0 or at least `num_experts`, or (given a map) one the map sends to -1; else the map's local id."""
+    valid = (flat >= 0) & (flat < num_experts)
+    experts = torch.where(valid, flat, torch.full_like(flat, -1))
+    if expert_map is not None:
+        mapped = expert_map.long()[experts.clamp_min(0)]
+        experts = torch.where(valid, mapped, experts)
+    return experts
+
+
 def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad,
                          expert_map=None, scatter_idx=None) -> None:
-    if expert_map is not None or scatter_idx is not None:
-        raise NotImplementedError("moe_align_block_size stand-in: expert_map / scatter_idx are not supported")
+    """csrc/moe/moe_align_sum_kernels.cu (moe_align_block_size_kernel, its small-batch variant and
+    count_and_sort_expert_tokens_kernel): every entry of sorted_token_ids first holds the sentinel
+    topk_ids.numel(); a slot whose id is below 0 or at least num_experts is skipped (neither
+    counted nor placed), and with `expert_map` (vLLM 0.31+: ignore_invalid_experts) so is one the
+    map sends to -1, the others counted under their local id; each expert's slots are padded to
+    a multiple of block_size, one expert id per block; the blocks past the total hold 0. (The
+    revision of that file read tests only `expert_id >= num_experts` in its count and sort
+    loops; the skip of ids below 0 is the stated fact of the museum's exhibit, README "A museum
+    of real vLLM bugs".)"""
+    if scatter_idx is not None:
+        raise NotImplementedError("moe_align_block_size stand-in: scatter_idx is not supported")
     flat = topk_ids.reshape(-1).long()
     numel = flat.numel()
 
     def compute():
-        counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
+        experts = _slot_experts(flat, num_experts, expert_map)
+        placed = (experts >= 0).nonzero().flatten()  # the slots the op places, ascending
+        kept = experts[placed]
+        counts = torch.bincount(kept, minlength=num_experts)[:num_experts]
         padded = (counts + block_size - 1) // block_size * block_size
         starts = torch.cumsum(padded, 0) - padded  # first padded row of each expert
         total = int(padded.sum())
-        order = torch.sort(flat, stable=True).indices  # rows grouped by expert, ascending within one
-        experts_sorted = flat[order]
+        order = torch.sort(kept, stable=True).indices  # placed slots grouped by expert, ascending within one
+        experts_sorted = kept[order]
         first_of_group = torch.cumsum(counts, 0) - counts
-        rank = torch.arange(numel, device=flat.device) - first_of_group[experts_sorted]
+        rank = torch.arange(kept.numel(), device=flat.device) - first_of_group[experts_sorted]
         sorted_token_ids.fill_(numel)
-        sorted_token_ids[(starts[experts_sorted] + rank)] = order.to(sorted_token_ids.dtype)
-        experts_ids.fill_(-1)
+        sorted_token_ids[(starts[experts_sorted] + rank)] = placed[order].to(sorted_token_ids.dtype)
+        experts_ids.fill_(0)  # "Fill remaining expert_ids with 0"
         blocks = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_size)
         experts_ids[: blocks.numel()] = blocks.to(experts_ids.dtype)
         num_tokens_post_pad.fill_(total)
 
-    _launch("moe_align_block_size", (1,), {"topk_ids": topk_ids, "sorted_token_ids": sorted_token_ids,
-                                           "expert_ids": experts_ids, "num_tokens_post_padded": num_tokens_post_pad},
-            compute)
+    tensors = {"topk_ids": topk_ids, "sorted_token_ids": sorted_token_ids, "expert_ids": experts_ids,
+               "num_tokens_post_padded": num_tokens_post_pad}
+    if expert_map is not None:
+        tensors["expert_map"] = expert_map
+    _launch("moe_align_block_size", (1,), tensors, compute)
 
 
 def moe_sum(input: torch.Tensor, output: torch.Tensor, topk_ids=None, expert_map=None) -> None:
-    if expert_map is not None:
-        raise NotImplementedError("moe_sum stand-in: the expert-map (pad-aware) variant is not supported")
+    """csrc/moe/moe_align_sum_kernels.cu, moe_sum_kernel: the two-argument call sums all top-k
+    rows of each token, whatever wrote them (no pad awareness): K = 2, 3, 4 as `scalar_t x = 0;
+    x += input[k]` (every add rounded to bf16), other K via at::sum_out. Given topk_ids and
+    expert_map (vLLM 0.31+, the op's schema in csrc/moe/torch_bindings.cpp: "pad-aware reduce
+    that skips (token, expert) slots that were never actually computed (unrouted, or routed to
+    an expert not owned by this rank)"), a slot the alignment skips (see _slot_experts) adds
+    nothing; the others add in k order as above."""
+    if (topk_ids is None) != (expert_map is None):
+        raise NotImplementedError("moe_sum stand-in: topk_ids and expert_map come together (the pad-aware form) or not at all")
     topk = input.shape[1]
 
     def compute():
+        rows = input
+        if expert_map is not None:
+            skipped = _slot_experts(topk_ids.reshape(-1).long(), expert_map.numel(), expert_map).view(-1, topk) < 0
+            rows = input.masked_fill(skipped[:, :, None], 0)  # a skipped slot adds nothing (x + 0 is x)
         if 2 <= topk <= 4:
             acc = torch.zeros(output.shape, dtype=output.dtype, device=output.device)
             for k in range(topk):  # scalar_t x = 0; x += input[k]: every add rounded to bf16
-                acc = (acc.float() + input[:, k].float()).to(output.dtype)
+                acc = (acc.float() + rows[:, k].float()).to(output.dtype)
             output.copy_(acc)
         else:
-            torch.sum(input, dim=1, out=output)
+            torch.sum(rows, dim=1, out=output)
 
-    _launch("moe_sum", (input.shape[0],), {"input": input, "output": output}, compute)
+    tensors = {"input": input, "output": output}
+    if expert_map is not None:
+        tensors.update(topk_ids=topk_ids, expert_map=expert_map)
+    _launch("moe_sum", (input.shape[0],), tensors, compute)
 
 
 def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:

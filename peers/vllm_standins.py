@@ -1,6 +1,6 @@
 """Stand-in modules for what vLLM's MoE files import beyond the five the adapter runs.
 
-The vLLM adapter (peers/vllm_0_33.py) executes five files of the vllm 0.33.0 wheel by path
+The vLLM adapter (peers/vllm_core.py) executes five files of a vLLM release's wheel by path
 (fused_moe.py, moe_align_block_size.py, modular_kernel.py, utils.py, experts/triton_moe.py).
 Everything else they import is a module built here, registered under its vllm name only while
 those files run; no vllm package `__init__` runs:
@@ -188,7 +188,10 @@ class ApplyMoEActivationConfig:
 
     @classmethod
     def from_configs(cls, moe_config, quant_config) -> ApplyMoEActivationConfig:
-        return cls(clamp_limit=getattr(quant_config, "gemm1_clamp_limit", None))
+        """As vLLM's activation.py from_configs: the quant config's gemm1_clamp_limit, else the
+        layer's swiglu_limit (how a model's SwiGLU clamp reaches TritonExperts)."""
+        clamp = getattr(quant_config, "gemm1_clamp_limit", None)
+        return cls(clamp_limit=clamp if clamp is not None else getattr(moe_config, "swiglu_limit", None))
 
 
 def apply_moe_activation(activation, output, input, activation_config=None, topk_ids=None, expert_map=None,

@@ -16,7 +16,8 @@ TK = T*K routed rows, row t*K + k reads token t; L local experts):
                 codes = e4m3fn(clamp(x / scale, -448, 448)), ties to even
   gate-up       float32 operands (code * scale, rounded to float32), accumulated in float32,
                 rounded to bf16; rows of experts the expert map sends elsewhere (-1) are 0
-  activation    silu(gate) * up in float32, rounded to bf16
+  activation    silu(gate) * up in float32, rounded to bf16; with a SwiGLU limit, gate and
+                up first clamped in float32 to gate <= limit, -limit <= up <= limit
   quant down    as quant input, on the [TK, I] activation
   down          as gate-up; router_weight='down' multiplies the float32 result by the
                 router weight in float32, before the bf16 rounding
@@ -179,11 +180,12 @@ class SpecInputs:
     inter: int  # I
     hidden_states: np.ndarray  # [T, H] float32 (bf16 values)
     topk_weights: np.ndarray  # [T, K] float32
-    local: np.ndarray  # [TK] int64 local expert of routed row t*K + k, -1 where not local
+    local: np.ndarray  # [TK] int64 local expert of routed row t*K + k, -1 where not local or dropped
     w1: np.ndarray  # [L, 2I, H] uint8 codes, or float32 bf16 values for quant='bf16'
     w2: np.ndarray  # [L, H, I]
     w1_scale: np.ndarray | None  # float32
     w2_scale: np.ndarray | None
+    swiglu_limit: float | None = None
 
     @property
     def is_fp8(self) -> bool:
@@ -196,11 +198,12 @@ def _scale_array(s: torch.Tensor | None) -> np.ndarray | None:
 
 def problem_arrays(problem: Problem) -> SpecInputs:
     cfg = problem.config
-    ids = to_numpy(problem.topk_ids).astype(np.int64).reshape(-1)  # [TK] global ids
+    ids = to_numpy(problem.topk_ids).astype(np.int64).reshape(-1)  # [TK] global ids, -1 for a dropped slot
     if problem.expert_map is None:
         local = ids
     else:
-        local = to_numpy(problem.expert_map).astype(np.int64)[ids]  # [TK]
+        mapped = to_numpy(problem.expert_map).astype(np.int64)
+        local = np.array([mapped[e] if e >= 0 else -1 for e in ids], dtype=np.int64)  # [TK]
     return SpecInputs(
         quant=cfg.quant,
         router_weight=cfg.router_weight,
@@ -215,6 +218,7 @@ def problem_arrays(problem: Problem) -> SpecInputs:
         w2=to_numpy(problem.w2),
         w1_scale=_scale_array(problem.w1_scale),
         w2_scale=_scale_array(problem.w2_scale),
+        swiglu_limit=cfg.swiglu_limit,
     )
 
 
@@ -364,15 +368,20 @@ def expert_gemm(a: np.ndarray, w: np.ndarray, local: np.ndarray, row_weight: np.
     return _bounded(exact, radius, nearest)
 
 
-def silu_and_mul(gate_up: np.ndarray) -> Bounded:
+def silu_and_mul(gate_up: np.ndarray, limit: float | None = None) -> Bounded:
     """[R, 2I] bf16 values -> [R, I]: silu(gate) * up in float32, rounded to bf16.
 
     silu(g) = g / (1 + exp(-g)) in float64 is within a few 2^-53 of exact. The float32 silu is
     allowed SILU_ULPS ulps (relative SILU_ULPS * 2^-23, plus as many of the smallest subnormal
     where silu is tiny), then the float32 product with up rounds once (relative 2^-24).
+    A limit clamps first, exactly: each clamp returns one of two float32 values (the value, or
+    the limit rounded to float32); NaN stays NaN.
     """
     i = gate_up.shape[1] // 2
     gate, up = gate_up[:, :i].astype(np.float64), gate_up[:, i:].astype(np.float64)  # [R, I]
+    if limit is not None:
+        lim = np.float64(np.float32(limit))
+        gate, up = np.minimum(gate, lim), np.minimum(np.maximum(up, -lim), lim)
     with np.errstate(over="ignore", invalid="ignore"):
         silu = gate / (1.0 + np.exp(-gate))
         exact = silu * up
@@ -406,7 +415,7 @@ def spec_moe(problem: Problem) -> dict[str, np.ndarray]:
 
     gate_up = expert_gemm(a1, dequantize_weight(p.w1, p.w1_scale, q), p.local).nearest  # [TK, 2I]
     stages[Buffers.GATE_UP_OUTPUT] = gate_up
-    act = silu_and_mul(gate_up).nearest  # [TK, I]
+    act = silu_and_mul(gate_up, p.swiglu_limit).nearest  # [TK, I]
     stages[Buffers.ACTIVATION_OUTPUT] = act
     if p.is_fp8:
         codes, scale = quantize(act, q)

@@ -6,6 +6,7 @@ expert id in ascending order (ascending row index within an expert, the stable o
 expert's segment padded with the sentinel TK up to a multiple of BLOCK_M; expert_ids holds one
 entry per BLOCK_M block, the expert mapped through expert_map (-1 kept for non-local experts);
 num_tokens_post_padded is the padded length; the function returns the number of blocks.
+Dropped slots (topk_ids -1) form one last segment, after every expert's, whose blocks are -1.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ def python_layout(topk_ids: list[list[int]], expert_map: list[int] | None, num_e
     routed = len(flat)
     sorted_ids: list[int] = []
     block_experts: list[int] = []
-    for expert in range(num_experts):
+    for expert in [*range(num_experts), -1]:  # -1: the dropped slots, last
         rows = [r for r, e in enumerate(flat) if e == expert]
         if not rows:
             continue  # an expert without rows takes no block at all
         padded = -(-len(rows) // block_m) * block_m
         sorted_ids += rows + [routed] * (padded - len(rows))
-        local = expert if expert_map is None else expert_map[expert]
+        local = expert if expert_map is None or expert < 0 else expert_map[expert]
         block_experts += [local] * (padded // block_m)
     return sorted_ids, block_experts, len(sorted_ids)
 
@@ -63,6 +64,13 @@ def _one_expert(num_tokens: int, num_experts: int, topk: int, seed: int) -> torc
     return torch.cat([torch.full((num_tokens, 1), 3, dtype=torch.int32), others], dim=1)
 
 
+def _dropped(topk_ids: torch.Tensor, every: int) -> torch.Tensor:
+    """Every `every`-th slot (flat order) set to -1, a dropped slot."""
+    ids = topk_ids.clone()
+    ids.view(-1)[::every] = -1
+    return ids
+
+
 # label -> (topk_ids, expert_map or None, E)
 CASES = {
     "T=1": (random_routing(1, 6, 2, seed=1), None, 6),
@@ -79,6 +87,10 @@ CASES = {
     "E=1": (torch.zeros(5, 1, dtype=torch.int32), None, 1),
     "segment-exactly-64": (torch.full((64, 1), 1, dtype=torch.int32), None, 3),  # no padding for BLOCK_M 16/32/64
     "segment-65": (torch.full((65, 1), 1, dtype=torch.int32), None, 3),  # one row past a block: a whole padded block
+    "dropped-slots": (_dropped(random_routing(9, 5, 2, seed=13), every=3), None, 5),
+    "dropped-slots-with-expert-map": (_dropped(random_routing(11, 6, 2, seed=14), every=4), [0, -1, 1, -1, 2, -1], 6),
+    "all-slots-dropped": (torch.full((6, 2), -1, dtype=torch.int32), None, 4),
+    "all-slots-dropped-with-expert-map": (torch.full((3, 1), -1, dtype=torch.int32), [-1, 0], 2),
 }
 
 
@@ -98,14 +110,14 @@ def test_align_matches_the_documented_layout(label, block_m):
 
 
 def test_bounds_are_attained_when_every_expert_gets_one_row():
-    # One token routed to all E experts: each segment is 1 row padded to BLOCK_M, the worst case
-    # of both bounds, so they are tight, not merely safe.
+    # One token routed to all E experts and one dropped slot: each of the E + 1 segments is 1 row
+    # padded to BLOCK_M, the worst case of both bounds, so they are tight, not merely safe.
     for block_m in BLOCK_MS:
         for num_experts in (1, 3, 8):
-            topk_ids = torch.arange(num_experts, dtype=torch.int32).view(1, -1)
+            topk_ids = torch.tensor([[*range(num_experts), -1]], dtype=torch.int32)
             blocks, _, _, post_padded = run_align(topk_ids, None, num_experts, block_m)
-            assert int(post_padded) == max_padded_rows(num_experts, num_experts, block_m)
-            assert blocks == max_blocks(num_experts, num_experts, block_m)
+            assert int(post_padded) == max_padded_rows(num_experts + 1, num_experts, block_m)
+            assert blocks == max_blocks(num_experts + 1, num_experts, block_m)
 
 
 def test_align_rewrites_buffers_in_place_for_a_smaller_batch():
@@ -134,6 +146,8 @@ def routings(draw):
     # a subset of experts the tokens may use (at least K of them), to get empty experts often
     allowed = draw(st.lists(st.integers(0, num_experts - 1), min_size=topk, max_size=num_experts, unique=True))
     rows = [draw(st.permutations(allowed))[:topk] for _ in range(num_tokens)]
+    if draw(st.booleans()):  # dropped slots (-1), anywhere
+        rows = [[-1 if draw(st.booleans()) else e for e in row] for row in rows]
     expert_map = None
     if draw(st.booleans()):
         local = draw(st.lists(st.booleans(), min_size=num_experts, max_size=num_experts).filter(any))

@@ -98,6 +98,16 @@ def test_the_default_implementation_is_named_once():
     assert "--impl" not in report.check_command(MoEConfig())
 
 
+@pytest.mark.parametrize("alias", sorted(contract.IMPLEMENTATION_ALIASES))
+def test_a_replay_line_keeps_an_implementation_alias(alias):
+    """`diffmoe check --impl vllm` names its implementation by the alias: the replay line must
+    pass it back (it once ended in an unloadable `--impl MODULE:FACTORY`)."""
+    from diffmoe import report
+
+    line = report.check_command(MoEConfig(), alias)
+    assert line.endswith(f"--impl {alias}") and report.UNREPLAYABLE_IMPL not in line
+
+
 CONFIGS = [
     MoEConfig(num_tokens=8, num_experts=4, topk=2, hidden=256, inter=256, quant="fp8-token", fused=True, planner="legacy"),
     MoEConfig(num_tokens=5, num_experts=2, topk=1, hidden=128, inter=128, quant="bf16", fused=False, output="workspace"),

@@ -51,6 +51,10 @@ INVALID = [
     ("random_orders", dict(random_orders=17), ValueError),
     ("random_orders", dict(random_orders=-1), ValueError),
     ("random_orders", dict(random_orders=None), TypeError),
+    # the reference's numerics profile
+    ("numerics", dict(numerics="fast"), ValueError),
+    ("numerics", dict(numerics=""), ValueError),
+    ("numerics", dict(numerics=1), TypeError),
 ]
 
 
@@ -76,6 +80,8 @@ def test_valid_configs_construct():
         MoEConfig(num_experts=3, topk=1, expert_map=(1, -1, 0), router_weight="input", skew="one-expert"),
         MoEConfig(num_tokens=9, call_tokens=4, router="softmax-topk", renormalize=True, expert_scale_spread=3,
                   zero_rows=1, nan_rows=1, inf_rows=1, tie_heavy=True, random_orders=5),
+        MoEConfig(numerics="vllm"),
+        MoEConfig(quant="bf16", numerics="diffmoe"),
     ],
 )
 def test_json_round_trip_is_exact(config):
@@ -99,3 +105,22 @@ def test_bad_json_is_a_clear_error(text, needle):
     with pytest.raises((TypeError, ValueError)) as info:
         MoEConfig.from_json(text)
     assert needle in str(info.value)
+
+
+def test_numerics_names_its_profiles_and_none_is_diffmoes():
+    with pytest.raises(ValueError, match=r"numerics must be None or one of \['diffmoe', 'vllm', 'liger', 'lmdeploy'\], got 'fast'"):
+        MoEConfig(numerics="fast")
+    assert MoEConfig().numerics is None and MoEConfig().numerics_profile == "diffmoe"
+    assert MoEConfig(numerics="vllm").numerics_profile == "vllm"
+    assert MoEConfig.from_json('{"numerics": null}') == MoEConfig()  # a file without the field reads the same
+
+
+def test_the_replay_line_and_summary_name_numerics_only_when_set():
+    from diffmoe.report import check_command
+
+    plain = MoEConfig()
+    assert "numerics" not in check_command(plain, "optimized") and "numerics" not in plain.short()
+    for profile in ("diffmoe", "vllm"):
+        c = MoEConfig(numerics=profile)
+        assert check_command(c, "optimized").endswith(f"--seed 0 --numerics {profile}")
+        assert f"numerics={profile}" in c.short()

@@ -102,10 +102,11 @@ def own_upstream_expectations(problem, snaps: dict[str, torch.Tensor]) -> dict[s
     want[B.GATE_UP_OUTPUT] = (expert_gemm(a1.repeat_interleave(k, dim=0), local, w1).to(torch.bfloat16),
                               rule_for(q, B.GATE_UP_OUTPUT, "forced"))
     if not cfg.fused:
-        want[B.ACTIVATION_OUTPUT] = (silu_and_mul(snaps[B.GATE_UP_OUTPUT]), rule_for(q, B.ACTIVATION_OUTPUT, "forced"))
+        want[B.ACTIVATION_OUTPUT] = (silu_and_mul(snaps[B.GATE_UP_OUTPUT], cfg.swiglu_limit),
+                                     rule_for(q, B.ACTIVATION_OUTPUT, "forced"))
     if cfg.is_fp8:
         if cfg.fused:  # recomputes silu from gate_up: one e4m3 step where silu's exp differs
-            codes, scales = quantize_activation(silu_and_mul(snaps[B.GATE_UP_OUTPUT]), q)
+            codes, scales = quantize_activation(silu_and_mul(snaps[B.GATE_UP_OUTPUT], cfg.swiglu_limit), q)
         else:  # the implementation's own activation: bitwise
             codes, scales = quantize_activation(snaps[B.ACTIVATION_OUTPUT], q)
         want[B.QUANTED_DOWN_INPUT] = (codes, rule_for(q, B.QUANTED_DOWN_INPUT, "forced", fused=cfg.fused))

@@ -81,6 +81,20 @@ def test_every_launch_is_reported_with_its_stage_in_pipeline_order():
                       Stages.QUANT_DOWN_INPUT, Stages.DOWN_GEMM, Stages.REDUCE], stages
 
 
+def test_the_sort_reports_its_own_tables_under_private_names():
+    """What the store-extent oracle holds the sort to: every table a route-sort launch writes is
+    declared (the block tables only where BUILD_BLOCKS is on: lmdeploy passes ExpStart again as a
+    placeholder there, which must not read as two names on one buffer)."""
+    log = LaunchLog()
+    run(config(), log)
+    written = {launch.kernel: [r.name for r in launch.writes] for launch in log.launches if launch.stage == Stages.ALIGN}
+    assert written == {
+        "_sorted_idx_phase1_kernel": [B.private("Counts"), B.private("LocalPos")],
+        "_route_prefix_kernel": [B.private("ExpStart"), B.private("ExpEnd")],  # BUILD_BLOCKS off: no BlockEnd
+        "_scatter_sorted_idx_kernel": [B.SORTED_TOKEN_IDS],
+    }, written
+
+
 def test_reporting_leaves_lmdeploy_s_results_bit_for_bit_unchanged():
     """The sorted-order buffers are permuted to route order for the snapshots and put back."""
     _, quiet = run(config())
@@ -100,20 +114,52 @@ def test_the_snapshots_are_in_route_order():
     assert torch.allclose(got, want, rtol=2**-7, atol=1e-3)
 
 
-def test_a_check_reports_exactly_the_known_differences():
-    """Quiet: races, schedule (4 orders), both aliasing oracles, poison, red zone, call sequence.
-    Reported: the sort's private tables (no vocabulary name: store-extent at align) and the
-    first numeric difference, at quant_input: lmdeploy's scale is amax * float32(1/448)."""
-    report = run_differential(config(), factory())
-    by_oracle = {}
-    for f in report.findings:
-        by_oracle.setdefault(f.oracle, []).append(f)
-    assert set(by_oracle) == {"store-extent", "differential"}, report.render()
-    assert sorted(f.figures["kernel"] for f in by_oracle["store-extent"]) == ["_route_prefix_kernel",
-                                                                             "_sorted_idx_phase1_kernel"]
-    (diff,) = by_oracle["differential"]
+def test_lmdeploy_passes_under_its_own_profile_and_is_flagged_under_diffmoes():
+    """Quiet under the `lmdeploy` profile the factory declares (reference/numerics_lmdeploy.py):
+    races, schedule (4 orders), both aliasing oracles, store extent (the sort's own tables under
+    private names), poison, red zone, call sequence, the differential. Under numerics="diffmoe"
+    the differential names the first difference, at quant_input: lmdeploy's scale is
+    amax * float32(1/448), diffmoe's the correctly rounded amax / 448."""
+    own = run_differential(config(), factory())
+    assert own.config.numerics == "lmdeploy" and own.passed, own.render()
+    report = run_differential(config(numerics="diffmoe"), factory())
+    assert {f.oracle for f in report.findings} == {"differential"}, report.render()
+    (diff,) = report.findings
     assert diff.stage == Stages.QUANT_INPUT and diff.buffers == [B.QUANTED_GATE_UP_INPUT_SCALES], diff
     assert diff.figures["max_ulp"] == 1
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(topk=3, num_tokens=5, zero_rows=1), dict(hidden=256, inter=384)],
+                         ids=["K=2", "K=3-zero-row", "two-K-blocks"])
+def test_the_lmdeploy_profile_gives_lmdeploys_bits_stage_by_stage(changes):
+    """Each stage of the profile on lmdeploy's own inputs (its snapshots) gives lmdeploy's bits:
+    the quantisations, the ratio-rescaled GEMMs (within the bf16 GEMM rule: BLAS sums in its own
+    order), silu before the multiply, the unweighted down rows and the bf16 weighted reduce."""
+    from diffmoe.compare import ulp_distance
+    from reference.moe import reference_stage
+
+    c = config(numerics="lmdeploy", **changes)
+    log = LaunchLog(snapshot=True)
+    p, out = run(c, log)
+    snaps = log.snapshots
+
+    def stage(name, *reads):
+        return reference_stage(name, {r: snaps[r] for r in reads}, p)
+
+    q_in = stage(Stages.QUANT_INPUT)
+    for name in (B.QUANTED_GATE_UP_INPUT, B.QUANTED_GATE_UP_INPUT_SCALES):
+        assert torch.equal(q_in[name].view(torch.uint8) if name == B.QUANTED_GATE_UP_INPUT else q_in[name],
+                           snaps[name].view(torch.uint8) if name == B.QUANTED_GATE_UP_INPUT else snaps[name]), name
+    gate_up = stage(Stages.GATE_UP_GEMM, B.QUANTED_GATE_UP_INPUT, B.QUANTED_GATE_UP_INPUT_SCALES)[B.GATE_UP_OUTPUT]
+    assert int(ulp_distance(gate_up, snaps[B.GATE_UP_OUTPUT]).max()) <= 2
+    act = stage(Stages.ACTIVATION, B.GATE_UP_OUTPUT)[B.ACTIVATION_OUTPUT]
+    assert int(ulp_distance(act, snaps[B.ACTIVATION_OUTPUT]).max()) <= 1  # silu's exp: one float32 ulp
+    q_down = stage(Stages.QUANT_DOWN_INPUT, B.ACTIVATION_OUTPUT)
+    assert torch.equal(q_down[B.QUANTED_DOWN_INPUT_SCALES], snaps[B.QUANTED_DOWN_INPUT_SCALES])
+    down = stage(Stages.DOWN_GEMM, B.QUANTED_DOWN_INPUT, B.QUANTED_DOWN_INPUT_SCALES)[B.DOWN_OUTPUT]
+    assert int(ulp_distance(down, snaps[B.DOWN_OUTPUT]).max()) <= 2
+    reduced = stage(Stages.REDUCE, B.DOWN_OUTPUT)[B.OUTPUT]
+    assert torch.equal(reduced.view(torch.int16), out.view(torch.int16))
 
 
 def test_lmdeploy_s_input_scale_is_amax_times_the_float32_reciprocal():

@@ -27,7 +27,8 @@ CASES = {f"{q}/{label}": cfg for q in SCHEMES for label, cfg in edge_cases(q).it
 def test_reference_matches_float64_dense(config):
     problem = make_problem(config)
     ref = reference_moe(problem).output.double()  # [T, H]
-    dense = dense_moe_float64(problem)  # [T, H]
+    # a SwiGLU limit near zero amplifies the input's FP8 rounding (tests/dense_moe.py says why)
+    dense = dense_moe_float64(problem, quantized_input=config.swiglu_limit is not None)  # [T, H]
     finite_in = torch.isfinite(problem.hidden_states).all(dim=1)  # [T]
     # a token with a NaN/Inf input has no finite answer on either side; under a per-tensor scale a
     # non-finite input also makes the shared scale non-finite, so no token keeps a finite answer
@@ -39,10 +40,11 @@ def test_reference_matches_float64_dense(config):
     ref, dense = ref[finite_in], dense[finite_in]
     err = (ref - dense).norm(dim=1)
     norm = dense.norm(dim=1)
-    zero_rows = norm == 0  # all-zero inputs, or tokens routed only to non-local experts: exactly zero on both sides
+    zero_rows = norm == 0  # all-zero inputs, tokens routed only to non-local experts or dropped: exactly zero on both sides
     assert torch.all(ref[zero_rows] == 0)
     rel = err[~zero_rows] / norm[~zero_rows]
-    assert rel.max().item() <= REL_L2_TOL[config.quant], f"worst token rel err {rel.max().item():.4f}"
+    worst = rel.max().item() if rel.numel() else 0.0  # every slot dropped: all exact zeros, checked above
+    assert worst <= REL_L2_TOL[config.quant], f"worst token rel err {worst:.4f}"
 
 
 @pytest.mark.parametrize("quant", SCHEMES[1:])

@@ -329,6 +329,29 @@ def test_launches_writing_undeclared_buffers_or_inputs_are_contract_findings(mon
     assert "declares a write to the input topk_weights" in messages[Stages.ACT_QUANT]
 
 
+def test_a_buffer_under_the_private_prefix_may_be_written(monkeypatch):
+    """An implementation's own scratch, reported as Buffers.private(name), is no undeclared write
+    (a peer's sort tables: lmdeploy's counts, Liger's tile offsets); the bare name still is."""
+    import optimized.moe
+
+    real = optimized.moe.run_row_stage
+    label = {}
+
+    def relabel(**kwargs):
+        if kwargs["stage"] == Stages.QUANT_INPUT:
+            kwargs["codes_out"] = (label["name"], kwargs["codes_out"][1])
+        return real(**kwargs)
+
+    monkeypatch.setattr(optimized.moe, "run_row_stage", relabel)
+    for name, flagged in ((B.private("scratch"), False), ("scratch", True)):
+        label["name"] = name
+        report = runner.run_differential(MINIMAL_FUSED_CONFIG, oracles=[O.CONTRACT], **QUICK)
+        undeclared = [f for f in report.findings if "does not declare" in f.message]
+        assert bool(undeclared) is flagged, (name, report.render())
+        # either way the codes were not reported under their vocabulary name
+        assert any(f.buffers == [B.QUANTED_GATE_UP_INPUT] for f in report.findings), report.render()
+
+
 def test_an_output_of_the_wrong_shape_is_a_contract_finding():
     mutant = MUTANTS["returns-down-output"]
     report = runner.run_differential(mutant.config, mutant.factory, oracles=[O.CONTRACT], **QUICK)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from diffmoe.config import MAX_EXPERT_SCALE_SPREAD, QUANT_BLOCK, MoEConfig
+from diffmoe.config import MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, QUANT_BLOCK, MoEConfig
 from diffmoe.contract import Schedule
 from diffmoe.strategies import (
     MAX_EXPERTS,
@@ -16,6 +16,7 @@ from diffmoe.strategies import (
     MINIMAL_FUSED_CONFIG,
     PRIMES,
     QUANT_ORDER,
+    SWIGLU_LIMITS,
     TOKEN_BUDGET,
     TOKEN_BOUNDARIES,
     WEIGHT_BUDGET,
@@ -56,6 +57,9 @@ def assert_in_domains(c: MoEConfig, max_tokens: int = 96) -> None:
     for count in (c.zero_rows, c.nan_rows, c.inf_rows):
         assert 0 <= count <= MAX_SPECIAL_ROWS
     assert c.special_rows <= c.call_num_tokens
+    assert c.swiglu_limit is None or c.swiglu_limit in SWIGLU_LIMITS
+    assert 0 <= c.dropped_slots <= c.routed_rows
+    assert 0 <= c.shared_experts <= min(MAX_SHARED_EXPERTS, c.topk - 1)
 
 
 @MANY
@@ -124,6 +128,21 @@ def test_inputs_off_draws_none_of_them():
     plain()
 
 
+def test_features_are_off_unless_asked():
+    @MANY
+    @given(moe_configs())
+    def plain(c):
+        assert (c.swiglu_limit, c.dropped_slots, c.shared_experts) == (None, 0, 0)
+
+    plain()
+
+
+@MANY
+@given(moe_configs(features=True, planner=None))
+def test_feature_draws_are_valid_and_in_domain(config):
+    assert_in_domains(config)
+
+
 def test_special_rows_are_off_unless_asked():
     @MANY
     @given(moe_configs())
@@ -142,10 +161,14 @@ def test_special_rows_are_off_unless_asked():
         ("the widest expert scale spread", lambda c: c.expert_scale_spread == MAX_EXPERT_SCALE_SPREAD),
         ("tie-heavy", lambda c: c.tie_heavy),
         ("NaN, Inf and zero rows together", lambda c: c.nan_rows and c.inf_rows and c.zero_rows),
+        ("the tightest SwiGLU limit", lambda c: c.swiglu_limit == min(SWIGLU_LIMITS)),
+        ("every slot dropped", lambda c: c.dropped_slots == c.routed_rows),
+        ("some slots dropped, some routed", lambda c: 0 < c.dropped_slots < c.routed_rows),
+        ("two shared experts", lambda c: c.shared_experts == 2),
     ],
 )
 def test_every_input_class_is_reachable_and_shrinks_to_one_change(label, wanted):
-    found = find(moe_configs(special_rows=True), wanted, settings=FIND)
+    found = find(moe_configs(special_rows=True, features=True), wanted, settings=FIND)
     assert wanted(found)
     # everything the predicate does not need shrinks to the minimal config's values
     assert found.quant == MINIMAL_CONFIG.quant and found.seed == 0 and not found.fused, label
@@ -194,6 +217,7 @@ def test_schedules_shrink_to_identity_and_stay_valid():
         (dict(fused="yes"), TypeError, "fused"),
         (dict(inputs=1), TypeError, "inputs"),
         (dict(special_rows="yes"), TypeError, "special_rows"),
+        (dict(features=0), TypeError, "features"),
         (dict(token_budget=8, quant="fp8-block"), ValueError, "token_budget"),
     ],
 )

@@ -21,8 +21,13 @@ from .base import Oracle
 if TYPE_CHECKING:
     from ..execution import Check, Run
 
-# Implementation-private buffers a launch may write besides the declared pipeline buffers.
+# Implementation-private buffers a launch may write besides the declared pipeline buffers: these,
+# and any name under Buffers.PRIVATE_PREFIX (an implementation's own scratch, Buffers.private).
 PRIVATE_BUFFERS = {Buffers.AMAX_PARTIALS, Buffers.SORTED_TOKEN_IDS, Buffers.EXPERT_IDS, Buffers.NUM_TOKENS_POST_PADDED}
+
+
+def is_private(name: str) -> bool:
+    return name in PRIVATE_BUFFERS or name.startswith(Buffers.PRIVATE_PREFIX)
 
 
 class Contract(Oracle):
@@ -65,7 +70,7 @@ class Contract(Oracle):
                         message=f"launch {launch.kernel} declares a write to the input {region.name}; inputs belong "
                                 "to the caller and must not be written",
                     ))
-                elif region.name not in declared and region.name not in PRIVATE_BUFFERS:
+                elif region.name not in declared and not is_private(region.name):
                     found.append(Finding(
                         oracle=Oracles.CONTRACT, stage=launch.stage, buffers=[region.name],
                         message=f"launch {launch.kernel} writes {region.name!r}, which the pipeline does not declare",

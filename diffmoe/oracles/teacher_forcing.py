@@ -60,6 +60,8 @@ class TeacherForcing(Oracle):
                     message=f"{what}: run_stage must return a dict of its outputs, got {type(outputs).__name__}",
                 ))
                 continue
+            outputs = dict(outputs)
+            check.settle_uncomputed_rows(outputs)
             for name in stage.writes:
                 if name not in outputs or name not in ref:
                     continue

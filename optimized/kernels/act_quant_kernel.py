@@ -60,14 +60,19 @@ def _nan_max(x, axis: tl.constexpr):
 
 @triton.jit
 def _load_values(
-    x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
-    APPLY_ACTIVATION: tl.constexpr, ROW_WEIGHT: tl.constexpr, SOFTWARE_BF16: tl.constexpr,
+    x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc, swiglu_limit,
+    APPLY_ACTIVATION: tl.constexpr, ROW_WEIGHT: tl.constexpr, SWIGLU_CLAMP: tl.constexpr, SOFTWARE_BF16: tl.constexpr,
 ):
     """A [BLOCK_R, BLOCK_C] tile of the values to store or quantise: float32 holding bf16 values."""
     x_tile = x_ptr + rows[:, None] * stride_xr + cols[None, :] * stride_xc
     if APPLY_ACTIVATION:
         gate = bf16_to_f32(tl.load(x_tile, mask=mask, other=0.0), SOFTWARE_BF16)
         up = bf16_to_f32(tl.load(x_tile + C * stride_xc, mask=mask, other=0.0), SOFTWARE_BF16)
+        if SWIGLU_CLAMP:
+            # gate <= limit, -limit <= up <= limit (the reference's clamps; NaN kept as torch.clamp keeps it)
+            gate = tl.minimum(gate, swiglu_limit, propagate_nan=tl.PropagateNan.ALL)
+            up = tl.minimum(tl.maximum(up, -swiglu_limit, propagate_nan=tl.PropagateNan.ALL), swiglu_limit,
+                            propagate_nan=tl.PropagateNan.ALL)
         # the activation is a bf16 tensor by definition, fused or not: round before quantising
         v = bf16_to_f32(to_bf16(silu(gate) * up, SOFTWARE_BF16), SOFTWARE_BF16)
     else:
@@ -109,6 +114,7 @@ def act_quant_kernel(
     R,
     C,
     num_programs,
+    swiglu_limit,  # fp32 SwiGLU clamp limit (SWIGLU_CLAMP)
     # Strides
     stride_xr, stride_xc,
     stride_ar, stride_ac,
@@ -117,6 +123,7 @@ def act_quant_kernel(
     # Meta-parameters
     APPLY_ACTIVATION: tl.constexpr,
     ROW_WEIGHT: tl.constexpr,
+    SWIGLU_CLAMP: tl.constexpr,  # clamp gate and up by swiglu_limit before silu(gate) * up
     STORE_ACTIVATION: tl.constexpr,
     SCALE_MODE: tl.constexpr,
     PASS: tl.constexpr,
@@ -137,15 +144,15 @@ def act_quant_kernel(
         for c0 in range(0, C, BLOCK_C):
             cols = c0 + offs_c
             mask = row_mask[:, None] & (cols < C)[None, :]
-            v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
-                             APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
+            v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc, swiglu_limit,
+                             APPLY_ACTIVATION, ROW_WEIGHT, SWIGLU_CLAMP, SOFTWARE_BF16)
             tl.store(act_ptr + rows[:, None] * stride_ar + cols[None, :] * stride_ac, to_bf16(v, SOFTWARE_BF16), mask=mask)
     elif SCALE_MODE == SCALE_GROUP:
         for c0 in range(0, C, BLOCK_C):
             cols = c0 + offs_c
             mask = row_mask[:, None] & (cols < C)[None, :]
-            v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
-                             APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
+            v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc, swiglu_limit,
+                             APPLY_ACTIVATION, ROW_WEIGHT, SWIGLU_CLAMP, SOFTWARE_BF16)
             scale = tl.math.div_rn(tl.maximum(_nan_max(tl.abs(v), 1), GROUP_AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL), E4M3_MAX)
             q = _quantize_tile(v, scale, SOFTWARE_FP8)
             tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :] * stride_qc, q, mask=mask)
@@ -158,8 +165,8 @@ def act_quant_kernel(
             for c0 in range(0, C, BLOCK_C):
                 cols = c0 + offs_c
                 mask = row_mask[:, None] & (cols < C)[None, :]
-                v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
-                                 APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
+                v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc, swiglu_limit,
+                                 APPLY_ACTIVATION, ROW_WEIGHT, SWIGLU_CLAMP, SOFTWARE_BF16)
                 amax = tl.maximum(amax, _nan_max(tl.abs(v), 1), propagate_nan=tl.PropagateNan.ALL)
         if PASS == PASS_AMAX:
             block_amax = _nan_max(amax, 0)
@@ -188,8 +195,8 @@ def act_quant_kernel(
             for c0 in range(0, C, BLOCK_C):
                 cols = c0 + offs_c
                 mask = row_mask[:, None] & (cols < C)[None, :]
-                v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc,
-                                 APPLY_ACTIVATION, ROW_WEIGHT, SOFTWARE_BF16)
+                v = _load_values(x_ptr, row_weight_ptr, rows, row_mask, cols, mask, C, stride_xr, stride_xc, swiglu_limit,
+                                 APPLY_ACTIVATION, ROW_WEIGHT, SWIGLU_CLAMP, SOFTWARE_BF16)
                 q = _quantize_tile(v, scale, SOFTWARE_FP8)
                 tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :] * stride_qc, q, mask=mask)
                 if STORE_ACTIVATION:
