@@ -10,8 +10,15 @@ mutant the bug zoo holds but five: the schedule oracle's (a second order), poiso
 pattern), teacher forcing's (per-stage runs), call-sequence's (a smaller call first) and the
 metamorphic oracle's (the sibling). Those are seen by the full set, which judges
 
-  * every FULL_EVERY-th generated example (the 1st, the 9th, ...), so a bug only they see is
-    still found, on average FULL_EVERY times later than a full-tier fuzz would find it;
+  * every FULL_EVERY-th generated example, so a bug only they see is still found, on average
+    FULL_EVERY times later than a full-tier fuzz would find it. The count starts at the search's
+    phase, `full_phase(seed)` = seed % FULL_EVERY (the 1st, 9th, ... example for seed 0 or an
+    unseeded search; the 6th, 14th, ... for seed 5), so a seeded search judges the same examples
+    fully in any process and the workers of a split search (diffmoe/fuzz_workers.py: seeds S,
+    S + 1000003, ..., phases 3 apart, distinct for up to 8 workers) do not all judge their first
+    example fully: the whole search keeps the rate of one in FULL_EVERY (20 examples on two
+    workers had 4 full checks, one per worker more than 3, and a full check costs several cheap
+    ones). Unseeded workers get phases i * FULL_EVERY // N;
   * every example once one has failed (Hypothesis's shrinking and its final replay), so the
     shrinker keeps only examples the whole set still fails and the report is complete;
   * the failing example itself, judged again at once (escalation): its report is the full set's;
@@ -45,6 +52,16 @@ CHEAP_ORACLES = (
 FULL_EVERY = 8
 
 
+def full_phase(seed: int | None, full_every: int = FULL_EVERY) -> int:
+    """How many generated examples come before a search's first full one (module doc)."""
+    return 0 if seed is None else seed % full_every
+
+
+def worker_full_phase(index: int, workers: int, full_every: int = FULL_EVERY) -> int:
+    """The phase of unseeded worker `index` of `workers`: spread evenly (module doc)."""
+    return index * full_every // workers
+
+
 def cheap_schedule(config: MoEConfig) -> str:
     """The one program order of a cheap check: the full set's first random order."""
     return f"random:{config.seed + 1}"
@@ -64,13 +81,16 @@ class TierPolicy:
     """Per example, the oracles and schedules of its tier (module doc)."""
 
     def __init__(self, tier: str, oracles: Collection[str] | None, schedules: Sequence | None,
-                 full_every: int = FULL_EVERY) -> None:
+                 full_every: int = FULL_EVERY, full_offset: int = 0) -> None:
         if tier not in EXECUTION_TIERS:
             raise ValueError(f"tier must be one of {list(EXECUTION_TIERS)}, got {tier!r}")
         if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every must be an int >= 1, got {full_every!r}")
+        if isinstance(full_offset, bool) or not isinstance(full_offset, int) or not 0 <= full_offset < full_every:
+            raise ValueError(f"full_offset must be an int in [0, full_every - 1] = [0, {full_every - 1}], got {full_offset!r}")
         self.tier = tier
         self.full_every = full_every
+        self.full_offset = full_offset  # the full set judges generated example full_offset + 1, then every full_every-th
         self.named = None if oracles is None else tuple(oracles)
         self.schedules = None if schedules is None else tuple(schedules)
         # the caller chose the oracles or the orders: no cheap set
@@ -84,6 +104,6 @@ class TierPolicy:
         """The judging of the next example (counts generated examples)."""
         if not failed_before and not replaying:
             self.generated += 1
-        if not self.tiered or failed_before or replaying or (self.generated - 1) % self.full_every == 0:
+        if not self.tiered or failed_before or replaying or (self.generated - 1 - self.full_offset) % self.full_every == 0:
             return self.full_judging()
         return Judging(CHEAP_ORACLES, (cheap_schedule(config),), False)

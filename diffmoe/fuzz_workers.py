@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from .config import MAX_SEED, check_int
+from .fuzz_tiers import FULL_EVERY, worker_full_phase
 from .fuzzing import MAX_EXAMPLES_LIMIT, PHASE_SHRINK, FuzzOutcome, ProgressCallback, fuzz
 from .worker import signals_deferred, worker_start_method
 
@@ -210,6 +211,8 @@ def fuzz_in_workers(*, workers: int, max_examples: int, seed: int | None,
         try:
             for w in pool:
                 kwargs = dict(fuzz_kwargs, max_examples=w.share, seed=w.seed)
+                if w.seed is None:  # a seeded worker's phase is its seed's; unseeded ones are spread (diffmoe/fuzz_tiers.py)
+                    kwargs.setdefault("full_offset", worker_full_phase(w.index, len(pool), kwargs.get("full_every", FULL_EVERY)))
                 payload = kwargs if method == "fork" else _picklable(kwargs)
                 w.proc = context.Process(target=_worker_main, args=(w.index, messages, stop_generating, os.getpid(), payload, method == "fork"),
                                          name=f"diffmoe-fuzz-{w.index}")  # not a daemon: it starts check workers

@@ -57,7 +57,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from .config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
 from .contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
 from .fuzz_database import ResumingDatabase
-from .fuzz_tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy
+from .fuzz_tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
 from .report import Finding, Oracles, Report
 from .strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
 
@@ -198,6 +198,7 @@ def fuzz(
     features: bool = False,
     tier: str = TIER_RUN,
     full_every: int = FULL_EVERY,
+    full_offset: int | None = None,
     shrink: bool = True,
 ) -> FuzzOutcome:
     """Draw up to `max_examples` configs; stop at the first failure and shrink it.
@@ -217,7 +218,9 @@ def fuzz(
     unchanged (None: its defaults; time_limit None runs each example in this process).
     tier: "run" (default) judges most generated examples with the cheap oracle set and every
     `full_every`-th, every failing one, every shrinking run and every database replay with all
-    of them; "full" judges every example with every oracle (diffmoe/fuzz_tiers.py). Naming
+    of them; "full" judges every example with every oracle (diffmoe/fuzz_tiers.py). full_offset:
+    the full set's first generated example is the (full_offset + 1)-th; None: the seed's phase,
+    `full_phase(seed)` (seed % full_every; 0 unseeded). Naming
     `oracles` or `schedules` turns the tiers off. shrink: False reports the first failing
     example as found, unshrunk (Hypothesis's shrink phase off).
     """
@@ -241,7 +244,9 @@ def fuzz(
     for flag, value in (("special_rows", special_rows), ("features", features), ("shrink", shrink)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {value!r}")
-    policy = TierPolicy(tier, oracles, schedules, full_every)
+    if full_offset is None:
+        full_offset = full_phase(seed, full_every) if isinstance(full_every, int) and full_every >= 1 else 0
+    policy = TierPolicy(tier, oracles, schedules, full_every, full_offset)
     strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts, special_rows=special_rows,
                            features=features)
     # Imported here, not at module import: tests replace the module, and importing the

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import interpreter_speed
 from .config import MoEConfig, quoted
 from .contract import (
     DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ImplementationFactory, Schedule, judged_config,
@@ -69,6 +70,7 @@ from .worker import (  # noqa: F401 - part of this module's API since before wor
     check_time_limit,
     default_time_limit,
     run_in_worker,
+    worker_start_method,
 )
 
 __all__ = [
@@ -346,6 +348,8 @@ def run_differential(
     job = _Job(config, implementation, chosen, parsed, dev, implementation_name, problem)
     if limit is None:
         return job.run()
+    if worker_start_method(dev) == "fork":
+        interpreter_speed.warm_rewrites()  # the forked worker starts from this process's rewritten kernels
     return run_in_worker(job, limit)
 
 

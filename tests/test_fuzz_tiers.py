@@ -12,7 +12,7 @@ import types
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from diffmoe.fuzz_tiers import CHEAP_ORACLES, FULL_EVERY, TierPolicy, cheap_schedule
+from diffmoe.fuzz_tiers import CHEAP_ORACLES, FULL_EVERY, TierPolicy, cheap_schedule, full_phase
 from diffmoe.fuzzing import fuzz
 from diffmoe.report import Finding, Oracles, Report
 
@@ -41,16 +41,30 @@ def runner(monkeypatch):
     return install
 
 
-def test_generated_examples_are_cheap_but_every_nth_is_full(runner):
+@pytest.mark.parametrize("seed", [0, 3, FULL_EVERY + 5])
+def test_generated_examples_are_cheap_but_every_nth_is_full(runner, seed):
+    """The count starts at the seed's phase (seed % FULL_EVERY examples before the first full one)."""
     fake = runner()
-    outcome = fuzz(max_examples=2 * FULL_EVERY + 1, seed=3)
+    outcome = fuzz(max_examples=2 * FULL_EVERY + 1, seed=seed)
     assert outcome.passed and len(fake.calls) == 2 * FULL_EVERY + 1
+    full = [n for n, (_, oracles, _) in enumerate(fake.calls) if oracles is None]
+    phase = seed % FULL_EVERY
+    assert full == list(range(phase, 2 * FULL_EVERY + 1, FULL_EVERY)) and full_phase(seed) == phase
     for n, (config, oracles, schedules) in enumerate(fake.calls):
-        if n % FULL_EVERY == 0:
+        if n in full:
             assert oracles is None and schedules is None, n  # every oracle, every default order
         else:
             assert oracles == CHEAP_ORACLES and schedules == (cheap_schedule(config),), n
-    assert outcome.full_examples == 3 and outcome.escalations == 0
+    assert outcome.full_examples == len(full) and outcome.escalations == 0
+
+
+def test_an_unseeded_search_and_an_explicit_offset_start_where_told(runner):
+    fake = runner()
+    assert fuzz(max_examples=FULL_EVERY + 1, seed=None).full_examples == 2  # the 1st and the 9th
+    assert fake.calls[0][1] is None and fake.calls[FULL_EVERY][1] is None
+    fake = runner()
+    assert fuzz(max_examples=FULL_EVERY, seed=0, full_offset=FULL_EVERY - 1).full_examples == 1
+    assert [n for n, call in enumerate(fake.calls) if call[1] is None] == [FULL_EVERY - 1]
 
 
 def test_a_cheap_failure_is_judged_again_by_every_oracle_and_shrunk_with_all(runner):
@@ -99,3 +113,6 @@ def test_bad_tier_arguments_are_clear():
         TierPolicy("quick", None, None)
     with pytest.raises(ValueError, match="full_every must be an int >= 1"):
         TierPolicy("run", None, None, full_every=0)
+    for offset in (-1, FULL_EVERY, True, 1.0):
+        with pytest.raises(ValueError, match=r"full_offset must be an int in \[0, full_every - 1\]"):
+            TierPolicy("run", None, None, full_offset=offset)

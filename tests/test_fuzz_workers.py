@@ -17,6 +17,7 @@ import pytest
 
 from diffmoe import cli
 from diffmoe.fuzz_workers import WorkerFailed, fuzz_in_workers, split_examples, worker_seed
+from diffmoe.fuzz_tiers import full_phase
 from diffmoe.fuzzing import fuzz
 from diffmoe.strategies import MINIMAL_FUSED_CONFIG
 from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture, shared
@@ -57,6 +58,20 @@ def test_clean_search_runs_every_example_once_split(fake_runner):
     assert outcome.passed and not outcome.interrupted
     assert outcome.generated_examples == 12 and outcome.seed == 3
     assert _children() == []
+
+
+@pytest.mark.parametrize("seed", [0, None])
+def test_the_full_set_judges_one_in_full_every_of_the_whole_split_search(fake_runner, seed):
+    """Two workers of 10 examples: 3 full checks, as one worker of 20 has (each worker starting
+    its count at its own first example made 4); seeded workers keep their seed's phase, so the
+    worker's own `--workers 1 --seed` search judges the same examples fully."""
+    fake_runner(fails=lambda c: False)
+    split = fuzz_in_workers(workers=2, max_examples=20, seed=seed)
+    assert split.passed and split.generated_examples == 20 and split.full_examples == 3
+    if seed is not None:
+        fake_runner(fails=lambda c: False)
+        alone = fuzz(max_examples=10, seed=worker_seed(seed, 1))
+        assert alone.full_examples == 1 and full_phase(worker_seed(seed, 1)) != full_phase(seed)
 
 
 def test_one_worker_is_the_serial_fuzz(fake_runner):

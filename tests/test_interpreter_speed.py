@@ -15,11 +15,14 @@ from diffmoe.triton_pin import triton_release
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter only")
 
 CONFIG = MoEConfig(num_tokens=5, num_experts=3, topk=2, hidden=128, inter=128, quant="fp8-block", fused=True, seed=3)
+# 99 routed rows: BLOCK_M = 32 (optimized/tiles.py), so a GEMM tile's dot (32x128 by 128x128) is
+# above OpenBLAS's threading threshold (65536 * 4 multiply-adds) and would run on two threads
+THREADED_DOTS = MoEConfig(num_tokens=33, num_experts=4, topk=3, hidden=128, inter=128, quant="fp8-token", fused=True, seed=5)
 
 
-def run_once() -> tuple[torch.Tensor, ...]:
-    impl = optimized.make_implementation(CONFIG)
-    result = impl.run(make_problem(CONFIG), impl.allocate_workspaces())
+def run_once(config: MoEConfig = CONFIG) -> tuple[torch.Tensor, ...]:
+    impl = optimized.make_implementation(config)
+    result = impl.run(make_problem(config), impl.allocate_workspaces())
     return (result.output, *(t for _, t in sorted(result.intermediates.items()) if isinstance(t, torch.Tensor)))
 
 
@@ -108,3 +111,199 @@ def test_numpy_dtypes_come_from_a_memo_of_the_interpreters_own_answers():
     finally:
         assert interpreter_speed.install() == "installed"
     assert interpreter._get_np_dtype is not original
+
+
+@pytest.fixture
+def blas_threads():
+    threads = interpreter_speed.numpy_blas_threads()
+    assert threads is not None, "numpy's bundled OpenBLAS is found (the venv's numpy wheel carries it)"
+    get, put = threads
+    before = get()
+    yield get, put
+    put(before)
+
+
+@pytest.fixture
+def dot_threads(monkeypatch, blas_threads):
+    """The BLAS thread count every interpreted dot saw."""
+    from triton.runtime import interpreter
+
+    get, _ = blas_threads
+    seen = []
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, *args, **kwargs):
+        seen.append(get())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    return seen
+
+
+def test_dots_run_on_one_blas_thread_and_the_count_is_put_back(blas_threads, dot_threads):
+    get, put = blas_threads
+    put(2)
+    fast = run_once(THREADED_DOTS)
+    assert dot_threads and set(dot_threads) == {1}, "every dot of a launch sees one thread"
+    assert get() == 2, "the count is put back after the launch"
+    interpreter_speed.uninstall()
+    try:
+        dot_threads.clear()
+        slow = run_once(THREADED_DOTS)
+        assert set(dot_threads) == {2}, "triton's own launch keeps numpy's threads"
+    finally:
+        assert interpreter_speed.install() == "installed"
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_one_thread_and_two_give_the_same_bits_on_the_kernels_tile_shapes(blas_threads):
+    """OpenBLAS splits rows and columns between threads, never the K sum: the tiles the GEMM
+    kernel multiplies (BLOCK_M 16/32/64 by BLOCK_K 128 by BLOCK_N 128/256, optimized/tiles.py),
+    masked K tails and transposed operands, at scales from 1e-3 to 1e4, agree bit for bit."""
+    import numpy as np
+
+    _, put = blas_threads
+    rng = np.random.default_rng(0)
+    for m in (16, 32, 64):
+        for k in (17, 128):
+            for n in (128, 256):
+                for scale in (1e-3, 1.0, 1e4):
+                    a = (rng.standard_normal((m, k)) * scale).astype(np.float32)
+                    b = np.ascontiguousarray((rng.standard_normal((n, k)) * scale).astype(np.float32)).T  # [k, n] view
+                    put(2)
+                    two = np.matmul(a, b, dtype=np.float32)
+                    put(1)
+                    one = np.matmul(a, b, dtype=np.float32)
+                    assert np.array_equal(one.view(np.uint32), two.view(np.uint32)), (m, k, n, scale)
+
+
+def _built_by_triton(cls, *args):
+    obj = cls.__new__(cls)
+    cls.__init__.__wrapped__(obj, *args)
+    return obj
+
+
+def _attributes(obj) -> dict:
+    """vars() with Triton tuples and constexprs as plain values (memo and triton build distinct objects)."""
+    from triton.language import core
+
+    def plain(v):
+        if isinstance(v, core.tuple):
+            return ("tuple", [plain(x) for x in v.values])
+        if isinstance(v, core.constexpr):
+            return ("constexpr", plain(v.value))
+        return v
+
+    return {k: plain(v) for k, v in vars(obj).items()}
+
+
+def test_types_and_tensors_come_from_a_memo_of_tritons_own_constructors():
+    """Every block type and tensor the memo answers has the attributes (names, order, values)
+    triton's own constructor gives it; a shape seen before shares its tuple; shapes triton
+    refuses are still refused as it refuses them; uninstall puts the constructors back."""
+    from triton.language import core
+    from triton.runtime import interpreter
+
+    tl = interpreter.tl
+    assert core.block_type.__init__ is not core.block_type.__init__.__wrapped__, "install memoizes the types"
+    c = core.constexpr
+    for dt in (tl.float32, tl.int1, tl.uint8, tl.float8e4nv, tl.pointer_type(tl.bfloat16), tl.pointer_type(tl.int32)):
+        for shape in ([16], [32, 128], [c(64), 16], [c(c(8))], core.tuple([1, 256]), core.tuple([c(4), c(2)])):
+            for _ in range(2):  # the second answer comes from the memo
+                fast, slow = core.block_type(dt, shape), _built_by_triton(core.block_type, dt, shape)
+                assert fast.element_ty is dt and _attributes(fast) == _attributes(slow), (dt, shape)
+                handle = object()
+                t_fast, t_slow = core.tensor(handle, fast), _built_by_triton(core.tensor, handle, slow)
+                assert t_fast.handle is handle and t_fast.type is fast
+                assert list(vars(t_fast)) == list(vars(t_slow)) and _attributes(t_fast) == _attributes(t_slow)
+        scalar = core.tensor(None, dt)
+        assert _attributes(scalar) == _attributes(_built_by_triton(core.tensor, None, dt))
+    assert core.block_type(tl.float32, [16, 128]).shape is core.block_type(tl.float32, [16, 128]).shape
+    for shape, error in (([3], ValueError), ([], TypeError), ((16,), AssertionError), ([16.0], TypeError)):
+        for build in (lambda: core.block_type(tl.float32, shape), lambda: _built_by_triton(core.block_type, tl.float32, shape)):
+            with pytest.raises(error):
+                build()
+    original = core.block_type.__init__.__wrapped__, core.tensor.__init__.__wrapped__
+    interpreter_speed.uninstall()
+    try:
+        assert (core.block_type.__init__, core.tensor.__init__) == original
+    finally:
+        assert interpreter_speed.install() == "installed"
+
+
+def _jit_functions(module_prefix: str) -> list:
+    import sys
+
+    from triton.runtime import interpreter
+
+    return [v for name, m in sorted(sys.modules.items()) if name.startswith(module_prefix)
+            for v in vars(m).values() if type(v) is interpreter.InterpretedFunction]
+
+
+def test_warm_rewrites_caches_what_triton_would_rewrite_in_the_worker():
+    """Every module-level kernel and helper of the shipped implementation is rewritten into
+    triton's cache, and the cached code is the code triton's own rewrite gives."""
+    from diffmoe import interpreter_speed as speed
+    from triton.runtime import interpreter
+
+    cache = interpreter.InterpretedFunction.rewritten_fn
+    kernels = _jit_functions("optimized.")
+    assert len(kernels) >= 5, "the shipped kernels are found"
+    for k in kernels:
+        cache.pop(k.fn, None)  # as a forked worker of a parent that never launched finds them
+    speed._modules_scanned = 0
+    assert speed.warm_rewrites() >= len(kernels)
+    assert speed.warm_rewrites() == 0, "nothing imported since: no second scan"
+    for k in kernels:
+        warm, fresh = cache[k.fn].__code__, interpreter.FunctionRewriter(k.fn, **k.kwargs).rewrite_ast().__code__
+        assert (warm.co_code, warm.co_consts, warm.co_names, warm.co_varnames) == \
+               (fresh.co_code, fresh.co_consts, fresh.co_names, fresh.co_varnames), k.fn.__qualname__
+
+
+def test_the_runner_warms_the_cache_before_forking_a_check(monkeypatch):
+    from diffmoe import interpreter_speed as speed
+    from diffmoe.runner import run_differential
+
+    calls = []
+    monkeypatch.setattr(speed, "warm_rewrites", lambda: calls.append(1) or 0)
+    config = MoEConfig(num_tokens=1, num_experts=1, topk=1, hidden=128, inter=128, quant="fp8-token", seed=1)
+    run_differential(config, oracles=["differential"], schedules=["identity"])
+    assert calls == [], "a check in this process forks nothing"
+    assert run_differential(config, oracles=["differential"], schedules=["identity"], time_limit=60.0).passed
+    assert calls == [1]
+
+
+def test_operands_of_one_shape_skip_the_broadcast_and_others_get_tritons():
+    """Two blocks of one shape and two scalars come back as the same two objects, as triton's
+    method returns them; every other pair gets triton's answer (the same types and values) or its error."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    tl, semantic = interpreter.tl, interpreter.interpreter_semantic
+    fast = semantic.broadcast_impl_value
+    original = fast.__wrapped__
+    assert fast is not original, "install answers equal shapes itself"
+
+    def block(*shape, dtype=tl.float32):
+        data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        return tl.tensor(interpreter.TensorHandle(data, dtype), tl.block_type(dtype, list(shape)))
+
+    def scalar():
+        return tl.tensor(interpreter.TensorHandle(np.array([2.0], dtype=np.float32), tl.float32), tl.float32)
+
+    for lhs, rhs in ((block(16, 128), block(16, 128)), (scalar(), scalar()), (block(4, dtype=tl.int32), block(4))):
+        assert fast(lhs, rhs) == original(lhs, rhs) == (lhs, rhs)
+        assert fast(lhs, rhs)[0] is lhs and fast(lhs, rhs)[1] is rhs
+    for lhs, rhs in ((block(16, 1), block(1, 128)), (scalar(), block(8, 4)), (block(8, 4), scalar()), (block(128), block(16, 128))):
+        for a, b in zip(fast(lhs, rhs), original(lhs, rhs)):
+            assert a.type == b.type and np.array_equal(a.handle.data, b.handle.data)
+    for build in (fast, original):
+        with pytest.raises(ValueError, match="Cannot make_shape_compatible"):
+            build(block(16, 4), block(16, 8))
+    interpreter_speed.uninstall()
+    try:
+        assert "broadcast_impl_value" not in vars(semantic), "uninstall leaves the class's method"
+    finally:
+        assert interpreter_speed.install() == "installed"
