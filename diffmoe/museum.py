@@ -53,7 +53,8 @@ class Exhibit:
     fields: dict  # the minimal config's MoEConfig fields (built when the exhibit runs: see `requires`)
     unrouted_slots: tuple[int, ...] = ()  # routed slots (t*K + k) whose topk_ids entry is -1
     requires: str | None = None  # a MoEConfig field the exhibit needs; pending without it
-    # fused is each release's own choice for the config (peers/vllm_core.py fuses_block_quant): a
+    # fused is each release's own choice for the config (the one its `supports` takes: peers/vllm_core.py
+    # fuses_block_quant): a
     # release that fuses the FP8-block quant, and one whose apply falls back to the unfused path,
     # meet the same inputs and the same reference, each through the pipeline it runs
     fused_by_release: bool = False
@@ -161,6 +162,7 @@ def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None) -> Exhib
     """Every buggy release must fail with (exhibit.oracle, exhibit.stage); the fixed one must pass."""
     from .oracles.registry import ALL_ORACLES
     from .report import Oracles
+    from .contract import unsupported
     from .runner import load_factory, run_differential
 
     result = ExhibitResult(exhibit, pending=exhibit.pending)
@@ -172,10 +174,9 @@ def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None) -> Exhib
         start = time.perf_counter()
         factory = load_factory(release)
         config, inputs = exhibit.config, problem
-        if exhibit.fused_by_release:
-            from peers.vllm_core import fuses_block_quant
-
-            config = config.replace(fused=fuses_block_quant(config, factory.release))
+        if exhibit.fused_by_release and unsupported(factory, config) is not None:
+            # the release runs the other pipeline (its `supports` says which: diffmoe.contract)
+            config = config.replace(fused=not config.fused)
             inputs = dataclasses.replace(problem, config=config)  # the same tensors: fused changes no input
         report = run_differential(config, factory, oracles=chosen, problem=inputs, implementation_name=release)
         found = [(f.oracle, f.stage) for f in report.findings]

@@ -229,7 +229,9 @@ def _download(wheel: PeerWheel, into: Path) -> Path:
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
         raise PeerError(f"pip download {wheel.requirement} failed (exit {done.returncode}): {tail[0]}")
-    found = sorted(into.glob(f"{wheel.package}-{wheel.version}-*.whl"))
+    # a wheel's file name spells the distribution with underscores (PEP 427: liger-kernel is
+    # liger_kernel-0.8.5-py3-none-any.whl)
+    found = sorted(into.glob(f"{wheel.package.replace('-', '_')}-{wheel.version}-*.whl"))
     if not found:
         raise PeerError(f"pip download {wheel.requirement} left no wheel in {into}")
     return found[0]

@@ -238,8 +238,9 @@ def _jit_functions(module_prefix: str) -> list:
 
     from triton.runtime import interpreter
 
-    return [v for name, m in sorted(sys.modules.items()) if name.startswith(module_prefix)
-            for v in vars(m).values() if type(v) is interpreter.InterpretedFunction]
+    found = {id(v): v for name, m in sorted(sys.modules.items()) if name.startswith(module_prefix)
+             for v in vars(m).values() if type(v) is interpreter.InterpretedFunction}
+    return list(found.values())  # once each: a helper is imported into several modules
 
 
 def test_warm_rewrites_caches_what_triton_would_rewrite_in_the_worker():

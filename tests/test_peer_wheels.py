@@ -205,3 +205,21 @@ def test_concurrent_fetches_download_once(fake_peer, monkeypatch):
         t.join()
     assert not errors and len(roots) == 2 and roots[0] == roots[1]
     assert len(downloads) == 1 and (roots[0] / KEPT[0]).is_file()
+
+
+def test_a_hyphenated_distribution_is_found_under_its_wheel_name(tmp_path, monkeypatch):
+    """pip saves liger-kernel as liger_kernel-0.8.5-py3-none-any.whl (PEP 427): the fetch finds it
+    (it once looked for liger-kernel-0.8.5-*.whl and reported no wheel)."""
+    wheel = tmp_path / "toy_kernel-1.0-py3-none-any.whl"
+    digest = make_wheel(wheel)
+    pin = PeerWheel(name="toy-kernel", package="toy-kernel", version="1.0", filename=wheel.name, sha256=digest,
+                    files=KEPT, license="MIT")
+    monkeypatch.setitem(peer_wheels.PEERS, "toy-kernel", pin)
+    monkeypatch.setenv(peer_wheels.CACHE_ENV, str(tmp_path / "cache"))
+
+    def fake_run(cmd, **kwargs):
+        (Path(cmd[cmd.index("-d") + 1]) / wheel.name).write_bytes(wheel.read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(peer_wheels.subprocess, "run", fake_run)
+    assert (peer_wheels.fetch("toy-kernel") / KEPT[0]).is_file()
