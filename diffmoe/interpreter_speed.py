@@ -75,7 +75,10 @@ goes to triton's method, errors included.
 Pinned to the Triton release it was read from (SUPPORTED_TRITON); elsewhere it patches nothing
 and says why. Imports Triton only inside `install()`.
 
-Owns the wrapped InterpretedFunction.__call__, GridExecutor.__call__, block_type.__init__, tensor.__init__, the interpreter semantic's broadcast_impl_value, the memoized `_get_np_dtype`, the interpreter builder's sanitize_overflow option and numpy's BLAS thread count during a launch. Must not change what an interpreted kernel computes.
+Owns the wrapped InterpretedFunction.__call__, GridExecutor.__call__, block_type.__init__, tensor.__init__, the interpreter semantic's broadcast_impl_value, ReduceOps.apply_impl (the vectorized XOR reduction), the memoized `_get_np_dtype`, the interpreter builder's sanitize_overflow option and numpy's BLAS thread count during a launch. Must not change what an interpreted kernel computes.
+
+Longer than 400 lines because each cut sits beside the measurement and the exactness argument
+that justify it, and all of them are installed and undone as one unit.
 """
 
 from __future__ import annotations
@@ -171,7 +174,32 @@ def install() -> str:
         _one_blas_thread_per_grid(interpreter)
         _memoize_types(interpreter.tl.core)
         _skip_broadcasts_of_one_shape(interpreter)
+        _vectorize_xor_reductions(interpreter)
         return "installed"
+
+
+def _vectorize_xor_reductions(interpreter) -> None:
+    """`tl.reduce(x, axis, _xor_combine)` (`xor_sum`, which `tl.sort`'s compare-and-swap calls per
+    stage) by numpy's bitwise_xor.reduce: triton's ReduceOps has no fast path for it and calls the
+    combine function once per element (Liger's routing sort: 69 reductions of 1024 elements, 2 s
+    of a 2.4 s run under cProfile). XOR of integers is exact in any order."""
+    import numpy as np
+
+    ops = interpreter.ReduceOps
+    original = ops.apply_impl
+    xor = interpreter.tl.standard._xor_combine
+
+    def apply_impl(self, input):
+        if self.combine_fn is xor and len(input) == 1 and input[0].dtype.scalar.is_int():
+            data = np.bitwise_xor.reduce(input[0].handle.data, axis=self.axis, keepdims=self.keep_dims)
+            if self.axis is None and not self.keep_dims:
+                data = data.item()  # a scalar, as triton's generic_reduce takes it
+            return self.to_tensor(data, input[0].dtype)
+        return original(self, input)
+
+    apply_impl.__wrapped__ = original
+    ops.apply_impl = apply_impl
+    _replaced.append((ops, "apply_impl", original))
 
 
 def _skip_broadcasts_of_one_shape(interpreter) -> None:

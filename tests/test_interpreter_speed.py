@@ -308,3 +308,59 @@ def test_operands_of_one_shape_skip_the_broadcast_and_others_get_tritons():
         assert "broadcast_impl_value" not in vars(semantic), "uninstall leaves the class's method"
     finally:
         assert interpreter_speed.install() == "installed"
+
+
+def test_xor_reductions_are_vectorized_with_triton_s_own_bits():
+    """tl.sort's xor_sum by numpy's bitwise_xor.reduce gives the bits of triton's own
+    element-by-element reduction: every axis of a 3-D block, keep_dims both ways, signed and
+    unsigned, and a whole sort."""
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    @triton.jit
+    def xor_kernel(x_ptr, y_ptr, AXIS: tl.constexpr, KEEP: tl.constexpr):
+        offs = (tl.arange(0, 2)[:, None, None] * 32 + tl.arange(0, 4)[None, :, None] * 8
+                + tl.arange(0, 8)[None, None, :])
+        r = tl.xor_sum(tl.load(x_ptr + offs), AXIS, keep_dims=KEEP)
+        tl.store(y_ptr + tl.arange(0, 1), tl.sum(tl.ravel(r).to(tl.int64) * (tl.arange(0, r.numel) + 1), 0))
+
+    @triton.jit
+    def sort_kernel(x_ptr, y_ptr, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(y_ptr + offs, tl.sort(tl.load(x_ptr + offs), 0))
+
+    ops = interpreter.ReduceOps
+    fast, slow = ops.apply_impl, ops.apply_impl.__wrapped__
+
+    def both(run):
+        out = []
+        for impl in (fast, slow):
+            ops.apply_impl = impl
+            try:
+                out.append(run())
+            finally:
+                ops.apply_impl = fast
+        return out
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.int32, torch.int16, torch.uint8):
+        info = torch.iinfo(dtype)
+        x = torch.randint(info.min, info.max, (64,), generator=gen, dtype=torch.int64).to(dtype)
+        for axis in (0, 1, 2):
+            for keep in (False, True):
+                def run(axis=axis, keep=keep, x=x):
+                    y = torch.zeros(1, dtype=torch.int64)
+                    xor_kernel[(1,)](x, y, AXIS=axis, KEEP=keep)
+                    return y
+                got, want = both(run)
+                assert torch.equal(got, want), (dtype, axis, keep)
+    x = torch.randint(-(2**31), 2**31 - 1, (256,), generator=gen, dtype=torch.int32)
+
+    def sort():
+        y = torch.empty_like(x)
+        sort_kernel[(1,)](x, y, N=256)
+        return y
+
+    got, want = both(sort)
+    assert torch.equal(got, want) and torch.equal(got, torch.sort(x).values)
