@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from diffmoe import museum, peer_wheels
+from diffmoe.report import Oracles
+from diffmoe.vocabulary import Stages
 from diffmoe.runner import load_factory
 from reference import reference_moe
 
@@ -92,3 +94,21 @@ def test_diffmoe_museum_is_wired_into_the_command_line(capsys):
 
     assert cli_main(["museum", "--list"]) == 0 and "stale-ep-rows" in capsys.readouterr().out
     assert cli_main(["museum", "no-such-exhibit"]) == 2
+
+
+def test_the_shrinker_reaches_exhibit_ones_minimal_config_from_a_broader_domain():
+    """`diffmoe fuzz --impl vllm==0.28.0 --model-features --seed 0 --max-experts 8 --max-tokens 16`:
+    drawing clamp limits, -1 slots and shared experts over T <= 16 and E <= 8, the fuzzer finds the
+    stale-EP-rows bug unaided and shrinks it to one token, one expert under an expert map, top-1,
+    the smallest H and I, one -1 slot; the fixed release passes that config."""
+    from diffmoe.fuzzing import fuzz
+    from diffmoe.runner import run_differential
+
+    outcome = fuzz(implementation=load_factory("vllm==0.28.0"), implementation_name="vllm==0.28.0", max_examples=40,
+                   seed=0, features=True, max_experts=8, max_tokens=16)
+    assert not outcome.passed
+    c = outcome.failing_config
+    assert (c.num_tokens, c.num_experts, c.topk, c.hidden, c.inter) == (1, 1, 1, 16, 16), c
+    assert c.expert_map is not None and c.dropped_slots == 1 and c.swiglu_limit is None and c.shared_experts == 0, c
+    assert (Oracles.POISON, Stages.REDUCE) in {(f.oracle, f.stage) for f in outcome.report.findings}
+    assert run_differential(c, load_factory("vllm==0.33.0")).passed
