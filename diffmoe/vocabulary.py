@@ -24,6 +24,15 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
+def over_fp8_max(t: torch.Tensor) -> torch.Tensor:
+    """t / 448, correctly rounded on every device: every FP8 scale of the reference's profiles and
+    of the vLLM stand-ins divides so. torch on CUDA divides by a Python scalar as a multiply by its
+    reciprocal: 3.40625 / 448 came out one float32 ulp high on an H200 (bench/gpu_checks.sh,
+    2026-12-04); a tensor divisor is a true division there too."""
+    return t / torch.full_like(t, FP8_MAX)
+
+
+
 class Buffers:
     """Names of every tensor that flows through the pipeline."""
 

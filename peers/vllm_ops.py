@@ -37,8 +37,9 @@ from typing import Callable
 
 import torch
 
+from diffmoe.vocabulary import FP8_MAX, over_fp8_max  # amax / 448 as CUDA's IEEE division rounds it
+
 FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 MIN_SCALING_FACTOR = 1.0 / (FP8_MAX * 512.0)  # csrc min_scaling_factor<c10::Float8_e4m3fn>
 GROUP_EPS = 1e-10  # per_token_group_quant_fp8's eps
 
@@ -199,11 +200,11 @@ def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None, u
                 raise NotImplementedError("scaled_fp8_quant stand-in: only a per-tensor static scale is supported")
             output.copy_(_clamp_min_first(x * (1.0 / scale.reshape(()))).to(FP8))
         elif use_per_token_if_dynamic:
-            s = torch.clamp_min(_amax_dropping_nan(x, dim=1, keepdim=True) / FP8_MAX, MIN_SCALING_FACTOR)
+            s = torch.clamp_min(over_fp8_max(_amax_dropping_nan(x, dim=1, keepdim=True)), MIN_SCALING_FACTOR)
             scale.copy_(s)
             output.copy_(_clamp_min_first(x / s).to(FP8))
         else:
-            s = _amax_dropping_nan(x) / FP8_MAX  # atomicMaxFloat(scale, amax / 448): no floor
+            s = over_fp8_max(_amax_dropping_nan(x))  # atomicMaxFloat(scale, amax / 448): no floor
             scale.copy_(s.reshape(1))
             output.copy_(_clamp_min_first(x * (1.0 / s)).to(FP8))  # reciprocal, then multiply
 
@@ -224,7 +225,7 @@ def per_token_group_quant_fp8(x, group_size, eps=GROUP_EPS, dtype=None, column_m
 
     def compute():
         g = x.float().reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)
-        s = torch.clamp_min(_amax_dropping_nan(g, dim=-1, keepdim=True), eps) / FP8_MAX  # local_absmax = eps first
+        s = over_fp8_max(torch.clamp_min(_amax_dropping_nan(g, dim=-1, keepdim=True), eps))  # local_absmax = eps first
         x_s.copy_(s.squeeze(-1))
         x_q.copy_(_clamp_max_first(g / s).reshape(x.shape).to(x_q.dtype))
 
@@ -244,7 +245,7 @@ def silu_and_mul_per_block_quant(input, group_size, quant_dtype, scale_ub=None, 
         gate, up = input[:, :hidden].float(), input[:, hidden:].float()
         result = gate * (1.0 / (1.0 + torch.exp(-gate))) * up  # float32 throughout
         groups = result.reshape(tokens, hidden // group_size, group_size)
-        s = torch.clamp_min(_amax_dropping_nan(groups, dim=-1, keepdim=True) / FP8_MAX, MIN_SCALING_FACTOR)
+        s = torch.clamp_min(over_fp8_max(_amax_dropping_nan(groups, dim=-1, keepdim=True)), MIN_SCALING_FACTOR)
         scales.copy_(s.squeeze(-1))
         output.copy_(_clamp_min_first(groups / s).reshape(tokens, hidden).to(quant_dtype))
 

@@ -54,12 +54,13 @@ import torch.nn.functional as F
 from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.contract import RunResult
 from diffmoe.problem import Problem
-from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages, materialised_buffers, pipeline_stages
+from diffmoe.vocabulary import (
+    FP8_DTYPE, FP8_MAX, Buffers, Stages, materialised_buffers, over_fp8_max, pipeline_stages,
+)
 
 from . import numerics as vllm
 from . import numerics_liger as liger
 from . import numerics_lmdeploy as lmdeploy
-from .numerics import over_fp8_max  # every profile's amax / 448
 
 TOKEN_SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # per-tensor and per-token scale floor (vLLM)
 GROUP_AMAX_FLOOR = 1e-10  # 1x128 group amax floor (vLLM)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from diffmoe.config import QUANT_BLOCK
-from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX
+from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, over_fp8_max
 
 PROFILE = "vllm"
 # csrc/quantization/w8a8/fp8/common.cuh, min_scaling_factor<c10::Float8_e4m3fn>: 1 / (448 * 512)
@@ -39,13 +39,6 @@ MIN_SCALING_FACTOR = 1.0 / (FP8_MAX * 512.0)
 GROUP_EPS = 1e-10
 # csrc/moe/moe_align_sum_kernels.cu: moe_sum has bf16-accumulating kernels for these K only
 BF16_SUM_TOPK = (2, 3, 4)
-
-
-def over_fp8_max(t: torch.Tensor) -> torch.Tensor:
-    """t / 448, correctly rounded on every device (both profiles divide so). torch on CUDA divides
-    by a Python scalar as a multiply by its reciprocal: 3.40625 / 448 came out one float32 ulp
-    high on an H200 (bench/gpu_checks.sh, 2026-12-04); a tensor divisor is a true division there too."""
-    return t / torch.full_like(t, FP8_MAX)
 
 
 def amax(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:

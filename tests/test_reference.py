@@ -87,7 +87,7 @@ def test_activation_scales_are_correctly_rounded_quotients_on_every_device(quant
     float64 quotient of two float32 values, rounded once to float32, is the correctly rounded
     float32 quotient (53 >= 2 * 24 + 2 bits). torch on CUDA divides by a Python scalar as a
     multiply by its reciprocal, one ulp off for 3.40625 among others: on a GPU this fails
-    without reference.moe.over_fp8_max."""
+    without diffmoe.vocabulary.over_fp8_max."""
     amaxes = torch.arange(0x3F80, 0x4100, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()  # [1, 8)
     amaxes = amaxes[(amaxes.double() / 448).float() != amaxes * (1 / 448)]  # where a reciprocal multiply is off
     assert 3.40625 in amaxes.tolist() and amaxes.numel() > 10

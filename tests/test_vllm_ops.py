@@ -100,3 +100,24 @@ def test_the_amax_drops_nan_but_keeps_inf():
     for amax in (vllm_ops._amax_dropping_nan(x), numerics.amax(x)):
         assert amax.item() == float("inf")
     assert numerics.amax(torch.tensor([[1.0, float("nan")]])).item() == 1.0
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_quant_stand_ins_divide_amax_by_448_as_cudas_ieee_division_does(device):
+    """amax / 448 correctly rounded (the float64 quotient rounded once), as the CUDA ops' `/`
+    gives it: torch on CUDA multiplies by a Python scalar's reciprocal, one ulp high for 3.40625,
+    so on a GPU this fails without diffmoe.vocabulary.over_fp8_max."""
+    amax = torch.tensor(3.40625)
+    want = (amax.double() / 448).float()
+    assert want != amax * (1 / 448)
+    x = torch.zeros(1, 128)
+    x[0, 0] = amax
+    x = x.to(device)
+    _, per_token = vllm_ops.scaled_fp8_quant(x, use_per_token_if_dynamic=True)
+    _, per_tensor = vllm_ops.scaled_fp8_quant(x)
+    _, per_group = vllm_ops.per_token_group_quant_fp8(x, 128, dtype=torch.float8_e4m3fn)
+    for scale in (per_token, per_tensor, per_group):
+        assert scale.flatten()[0].cpu() == want
