@@ -24,8 +24,10 @@ the machine; `fuzz_in_workers(workers=N, ...)` runs N searches at once, each a p
   interrupted one, then the earliest first failure. Counts (examples, shrinking runs, full
   checks, escalations, siblings) are summed over the workers.
 * Ctrl-C and SIGTERM (which the CLI turns into KeyboardInterrupt in this process) stop every
-  worker: each gets one SIGINT (a second is ignored, so the terminal's Ctrl-C, which reaches
-  the whole process group, and the forwarded one do not cut its cleanup short), is given
+  worker: each gets one SIGTERM (a second stop signal is ignored, so the terminal's Ctrl-C,
+  which reaches the whole process group, and the forwarded one do not cut its cleanup short;
+  a worker stops on SIGINT only where SIGINT was not ignored when it started, so a job run
+  with nohup or in the background keeps ignoring it, as the CLI does), is given
   STOP_GRACE_SECONDS to send its outcome, and is killed after that. The outcome is
   interrupted and carries the smallest failure any worker reported. A second Ctrl-C in this
   process stops waiting and kills them at once.
@@ -116,7 +118,10 @@ def _swallowed(info, previous=sys.unraisablehook) -> None:  # pragma: no cover -
 
 def _worker_main(index: int, messages, stop_generating, parent: int, payload: Any, forked: bool) -> None:
     """One worker: fuzz(**kwargs), its progress and its outcome sent on `messages`."""
-    for s in (signal.SIGINT, signal.SIGTERM):
+    # SIGTERM is the parent's stop; SIGINT (a terminal's Ctrl-C, which reaches the whole process
+    # group) only where it was not ignored when the fuzz started (inherited, through fork or exec).
+    stops = [signal.SIGTERM] if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else [signal.SIGINT, signal.SIGTERM]
+    for s in stops:
         signal.signal(s, _stop_once)
     sys.unraisablehook = _swallowed
     if hasattr(signal, "pthread_sigmask"):  # blocked by the parent across the start
@@ -172,11 +177,11 @@ class _Worker:
         return self.outcome is not None
 
     def interrupt(self) -> None:
-        """The user's stop (Ctrl-C, SIGTERM): one SIGINT, whatever the worker is doing."""
+        """The user's stop (Ctrl-C, SIGTERM): one SIGTERM, whatever the worker is doing."""
         if not self.stopped and not self.done and self.proc is not None and self.proc.is_alive():
             self.stopped = True
             try:
-                os.kill(self.proc.pid, signal.SIGINT)
+                os.kill(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
 

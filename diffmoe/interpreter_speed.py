@@ -36,11 +36,15 @@ interpreted `tl.dot` calls through `np.matmul`) uses one thread. A kernel tile's
 (32x128 by 128x256 for BLOCK_M=32: above OpenBLAS's threading threshold of 65536*4 multiply-adds,
 so it wakes a second thread for every dot); on a loaded 2-core machine that wait dominates:
 one cheap check of T=33 E=47 K=11 H=I=128 fp8-block fused spent 0.73 s of process time in its
-94 dots with OpenBLAS's default two threads and 0.011 s with one. OpenBLAS splits a GEMM's rows
-and columns between threads, never the K sum, so every element is the same sum in the same
-order: tests/test_interpreter_speed.py compares the two bitwise on the tile shapes the kernels
-use and on a whole run. The count is put back after each grid (`GridExecutor.__call__`), so
-numpy code outside a launch keeps its threads; without a bundled OpenBLAS nothing changes.
+94 dots with OpenBLAS's default two threads and 0.011 s with one. The pin also makes the bits
+independent of the machine: whether OpenBLAS gives the same bits on one thread and on two
+depends on its kernels. With OPENBLAS_CORETYPE=Haswell (which machines of this kind set on some
+processors) 15 of 18 tile products of the kernels' shapes differed between one and two threads,
+unset none did (tests/blas_threads_probe.py). So an interpreted kernel's bits are triton's own
+interpreter's run on one thread, on every machine, whatever its thread count; the tests run that
+comparison under both configurations. The count is put back after each grid
+(`GridExecutor.__call__`), so numpy code outside a launch keeps its threads; without a bundled
+OpenBLAS nothing is pinned (and nothing is claimed).
 
 And the frontend's types are built once per shape. Every op of every program builds a
 `block_type` and a `tensor`; in triton 3.9's `triton.language.core` the name `tuple` is
@@ -75,7 +79,7 @@ goes to triton's method, errors included.
 Pinned to the Triton release it was read from (SUPPORTED_TRITON); elsewhere it patches nothing
 and says why. Imports Triton only inside `install()`.
 
-Owns the wrapped InterpretedFunction.__call__, GridExecutor.__call__, block_type.__init__, tensor.__init__, the interpreter semantic's broadcast_impl_value, ReduceOps.apply_impl (the vectorized XOR reduction), the memoized `_get_np_dtype`, the interpreter builder's sanitize_overflow option and numpy's BLAS thread count during a launch. Must not change what an interpreted kernel computes.
+Owns the wrapped InterpretedFunction.__call__, GridExecutor.__call__, block_type.__init__, tensor.__init__, the interpreter semantic's broadcast_impl_value, ReduceOps.apply_impl (the vectorized XOR reduction), the memoized `_get_np_dtype`, the interpreter builder's sanitize_overflow option and numpy's BLAS thread count during a launch. Must not change what an interpreted kernel computes (beyond fixing the BLAS thread count at one).
 
 Longer than 400 lines because each cut sits beside the measurement and the exactness argument
 that justify it, and all of them are installed and undone as one unit.

@@ -13,6 +13,7 @@ temporary folder for a `python -m diffmoe check` subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from diffmoe import cli
 from diffmoe.contract import RunResult
 from diffmoe.report import Oracles
 from optimized.moe import TritonFP8MoE
+from signal_dispositions import sigint_as
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -291,8 +293,34 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_stops_the_check_and_reaps_its_worker_group(tmp_path, signum):
+@pytest.mark.parametrize("signum,disposition", [(signal.SIGTERM, "terminal"), (signal.SIGINT, "terminal"),
+                                                (signal.SIGTERM, "ignored")],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM-with-SIGINT-ignored"])
+def test_a_signal_stops_the_check_and_reaps_its_worker_group(tmp_path, signum, disposition):
+    """Ctrl-C from a terminal and SIGTERM stop a check; SIGTERM does also where SIGINT was
+    ignored on entry (nohup, a background job). The disposition is the test's own, whatever
+    pytest inherited (tests/signal_dispositions.py)."""
+    with _sleeping_check(tmp_path, disposition) as (proc, worker, out, err):
+        _stops_cleanly(proc, worker, signum, out, err)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
+def test_a_check_started_with_sigint_ignored_keeps_ignoring_it_and_stops_on_sigterm(tmp_path):
+    """The documented choice (README, "Started with SIGINT ignored"): a SIGINT ignored on entry
+    stays ignored, the check and its worker run on; SIGTERM then stops both cleanly."""
+    with _sleeping_check(tmp_path, "ignored") as (proc, worker, out, err):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)  # a Ctrl-C from a terminal stops a check in well under a second (above)
+        assert proc.poll() is None, "SIGINT ignored on entry stopped the check"
+        assert not _gone(worker), "SIGINT ignored on entry stopped the check's worker"
+        _stops_cleanly(proc, worker, signal.SIGTERM, out, err)
+
+
+@contextlib.contextmanager
+def _sleeping_check(tmp_path, disposition):
+    """`diffmoe check` of an implementation that sleeps in run(), started with SIGINT as
+    `disposition` says; yields (process, worker pid, stdout file, stderr file) once the worker
+    is in run(), and leaves nothing behind whatever the test asserted."""
     (tmp_path / "sleeps.py").write_text(textwrap.dedent(SLEEPS_IN_RUN))
     pid_file = tmp_path / "worker.pid"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
@@ -300,8 +328,9 @@ def test_a_signal_stops_the_check_and_reaps_its_worker_group(tmp_path, signum):
     worker = None
     # files, not pipes: a worker that outlived the check would hold a pipe open
     with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "diffmoe", "check", *SMALL, "--impl", "sleeps:factory",
-                                 "--time-limit", "300"], stdout=out, stderr=err, text=True, env=env)
+        with sigint_as(disposition):
+            proc = subprocess.Popen([sys.executable, "-m", "diffmoe", "check", *SMALL, "--impl", "sleeps:factory",
+                                     "--time-limit", "300"], stdout=out, stderr=err, text=True, env=env)
         try:
             deadline = time.monotonic() + 120
             while not pid_file.exists():
@@ -310,20 +339,7 @@ def test_a_signal_stops_the_check_and_reaps_its_worker_group(tmp_path, signum):
                 time.sleep(0.05)
             worker = int(pid_file.read_text())
             assert worker != proc.pid and os.getpgid(worker) == worker  # the worker leads its own group
-            sent = time.monotonic()
-            proc.send_signal(signum)
-            code = proc.wait(timeout=30)
-            assert time.monotonic() - sent < 5, "took too long to stop"
-            out.seek(0), err.seek(0)
-            stdout, stderr = out.read(), err.read()
-            assert code == cli.EXIT_INTERRUPTED, (code, stderr)
-            assert stdout == "" and stderr.strip().splitlines() == ["diffmoe: interrupted"], stderr
-            deadline = time.monotonic() + 5
-            while not _gone(worker) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert _gone(worker), f"worker {worker} outlived the check"
-            with pytest.raises(ProcessLookupError):
-                os.killpg(worker, 0)  # nothing of its group survives
+            yield proc, worker, out, err
         finally:  # after the assertions: a failing run leaves nothing behind either
             if proc.poll() is None:
                 proc.kill()
@@ -333,6 +349,24 @@ def test_a_signal_stops_the_check_and_reaps_its_worker_group(tmp_path, signum):
                     os.killpg(worker, signal.SIGKILL)
                 except OSError:
                     pass
+
+
+def _stops_cleanly(proc, worker: int, signum, out, err) -> None:
+    """`signum` ends the check within 5 s: exit 130, one line, the worker's group reaped."""
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    code = proc.wait(timeout=30)
+    assert time.monotonic() - sent < 5, "took too long to stop"
+    out.seek(0), err.seek(0)
+    stdout, stderr = out.read(), err.read()
+    assert code == cli.EXIT_INTERRUPTED, (code, stderr)
+    assert stdout == "" and stderr.strip().splitlines() == ["diffmoe: interrupted"], stderr
+    deadline = time.monotonic() + 5
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(worker), f"worker {worker} outlived the check"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(worker, 0)  # nothing of its group survives
 
 
 def plan_raises(config):

@@ -20,6 +20,7 @@ from diffmoe.fuzz_workers import WorkerFailed, fuzz_in_workers, split_examples, 
 from diffmoe.fuzz_tiers import full_phase
 from diffmoe.fuzzing import fuzz
 from diffmoe.strategies import MINIMAL_FUSED_CONFIG
+from signal_dispositions import sigint_as
 from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture, shared
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forked workers and /proc: Linux")
@@ -115,21 +116,33 @@ def test_workers_share_the_database(fake_runner, tmp_path):
     assert second.generated_examples <= 2  # each worker's replay of the stored failure comes first
 
 
-def test_interrupt_stops_every_worker_and_keeps_what_was_found(fake_runner):
+# 0.02 s an example: the 1,000 examples take each of the two workers 10 s or more, so the search is
+# still running when the stop comes at 1.5 s, and ends by itself if it never comes.
+SLOW_EXAMPLES = 1_000
+
+
+@pytest.mark.parametrize("signum,disposition", [(signal.SIGINT, "terminal"), (signal.SIGTERM, "ignored")],
+                         ids=["ctrl-c", "sigterm-with-sigint-ignored"])
+def test_interrupt_stops_every_worker_and_keeps_what_was_found(fake_runner, signum, disposition):
+    """Ctrl-C from a terminal, or SIGTERM to a job started with SIGINT ignored (the CLI turns
+    SIGTERM into KeyboardInterrupt), stops the search and every worker: the parent stops them
+    with SIGTERM, which they take whatever SIGINT they inherited. The disposition is the test's
+    own, whatever pytest inherited (tests/signal_dispositions.py)."""
     def slow(config):
         time.sleep(0.02)
         return False
 
     fake_runner(fails=slow)
-    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signum))
     started = time.monotonic()
-    try:
-        outcome = fuzz_in_workers(workers=2, max_examples=100_000, seed=2)
-    finally:
-        timer.cancel()
+    with sigint_as(disposition), cli._sigterm_interrupts():
+        timer.start()
+        try:
+            outcome = fuzz_in_workers(workers=2, max_examples=SLOW_EXAMPLES, seed=2)
+        finally:
+            timer.cancel()
     assert outcome.interrupted and outcome.passed
-    assert 0 < outcome.generated_examples < 100_000
+    assert 0 < outcome.generated_examples < SLOW_EXAMPLES
     assert time.monotonic() - started < 15
     assert _children() == []
 

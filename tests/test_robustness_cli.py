@@ -22,6 +22,7 @@ import time
 import pytest
 
 from diffmoe.config import MoEConfig
+from signal_dispositions import sigint_as
 
 HANGS_ON_WIDE_HIDDEN = '''
 import time
@@ -47,13 +48,19 @@ STOP_WITHIN_S = 3.0
 class Fuzz:
     """A `python -m diffmoe fuzz` subprocess whose stderr lines are read as they come."""
 
-    def __init__(self, folder, database, *extra):
+    def __init__(self, folder, database, *extra, disposition: str = "terminal"):
+        """Started with SIGINT as `disposition` says (tests/signal_dispositions.py), whatever
+        pytest inherited, with two workers, in a session of its own (a signal to its group
+        reaches the fuzz and its workers only)."""
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
         argv = [
             sys.executable, "-m", "diffmoe", "fuzz", "--impl", "hangs:factory", "--database", str(database),
-            "--max-tokens", "2", "--max-experts", "2", "--oracles", "static-aliasing", "--time-limit", "1", "--json", *extra,
+            "--max-tokens", "2", "--max-experts", "2", "--oracles", "static-aliasing", "--time-limit", "1", "--json",
+            "--workers", "2", *extra,
         ]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        with sigint_as(disposition):
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                         start_new_session=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -152,3 +159,22 @@ def test_interrupted_before_any_failure_exits_130(tmp_path):
     elapsed, code, data = fuzz.interrupt(signal.SIGTERM)
     assert elapsed < STOP_WITHIN_S and code == 130
     assert data["interrupted"] is True and data["passed"] is True
+
+
+@pytest.mark.slow
+def test_a_fuzz_started_with_sigint_ignored_keeps_ignoring_it_and_stops_on_sigterm(tmp_path):
+    """The documented choice (README, "Started with SIGINT ignored"): a fuzz run with nohup or in
+    the background ignores SIGINT, even one sent to its whole process group (the fuzz and its
+    workers), and keeps shrinking; SIGTERM then stops it with what it found."""
+    (tmp_path / "hangs.py").write_text(HANGS_ON_WIDE_HIDDEN)
+    fuzz = Fuzz(tmp_path, tmp_path / "db", disposition="ignored")
+    fuzz.wait_for("phase=shrink")
+    workers = fuzz.children()
+    assert workers, "a two-worker fuzz has worker processes"
+    os.killpg(fuzz.proc.pid, signal.SIGINT)  # what a Ctrl-C reaching the job's group would send
+    time.sleep(1.5)  # a terminal's Ctrl-C stops a fuzz within STOP_WITHIN_S (above)
+    assert fuzz.proc.poll() is None, "SIGINT ignored on entry stopped the fuzz"
+    assert all(_alive(pid) for pid in workers), "SIGINT ignored on entry stopped a worker"
+    elapsed, code, data = fuzz.interrupt(signal.SIGTERM)
+    assert elapsed < STOP_WITHIN_S and code == 1 and data["interrupted"] is True
+    assert MoEConfig.from_dict(data["config"]).hidden > 256
