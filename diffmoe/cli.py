@@ -483,7 +483,10 @@ def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - exercised vi
 
 @contextlib.contextmanager
 def _sigterm_interrupts():
-    """SIGTERM raises KeyboardInterrupt inside the block (as Ctrl-C does); restored afterwards."""
+    """SIGTERM raises KeyboardInterrupt inside the block (as Ctrl-C does); restored afterwards.
+    SIGINT is left as the command found it: a SIGINT ignored on entry (nohup, a background job
+    of a non-interactive shell) stays ignored, and SIGTERM is then the way to stop (README,
+    "Started with SIGINT ignored")."""
     try:
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     except ValueError:  # not the main thread: Ctrl-C still works
@@ -617,13 +620,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     limit = time_limit_kwargs(_runner(), args.time_limit, device).get("time_limit")
     printer = ProgressPrinter(sys.stderr)
-    previous = None
     try:
-        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    except ValueError:  # not the main thread: Ctrl-C still works
-        previous = None
-    try:
-        with implementation_output_to_stderr():
+        with _sigterm_interrupts(), implementation_output_to_stderr():
             plan_outcome = _plan_phase(args, factory, name, seed, printer)
             outcome = None if _plan_decides(args, plan_outcome) else fuzz_in_workers(
                 workers=args.workers,
@@ -646,8 +644,6 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             )
     finally:
         printer.finish()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
     if outcome is None:
         return _finish_plan(args, plan_outcome, name)

@@ -40,7 +40,7 @@ def _cases():
         yield pytest.param(name, marks=marks, id=name)
 
 
-@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("name", list(_cases()))
 def test_the_default_fuzz_finds_the_mutant_from_a_cold_start(name):
     mutant = MUTANTS[name]
     mutant.fetch_peer()

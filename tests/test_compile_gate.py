@@ -86,6 +86,7 @@ def ci_native():
     return proc
 
 
+@pytest.mark.slow  # 38-48 s on 2 cores (issue 30)
 def test_ci_subset_compiles_for_sm90_without_spills(ci_native):
     assert ci_native.returncode == 0, ci_native.stdout[-3000:] + ci_native.stderr[-3000:]
     data = json.loads(ci_native.stdout)
@@ -146,6 +147,7 @@ def test_per_tensor_quant_does_not_recompile_as_the_batch_grows():
     assert all('"BLOCK_P": 256' in m for m in by_t["8"] if '"SCALE_MODE": 1' in m)
 
 
+@pytest.mark.slow  # 38-48 s on 2 cores (issue 30)
 def test_safe_fallback_compiles_and_its_spills_are_reported():
     proc = compile_check("--variant", "safe", "--tile-class", "decode", "--json")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -12,6 +12,7 @@ cheap oracle set on most examples, every oracle on every FULL_EVERY-th, on a che
 (Hypothesis's shrinking and replay), so a shrunk example is one the whole set still fails.
 """
 
+import pytest
 from hypothesis import given
 
 from diffmoe.fuzz_tiers import TIER_RUN, TierPolicy
@@ -28,6 +29,7 @@ _POLICY = TierPolicy(TIER_RUN, None, None)
 _FAILED_BEFORE = [False]
 
 
+@pytest.mark.slow  # 60-112 s under xdist on 2 cores (issue 30)
 @given(config=moe_configs(planner="fixed"))
 def test_fixed_planner_has_no_findings(config):
     how = _POLICY.judging(config, failed_before=_FAILED_BEFORE[0], replaying=False)
@@ -38,12 +40,14 @@ def test_fixed_planner_has_no_findings(config):
     assert report.passed, _reproducer(report)
 
 
+@pytest.mark.slow  # 60-112 s under xdist on 2 cores (issue 30)
 @given(config=moe_configs(planner="fixed", features=True))
 def test_fixed_planner_has_no_findings_with_the_model_features(config):
     # the SwiGLU limit, dropped slots and shared experts (off in the draws above, see strategies.py)
     test_fixed_planner_has_no_findings.hypothesis.inner_test(config)
 
 
+@pytest.mark.slow  # 60-112 s under xdist on 2 cores (issue 30)
 @given(config=moe_configs(planner="legacy", fused=True))
 def test_legacy_fused_plan_is_always_caught(config):
     # the seed bug: for every fused FP8 config the legacy plan aliases two live buffers

@@ -43,6 +43,7 @@ def _run(tmp_path, db, upper):
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # 20 s on 2 cores (issue 30)
 def test_xdist_workers_share_the_example_database(tmp_path):
     (tmp_path / "test_prop.py").write_text(PROPERTY)
     db = tmp_path / "shared-db"
