@@ -801,7 +801,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     # The probes run under implementation_output_to_stderr: only the table (or JSON) is stdout.
     with implementation_output_to_stderr():
         hooks = factory_attribute(default_factory(), CONFORMANCE_HOOKS)
-        from .conformance import run_doctor
+        from .doctor import run_doctor
 
         report = run_doctor(device, hooks() if hooks is not None else None)
     if args.json:

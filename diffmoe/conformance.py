@@ -20,7 +20,7 @@ Two uses:
     workaround switches from (optimized.backend.backend_traits asks for the ones behind its
     switches, once per process and backend, and decides itself which switch each result turns
     off).
-  * `doctor_main(as_json, device, hooks)`: the full sweep behind `diffmoe doctor`, one row per
+  * the full sweep behind `diffmoe doctor` (run by diffmoe/doctor.py), one row per
     primitive with its status (ok / DEFECT / skipped), the mismatch count, and the workaround
     the implementation applies for it. Where a workaround is applied and the implementation
     hands over its software path, the sweep also runs it on the same inputs, so the report says
@@ -62,11 +62,8 @@ Owns the probes and the doctor's report. Must not import an implementation: it g
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import platform
-import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -1085,36 +1082,3 @@ class DoctorReport:
         else:
             lines.append(f"verdict: trusted: every primitive is ok or has its workaround applied, none shown wrong here ({self.seconds:.1f} s)")
         return "\n".join(lines)
-
-
-def run_doctor(device: torch.device | None = None, hooks: ConformanceHooks | None = None) -> DoctorReport:
-    """The full sweep on `device` (default: CUDA when present, else the interpreter on cpu),
-    judged against the switches the implementation behind `hooks` would use there (None: the
-    backend alone, no workaround)."""
-    device = normalize_device(torch.device(device) if device is not None else default_device())
-    start = time.perf_counter()
-    name = backend_name(device)
-    # a refusal is said loudly in the verdict, and judged as the switches it would have run with
-    traits, refusal = hooks.switches(device) if hooks is not None else ({}, None)
-    traits = dict(traits)
-    rows = tuple(_row(run_probe(k, device, True, hooks), traits, hooks) for k in PRIMITIVE_KEYS)
-    versions = {"triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version()}
-    fixes = None
-    if name == "interpreter":
-        from . import interpreter_fixes
-
-        state = interpreter_fixes.status()
-        fixes = f"{'installed' if state.installed else 'not installed'}: {state.reason}"
-    return DoctorReport(name, str(device), versions, traits, rows, time.perf_counter() - start, refusal, fixes)
-
-
-def doctor_main(as_json: bool, device: torch.device | str | None = None, hooks: ConformanceHooks | None = None) -> int:
-    """`diffmoe doctor [--json]`: prints the table (or one JSON object) and returns the exit code.
-    `hooks`: the implementation judged with the backend (diffmoe.cli passes the default
-    implementation's, from its factory's `conformance_hooks`)."""
-    report = run_doctor(torch.device(device) if device is not None else None, hooks)
-    if as_json:
-        print(json.dumps(report.to_dict(), sort_keys=False))
-    else:
-        print(report.render())
-    return report.exit_code

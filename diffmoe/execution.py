@@ -32,7 +32,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -53,9 +53,6 @@ from reference.moe import reference_stage
 from .vocabulary import Buffers, materialised_buffers
 from .watchers import InputWatch, RedZoneWatch, StageTracker
 
-if TYPE_CHECKING:
-    from .oracles.base import Oracle
-
 ProgressCallback = Callable[[str, "str | None", "list[Finding]"], None]
 """progress(phase, stage or None, findings so far): called at every phase change and launch."""
 
@@ -72,6 +69,13 @@ class Run:
     returned: torch.Tensor | None = None  # the tensor run() returned (not a copy)
     reported: set[str] = field(default_factory=set)  # intermediates run() returned itself
     addresses: Any = None  # the interpreter's per-program address record (RaceRecorder), first run only
+
+
+class Judge(Protocol):
+    """What a check asks of an active oracle (every diffmoe.oracles.base.Oracle is one): its
+    verdict on one order's run. A protocol, not that class: the oracles import this module."""
+
+    def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]: ...
 
 
 class Crash(Exception):
@@ -149,7 +153,7 @@ class Check:
     def __init__(self, config: MoEConfig, factory: ImplementationFactory, oracles: Sequence[str],
                  schedules: list[Schedule], device: torch.device, name: str,
                  problem: Problem | None = None, progress: ProgressCallback | None = None,
-                 active: Sequence[Oracle] = ()):
+                 active: Sequence[Judge] = ()):
         self.config = config
         self.factory = factory
         self.oracles = list(oracles)

@@ -23,6 +23,14 @@ from .config import QUANT_BLOCK, MoEConfig
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
+# The two shared workspaces, by Placement.workspace index (0 and 1): the plan, the guards and the
+# findings name them so.
+WORKSPACE_NAMES = ("ws1", "ws2")
+
+
+def workspace_name(index: int) -> str:
+    return WORKSPACE_NAMES[index] if 0 <= index < len(WORKSPACE_NAMES) else f"workspace{index}"
+
 
 def over_fp8_max(t: torch.Tensor) -> torch.Tensor:
     """t / 448, correctly rounded on every device: every FP8 scale of the reference's profiles and

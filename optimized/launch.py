@@ -8,7 +8,7 @@ Without a recorder it adds nothing but a branch.
 Under the Triton interpreter it is also where the interpreter's numeric defects are fixed, once
 per process, before any kernel of ours runs (diffmoe.interpreter_fixes: exact float32 <-> bf16 /
 e4m3fn casts and bf16 / fp8 dots): at import, so the conformance probes (diffmoe.conformance, run
-by optimized.backend, which this module imports) already see the fixed primitives and the backend traits turn the
+by optimized.backend, which imports this module to install the fixes first) already see the fixed primitives and the backend traits turn the
 corresponding software workarounds off, and again (a dictionary check) at each launch. The
 interpreter fast path (diffmoe.interpreter_speed: jit helpers skip re-patching triton.language,
 same ops, same bits) is installed at the same moment.
@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from diffmoe import interpreter_fixes, interpreter_speed
-from diffmoe.contract import LaunchInfo, LaunchRecorder, Schedule
-
-from .backend import interpreter_enabled
+from diffmoe.contract import LaunchInfo, LaunchRecorder, Schedule, interpreter_enabled
 
 
 def install_interpreter_fixes() -> interpreter_fixes.FixStatus | None:

@@ -85,6 +85,119 @@ def test_the_checker_sees_every_form_of_import(tmp_path):
     ]
 
 
+# ---- no import circles -------------------------------------------------------------------
+
+REPO = HARNESS.parent
+PACKAGES = ("diffmoe", "optimized", "reference", "peers")
+
+
+def _modules(root: Path, packages) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of `packages` under root."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def import_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` it imports anywhere in its text: at the top, inside
+    a function (a lazy import is still an arrow) or under TYPE_CHECKING; relative imports
+    resolved, `from package import module` counted as an import of the module. A module's
+    own parent packages are left out (importing a submodule runs them anyway)."""
+    modules = _modules(root, packages)
+
+    def known(name: str) -> str | None:
+        parts = name.split(".")
+        while parts and ".".join(parts) not in modules:
+            parts.pop()
+        return ".".join(parts) or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in filter(None, map(known, targets)):
+                if target != name and not name.startswith(target + "."):
+                    graph[name].add(target)
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(circles)
+
+
+def test_no_import_circles():
+    """diffmoe/, optimized/, reference/ and peers/ import one another in one direction only:
+    every module can be read after the ones it imports (lazy and TYPE_CHECKING imports count)."""
+    circles = import_circles(import_graph(REPO))
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_checker_sees_lazy_relative_and_type_checking_imports(tmp_path):
+    """The test above can fail: a circle closed by a function-level import, one by a
+    TYPE_CHECKING import through a subpackage, and none for a parent package or a lookalike."""
+    pkg = tmp_path / "diffmoe"
+    (pkg / "sub").mkdir(parents=True)
+    for path, text in {
+        "__init__.py": "",
+        "a.py": "from .b import thing\n",
+        "b.py": "def f():\n    from . import a\n",
+        "c.py": "from .sub.d import D\n",
+        "sub/__init__.py": "",
+        "sub/d.py": "from typing import TYPE_CHECKING\nfrom .. import sub\nif TYPE_CHECKING:\n    from ..c import C\n",
+        "e.py": "import diffmoe.sub\nimport diffmoeish\n",
+    }.items():
+        (pkg / path).write_text(text, encoding="utf-8")
+    graph = import_graph(tmp_path, packages=("diffmoe",))
+    assert graph["diffmoe.e"] == {"diffmoe.sub"}
+    assert import_circles(graph) == [["diffmoe.a", "diffmoe.b"], ["diffmoe.c", "diffmoe.sub.d"]]
+
+
 # ---- the contract's default and its optional factory attributes ---------------------------
 
 

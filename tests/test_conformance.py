@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe import conformance, interpreter_fixes
+from diffmoe import conformance, doctor, interpreter_fixes
 from diffmoe.conformance import DEFECT, OK, PRIMITIVE_KEYS, SKIPPED, ProbeResult
 from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.vocabulary import Buffers as B
@@ -111,7 +111,7 @@ def doctor_report():
     backend.clear_traits_cache()
     try:
         with interpreter_fixes.suspended():
-            return conformance.run_doctor(CPU, HOOKS)
+            return doctor.run_doctor(CPU, HOOKS)
     finally:
         backend.clear_traits_cache()
         backend._TRAITS_CACHE.update(saved)
@@ -151,7 +151,7 @@ def test_the_fixed_interpreter_needs_no_workaround(own_traits_cache, capsys):
     assert sorted(results) == sorted(INTERPRETER_DEFECTS)
     assert all(r.status == OK and r.mismatches == 0 for r in results.values()), results
     assert software_paths(backend_traits(CPU)) == []
-    assert conformance.doctor_main(True, hooks=HOOKS) == 0
+    assert doctor.doctor_main(True, hooks=HOOKS) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["interpreter_fixes"].startswith("installed: ")
     assert not any(data["traits"].values()) and all(p["status"] == OK for p in data["primitives"])
@@ -452,7 +452,7 @@ def test_the_dot_bound_is_tight_enough_to_catch_tf32():
 
 
 def test_doctor_prints_a_table_and_exits_0_here(unfixed_interpreter, capsys):
-    assert conformance.doctor_main(False, hooks=HOOKS) == 0
+    assert doctor.doctor_main(False, hooks=HOOKS) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].startswith("backend: interpreter on cpu (triton ")
@@ -479,7 +479,7 @@ def test_doctor_prints_a_table_and_exits_0_here(unfixed_interpreter, capsys):
 
 
 def test_doctor_json_is_one_object(unfixed_interpreter, capsys):
-    assert conformance.doctor_main(True, hooks=HOOKS) == 0
+    assert doctor.doctor_main(True, hooks=HOOKS) == 0
     data = json.loads(capsys.readouterr().out)  # raises unless stdout is exactly one JSON document
     assert data["backend"] == "interpreter" and data["device"] == "cpu"
     assert data["ok"] is True and data["exit_code"] == 0
@@ -496,7 +496,7 @@ def test_doctor_json_is_one_object(unfixed_interpreter, capsys):
 def test_doctor_without_hooks_judges_the_backend_alone(unfixed_interpreter, capsys):
     """No implementation's hooks: no switch, no workaround, so the interpreter's defects are
     unguarded; the program-order probe launches with plain Triton and its own table."""
-    assert conformance.doctor_main(True) == 1
+    assert doctor.doctor_main(True) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["traits"] == {} and data["refusal"] is None and data["exit_code"] == 1
     rows = {p["primitive"]: p for p in data["primitives"]}
@@ -506,7 +506,7 @@ def test_doctor_without_hooks_judges_the_backend_alone(unfixed_interpreter, caps
         assert not row["workaround_applied"] and row["workaround_mismatches"] is None, row
     assert all(rows[k]["trusted"] for k in PRIMITIVE_KEYS if k not in INTERPRETER_DEFECTS)
     assert rows["program_order"]["status"] == OK
-    assert conformance.doctor_main(False) == 1
+    assert doctor.doctor_main(False) == 1
     assert "workarounds on: none" in capsys.readouterr().out
 
 
@@ -536,14 +536,14 @@ def test_doctor_exits_1_when_a_defect_has_no_workaround(unfixed_interpreter, mon
     """The probes are real (the interpreter's defects), the traits faked off, as a path that
     trusted a 'fixed' Triton would have them."""
     hooks = hooks_with_traits(NO_WORKAROUNDS)
-    assert conformance.doctor_main(True, hooks=hooks) == 1
+    assert doctor.doctor_main(True, hooks=hooks) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is False and data["exit_code"] == 1
     rows = {p["primitive"]: p for p in data["primitives"]}
     for key in INTERPRETER_DEFECTS:
         assert not rows[key]["trusted"] and rows[key]["workaround"].startswith("NONE"), rows[key]
     assert all(rows[k]["trusted"] for k in PRIMITIVE_KEYS if k not in INTERPRETER_DEFECTS)
-    assert conformance.doctor_main(False, hooks=hooks) == 1
+    assert doctor.doctor_main(False, hooks=hooks) == 1
     assert "verdict: NOT trusted: float32 -> e4m3fn cast (native)" in capsys.readouterr().out
 
 
@@ -622,9 +622,9 @@ def test_cuda_without_defects_and_the_interpreter_are_never_refused(own_traits_c
 def test_doctor_on_cuda_with_a_defect_says_refused(own_traits_cache, monkeypatch, capsys):
     monkeypatch.delenv(backend.ALLOW_FALLBACK_ENV, raising=False)
     as_cuda(monkeypatch, {k: result(k, OK if k != "bf16_dot" else DEFECT) for k in INTERPRETER_DEFECTS})
-    assert conformance.doctor_main(False, hooks=HOOKS) == 1
+    assert doctor.doctor_main(False, hooks=HOOKS) == 1
     out = capsys.readouterr().out
     assert "verdict: REFUSED: the CUDA backend would run the software fallback (upcast_bf16_dot)" in out
-    assert conformance.doctor_main(True, hooks=HOOKS) == 1
+    assert doctor.doctor_main(True, hooks=HOOKS) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["refusal"].startswith("the CUDA backend") and data["traits"]["upcast_bf16_dot"] is True

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe import conformance
+from diffmoe import conformance, doctor
 from diffmoe import interpreter_fixes as fixes
 from diffmoe.conformance import DEFECT, OK
 
@@ -98,7 +98,7 @@ def test_a_bf16_sum_rounds_every_add_left_to_right():
 
 def test_the_doctor_shows_the_gated_defects_unguarded_when_they_are_suspended(capsys):
     with fixes.suspended(gated=True):
-        assert conformance.doctor_main(True) == 1
+        assert doctor.doctor_main(True) == 1
     rows = {p["primitive"]: p for p in json.loads(capsys.readouterr().out)["primitives"]}
     for key in fixes.GATED_FIXES:
         assert rows[key]["status"] == DEFECT and not rows[key]["trusted"], rows[key]

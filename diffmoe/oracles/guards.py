@@ -22,7 +22,7 @@ import math
 import torch
 
 from ..report import ByteRange, Finding, Oracles
-from .static_aliasing import WORKSPACE_NAMES
+from ..vocabulary import WORKSPACE_NAMES
 
 POISON_PATTERNS = (0xFF, 0xA5)
 CANARY = 0xCD  # guard byte; neither poison, nor a value kernels write by default (zero)

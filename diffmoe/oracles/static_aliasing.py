@@ -18,13 +18,8 @@ from dataclasses import dataclass
 
 from ..contract import Placement, WorkspacePlan
 from ..report import ByteRange, Finding, Oracles
+from ..vocabulary import WORKSPACE_NAMES, workspace_name
 from .base import Oracle
-
-WORKSPACE_NAMES = ("ws1", "ws2")  # Placement.workspace 0 and 1
-
-
-def workspace_name(index: int) -> str:
-    return WORKSPACE_NAMES[index] if 0 <= index < len(WORKSPACE_NAMES) else f"workspace{index}"
 
 
 @dataclass(frozen=True)
