@@ -424,10 +424,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     # SIGTERM as Ctrl-C: KeyboardInterrupt in the waiting parent, whose run_in_worker stops and
     # reaps the worker's process group on the way out (the worker has its own group, so the
     # default SIGTERM would leave it running); main() then prints one line and returns 130.
-    with _sigterm_interrupts(), implementation_output_to_stderr():
-        report = runner.run_differential(
-            config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name, **limit,
-        )
+    from .runner import ConfigRefused
+
+    try:
+        with _sigterm_interrupts(), implementation_output_to_stderr():
+            report = runner.run_differential(
+                config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name, **limit,
+            )
+    except ConfigRefused as exc:  # the implementation's `supports` said no: a usage error, one line
+        raise UsageError(f"{exc} (its `supports`; choose a config it runs)") from None
     if args.json:
         _print_json(report.to_dict())
     else:

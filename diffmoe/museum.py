@@ -185,6 +185,14 @@ def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None) -> Exhib
     return result
 
 
+def missing_releases(exhibits: Sequence[Exhibit]) -> list[str]:
+    """The releases the runnable `exhibits` run whose wheels are not in the peer cache, sorted."""
+    from .peer_wheels import is_cached
+
+    wanted = {r for e in exhibits if e.pending is None for r in (*e.buggy, e.fixed)}
+    return sorted(r for r in wanted if not is_cached(r))
+
+
 def _render(result: ExhibitResult) -> str:
     e = result.exhibit
     head = f"{e.name}: {e.title} ({e.pr}; buggy {', '.join(e.buggy)}, fixed in {e.fixed_in})"
@@ -231,8 +239,14 @@ def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
             print(f"{e.name:24} {e.pr:24} buggy {','.join(r.split('==')[1] for r in e.buggy):12} fixed {e.fixed_in}  "
                   f"{e.oracle}@{e.stage}  {state}")
         return EXIT_AS_RECORDED
-    from .peer_wheels import PeerError
+    from .peer_wheels import CACHE_ENV, PeerError, fetch_command
 
+    missing = missing_releases(chosen)
+    if missing:  # before any run: each would be a crash finding, "NOT AS RECORDED" for no bug at all
+        print(f"{prog}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not in the peer cache; run "
+              f"{' and '.join(f'`{fetch_command(r)}`' for r in missing)} once (needs network; set "
+              f"{CACHE_ENV} to move the cache)", file=sys.stderr)
+        return EXIT_USAGE
     try:
         results = [run_exhibit(e) for e in chosen]
     except PeerError as exc:

@@ -198,6 +198,11 @@ def resolve_schedules(schedules: Sequence[Schedule | str] | None, config: MoECon
     return parsed
 
 
+class ConfigRefused(ValueError):
+    """The implementation's own `supports` refuses the config: nothing to judge. A usage error
+    for the CLI (exit 2, one line), not a harness failure."""
+
+
 class DifferentialRun(Check):
     """One check: the phases of the module docstring, each oracle's hooks called in turn."""
 
@@ -339,7 +344,7 @@ def run_differential(
         raise TypeError(f"implementation_name must be None or a string, got {implementation_name!r}")
     refused = unsupported(implementation, config)
     if refused is not None:  # its own `supports` says it does not run this config: nothing to judge
-        raise ValueError(f"{implementation_name} does not run this config: {refused}")
+        raise ConfigRefused(f"{implementation_name} does not run this config: {refused}")
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

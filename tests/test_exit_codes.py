@@ -369,6 +369,25 @@ def _stops_cleanly(proc, worker: int, signum, out, err) -> None:
         os.killpg(worker, 0)  # nothing of its group survives
 
 
+def refuses_fused(config):
+    return TritonFP8MoE(config)
+
+
+refuses_fused.supports = lambda config: "no fused act+quant here" if config.fused else None
+
+
+def test_a_config_the_implementation_refuses_is_a_usage_error_in_one_line(capsys):
+    """`supports` refusing the config is exit 2 with one line naming the reason (it was an
+    internal error with a traceback: `diffmoe check --impl vllm --quant fp8-token --fused`)."""
+    unfused = [a for a in SMALL if a != "--fused"]
+    code = cli.main(["check", *unfused, "--fused", "--impl", "test_exit_codes:refuses_fused"])
+    out, err = capsys.readouterr()
+    assert code == cli.EXIT_USAGE and out == "", (code, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "does not run this config: no fused act+quant here" in err
+    assert cli.main(["check", *unfused, "--impl", "test_exit_codes:refuses_fused"]) == cli.EXIT_OK
+
+
 def plan_raises(config):
     raise RuntimeError("no plan today")
 

@@ -113,3 +113,17 @@ def test_the_shrinker_reaches_exhibit_ones_minimal_config_from_a_broader_domain(
     assert c.expert_map is not None and c.dropped_slots == 1 and c.swiglu_limit is None and c.shared_experts == 0, c
     assert (Oracles.POISON, Stages.REDUCE) in {(f.oracle, f.stage) for f in outcome.report.findings}
     assert run_differential(c, load_factory("vllm==0.33.0")).passed
+
+
+def test_without_cached_wheels_the_museum_says_which_fetch_to_run(tmp_path, monkeypatch, capsys):
+    """An empty peer cache is a usage error naming each `diffmoe peers fetch`, in one line and
+    before any run (it once printed `crash@None NOT AS RECORDED` for every release)."""
+    from diffmoe.cli import main as cli_main
+
+    monkeypatch.setenv(peer_wheels.CACHE_ENV, str(tmp_path / "empty"))
+    assert cli_main(["museum"]) == 2
+    out, err = capsys.readouterr()
+    releases = sorted({r for e in RUNNABLE for r in (*e.buggy, e.fixed)})
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert all(f"`diffmoe peers fetch {r}`" in err for r in releases), err
+    assert "NOT AS RECORDED" not in err and "crash" not in err
