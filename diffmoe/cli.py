@@ -79,8 +79,8 @@ from .config import (
 )
 from .config import MAX_SHARED_EXPERTS, MAX_SWIGLU_LIMIT
 from .contract import (
-    CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, Schedule, WorkspacePlan, factory_attribute,
-    factory_plan,
+    CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ConfigRefused, Schedule, WorkspacePlan,
+    factory_attribute, factory_plan,
 )
 from .oracles import registry
 from .report import Oracles, Report, check_command
@@ -424,8 +424,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     # SIGTERM as Ctrl-C: KeyboardInterrupt in the waiting parent, whose run_in_worker stops and
     # reaps the worker's process group on the way out (the worker has its own group, so the
     # default SIGTERM would leave it running); main() then prints one line and returns 130.
-    from .runner import ConfigRefused
-
     try:
         with _sigterm_interrupts(), implementation_output_to_stderr():
             report = runner.run_differential(

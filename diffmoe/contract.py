@@ -274,6 +274,11 @@ def judged_config(config: MoEConfig, factory: Callable | None) -> MoEConfig:
     return config if declared is None else config.replace(numerics=declared)
 
 
+class ConfigRefused(ValueError):
+    """The implementation's own `supports` refuses the config: nothing to judge. A usage error
+    for the CLI (exit 2, one line), not a harness failure."""
+
+
 def unsupported(factory: Callable | None, config: MoEConfig) -> str | None:
     """Why the factory's implementation refuses `config` (its `supports` attribute), or None."""
     supports = None if factory is None else factory_attribute(factory, SUPPORTS)

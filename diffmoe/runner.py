@@ -51,8 +51,8 @@ import torch
 from . import interpreter_speed
 from .config import MoEConfig, quoted
 from .contract import (
-    DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ImplementationFactory, Schedule, judged_config,
-    unsupported,
+    DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ConfigRefused, ImplementationFactory, Schedule,
+    judged_config, unsupported,
 )
 from .execution import Check, Crash, ProgressCallback, default_device, interpreter_enabled
 from .oracles.call_sequence import SMALL_CALL_DIVISOR, makes_last_order_run
@@ -196,11 +196,6 @@ def resolve_schedules(schedules: Sequence[Schedule | str] | None, config: MoECon
     if not parsed:
         raise ValueError("schedules must name at least one schedule")
     return parsed
-
-
-class ConfigRefused(ValueError):
-    """The implementation's own `supports` refuses the config: nothing to judge. A usage error
-    for the CLI (exit 2, one line), not a harness failure."""
 
 
 class DifferentialRun(Check):
