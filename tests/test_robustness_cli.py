@@ -165,16 +165,18 @@ def test_interrupted_before_any_failure_exits_130(tmp_path):
 def test_a_fuzz_started_with_sigint_ignored_keeps_ignoring_it_and_stops_on_sigterm(tmp_path):
     """The documented choice (README, "Started with SIGINT ignored"): a fuzz run with nohup or in
     the background ignores SIGINT, even one sent to its whole process group (the fuzz and its
-    workers), and keeps shrinking; SIGTERM then stops it with what it found."""
+    workers), and keeps shrinking; SIGTERM then stops it with what it found.
+
+    The fuzz ends only when its shrinking worker does (the other stops generating by itself once
+    a failure is found, so its liveness proves nothing): still running STOP_WITHIN_S + 1 s after
+    the SIGINT means the shrinking worker ignored it too; this shrink takes 30 s or more
+    (measured: it reaches H=257 after 34 s)."""
     (tmp_path / "hangs.py").write_text(HANGS_ON_WIDE_HIDDEN)
     fuzz = Fuzz(tmp_path, tmp_path / "db", disposition="ignored")
     fuzz.wait_for("phase=shrink")
-    workers = fuzz.children()
-    assert workers, "a two-worker fuzz has worker processes"
     os.killpg(fuzz.proc.pid, signal.SIGINT)  # what a Ctrl-C reaching the job's group would send
-    time.sleep(1.5)  # a terminal's Ctrl-C stops a fuzz within STOP_WITHIN_S (above)
-    assert fuzz.proc.poll() is None, "SIGINT ignored on entry stopped the fuzz"
-    assert all(_alive(pid) for pid in workers), "SIGINT ignored on entry stopped a worker"
+    time.sleep(STOP_WITHIN_S + 1)  # a terminal's Ctrl-C stops a fuzz within STOP_WITHIN_S (above)
+    assert fuzz.proc.poll() is None, "SIGINT ignored on entry stopped the fuzz or its shrinking worker"
     elapsed, code, data = fuzz.interrupt(signal.SIGTERM)
     assert elapsed < STOP_WITHIN_S and code == 1 and data["interrupted"] is True
     assert MoEConfig.from_dict(data["config"]).hidden > 256
