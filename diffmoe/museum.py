@@ -239,13 +239,11 @@ def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
             print(f"{e.name:24} {e.pr:24} buggy {','.join(r.split('==')[1] for r in e.buggy):12} fixed {e.fixed_in}  "
                   f"{e.oracle}@{e.stage}  {state}")
         return EXIT_AS_RECORDED
-    from .peer_wheels import CACHE_ENV, PeerError, fetch_command
+    from .peer_wheels import PeerError, cache_dir, not_cached_message
 
     missing = missing_releases(chosen)
     if missing:  # before any run: each would be a crash finding, "NOT AS RECORDED" for no bug at all
-        print(f"{prog}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not in the peer cache; run "
-              f"{' and '.join(f'`{fetch_command(r)}`' for r in missing)} once (needs network; set "
-              f"{CACHE_ENV} to move the cache)", file=sys.stderr)
+        print(f"{prog}: {not_cached_message(missing, cache_dir())}", file=sys.stderr)
         return EXIT_USAGE
     try:
         results = [run_exhibit(e) for e in chosen]

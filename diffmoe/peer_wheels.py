@@ -196,9 +196,15 @@ def peer_root(name: str) -> Path:
     wheel = peer(name)
     root = cache_dir() / wheel.dirname
     if not _manifest_ok(root, wheel):
-        raise PeerError(f"{wheel.requirement} is not in the peer cache ({root}); run `{fetch_command(name)}` "
-                        f"once (needs network; set {CACHE_ENV} to move the cache)")
+        raise PeerError(not_cached_message([name], root))
     return root
+
+
+def not_cached_message(names: list[str], where: Path) -> str:
+    """One line: the peers `names` are not in the cache at `where`, and the fetch for each."""
+    fetches = " and ".join(f"`{fetch_command(n)}`" for n in names)
+    return (f"{', '.join(peer(n).requirement for n in names)} {'is' if len(names) == 1 else 'are'} not in the peer "
+            f"cache ({where}); run {fetches} once (needs network; set {CACHE_ENV} to move the cache)")
 
 
 def is_cached(name: str) -> bool:

@@ -22,11 +22,6 @@ from typing import Iterator
 DISPOSITIONS = ("terminal", "ignored")
 
 
-def sigint_ignored() -> bool:
-    """This process ignores SIGINT (it was started as a background job, or someone said so)."""
-    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-
-
 @contextlib.contextmanager
 def sigint_as(disposition: str) -> Iterator[None]:
     """Inside the block, SIGINT is as a `disposition` job has it: "terminal", this process raises
