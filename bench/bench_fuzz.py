@@ -3,7 +3,8 @@
 * fixed planner: `fuzz(max_examples=N, seed=0, planner="fixed", tier=TIER)` with the CLI's
   defaults otherwise (T up to 96), once per execution tier: "run" (the cheap oracle set, every
   8th example full) and "full" (every oracle, every default schedule); N is --fuzz-examples
-  (default 5).
+  (default 5); the run tier once more with `special_rows=False`, the cost of the default
+  zero/NaN/Inf rows.
   Nothing is expected to fail, so every example is a full generate-phase run.
 * legacy planner: what `diffmoe fuzz --planner legacy --seed S --plan-examples 0 --workers 1`
   does (the execution tier alone, max 100 examples) for S in 0..4: the seconds and examples
@@ -56,15 +57,18 @@ def _outcome_info(outcome) -> dict:
     return info
 
 
-@pytest.mark.parametrize("tier", ["run", "full"])
-def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device, tier):
-    """Examples/s of each execution tier (diffmoe/fuzz_tiers.py) on the same seed's draws."""
+@pytest.mark.parametrize("tier, special_rows", [("run", True), ("full", True), ("run", False)],
+                         ids=["run", "full", "run-no-special-rows"])
+def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device, tier, special_rows):
+    """Examples/s of each execution tier (diffmoe/fuzz_tiers.py) on the same seed's draws; the run
+    tier also without the default zero/NaN/Inf rows (`--no-special-rows`), what they cost."""
     fuzz = _fuzz()
     examples = request.config.getoption("fuzz_examples")
     outcomes = []
 
     def session():
-        outcomes.append(fuzz(max_examples=examples, seed=SEED, planner="fixed", device=str(moe_device), tier=tier))
+        outcomes.append(fuzz(max_examples=examples, seed=SEED, planner="fixed", device=str(moe_device), tier=tier,
+                             special_rows=special_rows))
 
     measure(session, config=MINIMAL_FUSED_CONFIG, provider="diffmoe", group="fuzz", rounds=1, warmup=0)
     outcome = outcomes[-1]
@@ -72,6 +76,7 @@ def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device, 
     info["examples_per_s"] = round(outcome.examples / outcome.seconds, 4) if outcome.seconds else None
     info["planner"] = "fixed"
     info["tier"] = tier
+    info["special_rows"] = special_rows
     info["max_examples"] = examples
     benchmark.extra_info.update(info)
     benchmark.extra_info.pop("config")  # the drawn configs vary; the seed is the reproducer

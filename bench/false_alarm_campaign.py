@@ -3,6 +3,7 @@ corners, every oracle, the shipped implementation with the fixed planner. Every 
 false alarm; the exit status is 1 if there is any.
 
     .venv/bin/python bench/false_alarm_campaign.py --configs 300 --seed 0 --jobs 2 --json-out CAMPAIGN.json
+    .venv/bin/python bench/false_alarm_campaign.py --impl vllm --configs 300 --jobs 2   # a peer: the configs it runs
 
 One line per config as it finishes (index, seconds, PASS or the findings and a replay
 command), then a summary: configs run, false alarms, wall time, and how far each axis of the
@@ -24,8 +25,39 @@ from diffmoe.campaign import DEFAULT_COST_CAP, CampaignResult, corner_configs, c
 from diffmoe.config import MoEConfig  # noqa: E402
 
 
+# --impl: the implementation the workers judge (set before the pool forks; None: the shipped one)
+_IMPLEMENTATION: tuple = (None, None)
+# how many profile draws are looked through for `--configs` an implementation runs (Liger runs
+# bf16 only, lmdeploy fp8-block only: about a quarter of the draws each)
+DRAWS_PER_CONFIG = 8
+
+
 def _one(config: MoEConfig) -> CampaignResult:
-    return next(run_campaign([config]))
+    factory, name = _IMPLEMENTATION
+    if factory is None:
+        return next(run_campaign([config]))
+    from diffmoe.runner import run_differential
+
+    return next(run_campaign([config], check=lambda c: run_differential(c, factory, implementation_name=name)))
+
+
+def runs(factory, config: MoEConfig) -> bool:
+    """Whether the implementation runs `config` (its `supports`, under the profile it declares)."""
+    from diffmoe.contract import factory_numerics, unsupported
+
+    try:
+        return unsupported(factory, config.replace(numerics=factory_numerics(factory))) is None
+    except ValueError:  # a config its numerics profile cannot describe
+        return False
+
+
+def campaign_configs(count: int, seed: int, cost_cap: int, corners: bool, factory=None) -> list[MoEConfig]:
+    """The sampled configs (the first `count` the implementation runs, from the profile's seeded
+    stream: the same list for the same arguments) and the corners it runs."""
+    if factory is None:
+        return sampled_configs(count, seed, cost_cap) + (corner_configs() if corners else [])
+    sampled = [c for c in sampled_configs(count * DRAWS_PER_CONFIG, seed, cost_cap) if runs(factory, c)][:count]
+    return sampled + ([c for c in corner_configs() if runs(factory, c)] if corners else [])
 
 
 def _coverage(configs: list[MoEConfig]) -> dict:
@@ -52,9 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-corners", action="store_true", help="skip the per-axis corner configs")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--json-out", metavar="FILE", help="write every result as JSON")
+    p.add_argument("--impl", metavar="SPEC", help="implementation to judge, as diffmoe check --impl (default: the shipped one); "
+                                                  "only the configs it runs are drawn")
     args = p.parse_args(argv)
+    global _IMPLEMENTATION
     try:
-        configs = sampled_configs(args.configs, args.seed, args.cost_cap) + ([] if args.no_corners else corner_configs())
+        if args.impl:
+            from diffmoe.cli import UsageError, load_implementation
+
+            try:
+                _IMPLEMENTATION = load_implementation(args.impl)
+            except UsageError as exc:
+                raise ValueError(str(exc)) from None
+        configs = campaign_configs(args.configs, args.seed, args.cost_cap, not args.no_corners, _IMPLEMENTATION[0])
     except (TypeError, ValueError) as exc:
         print(f"false_alarm_campaign: {exc}", file=sys.stderr)
         return 2
@@ -74,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     alarms = [r for r in results if not r.passed]
     summary = {
-        "configs": len(results), "sampled": args.configs, "corners": 0 if args.no_corners else len(corner_configs()),
+        "implementation": _IMPLEMENTATION[1] or "optimized",
+        "configs": len(results), "sampled": args.configs,
+        "corners": len(configs) - min(args.configs, len(configs)) if not args.no_corners else 0,
         "seed": args.seed, "cost_cap": args.cost_cap, "false_alarms": len(alarms), "wall_s": round(wall, 1),
         "check_s_total": round(sum(r.seconds for r in results), 1),
         "check_s_max": round(max((r.seconds for r in results), default=0.0), 1),

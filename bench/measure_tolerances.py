@@ -27,10 +27,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchkit import write_section  # noqa: E402
-from diffmoe.compare import compare  # noqa: E402
+from diffmoe.compare import compare, ulp_distance  # noqa: E402
 from diffmoe.config import QUANT_SCHEMES, MoEConfig  # noqa: E402
 from diffmoe.contract import default_device  # noqa: E402
 from diffmoe.edge_cases import edge_cases  # noqa: E402
+from diffmoe.gemm_interval import stage_bound  # noqa: E402
 from diffmoe.problem import make_problem  # noqa: E402
 from diffmoe.recording import LaunchLog  # noqa: E402
 from diffmoe.tolerances import END_TO_END, FORCED, rule_for  # noqa: E402
@@ -62,6 +63,26 @@ class Worst:
         self.failures = 0
         self.cases = 0
         self.rule = ""
+        self.widened = 0  # derived rules: elements whose interval holds more than one bf16 value
+        self.wider = 0  # derived rules: ... more than two (near zero, where the sum cancels)
+        self.derived = False
+
+    def add_interval(self, ref: torch.Tensor, bound) -> None:
+        """A derived rule's width: how many bf16 values each element's interval holds."""
+        if bound is None:
+            return
+        lo = (ref.double() - bound[0]).to(ref.dtype)
+        hi = (ref.double() + bound[1]).to(ref.dtype)
+        finite = torch.isfinite(bound[0]) & torch.isfinite(bound[1])
+        values = torch.where(finite, ulp_distance(lo, hi) + 1, 1)
+        self.widened += int((values > 1).sum())
+        self.wider += int((values > 2).sum())
+        self.derived = True
+
+    def width(self) -> str:
+        if not self.total or not self.derived:
+            return "-"
+        return f"1 in {1 - self.widened / self.total:.2%}, <= 2 in {1 - self.wider / self.total:.2%}"
 
     def add(self, c) -> None:
         self.max_ulp = max(self.max_ulp, c.max_ulp)
@@ -90,11 +111,14 @@ def measure(configs: list[MoEConfig]) -> dict[tuple[str, str, str], Worst]:
             c = compare(name, ref[name], got[name], rule_for(cfg.quant, name, END_TO_END, backend=BACKEND))
             table[(cfg.quant, name, END_TO_END)].add(c)
         for stage in pipeline_stages(cfg):
-            outputs = impl.run_stage(stage.name, {n: ref[n] for n in stage.reads if n in ref}, problem)
+            fed = {n: ref[n] for n in stage.reads if n in ref}
+            outputs = impl.run_stage(stage.name, fed, problem)
             for name in stage.writes:
                 rule = rule_for(cfg.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT, backend=BACKEND)
                 mode = FORCED + (" (fused)" if stage.name == Stages.ACT_QUANT else "")
-                table[(cfg.quant, name, mode)].add(compare(name, ref[name], outputs[name], rule))
+                bound = stage_bound(rule, name, ref[name], fed, problem)
+                table[(cfg.quant, name, mode)].add(compare(name, ref[name], outputs[name], rule, bound=bound))
+                table[(cfg.quant, name, mode)].add_interval(ref[name], bound)
     return table
 
 
@@ -103,15 +127,15 @@ def render(table: dict[tuple[str, str, str], Worst], configs: int, seconds: floa
         f"Measured over {configs} configs (labelled edge cases and seeded random ones, both fused flags) in "
         f"{seconds:.0f} s on the Triton interpreter (`python bench/measure_tolerances.py`).",
         "",
-        "| scheme | buffer | mode | rule | max ULP seen | max abs diff seen | elements differing | rule held |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scheme | buffer | mode | rule | derived width (bf16 values an interval holds) | max ULP seen | max abs diff seen | elements differing | rule held |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     order = {name: i for i, name in enumerate(materialised_buffers(MoEConfig(quant="fp8-token"))
                                                 + [Buffers.ACTIVATION_OUTPUT])}
     for (quant, name, mode), w in sorted(table.items(), key=lambda kv: (QUANT_SCHEMES.index(kv[0][0]), order.get(kv[0][1], 99), kv[0][2])):
         frac = f"{w.differing / w.total:.2%}" if w.total else "-"
         held = "yes" if w.failures == 0 else f"**no ({w.failures} of {w.cases})**"
-        lines.append(f"| {quant} | {name} | {mode} | {w.rule} | {w.max_ulp} | {w.max_abs:.3g} | {frac} | {held} |")
+        lines.append(f"| {quant} | {name} | {mode} | {w.rule} | {w.width()} | {w.max_ulp} | {w.max_abs:.3g} | {frac} | {held} |")
     return "\n".join(lines)
 
 

@@ -22,8 +22,8 @@ Profile (`draw_config`, each field independent unless said; `rng` is a seeded
 * call_tokens: two fifths of the draws with T >= 2 call with 1..T-1 tokens.
 * router: softmax-topk 60 % (half of them renormalised), random-k 40 %.
 * expert_scale_spread: uniform 0..MAX_EXPERT_SCALE_SPREAD octaves.
-* special rows: a quarter of the draws hold 0..2 all-zero, 0..1 NaN and 0..1 Inf tokens
-  (cut to the call's T); tie_heavy on a tenth.
+* special rows, at the fuzz's shares: half the draws hold 1..2 all-zero (padding) tokens, an
+  eighth one NaN token, an eighth one Inf token (cut to the call's T); tie_heavy on a tenth.
 * seed: uniform 0..2**31-1; planner: fixed (the campaign judges correct code).
 
 The interpreter's cost of a config grows with its GEMM programs (row blocks times tiles
@@ -115,11 +115,11 @@ def draw_config(rng: random.Random) -> MoEConfig:
         fields["renormalize"] = rng.random() < 0.5
     fields["expert_scale_spread"] = rng.randint(0, MAX_EXPERT_SCALE_SPREAD)
     call_t = fields.get("call_tokens", t)
-    if rng.random() < 0.25:
-        zero = min(call_t, rng.randint(0, 2))
-        nan = min(call_t - zero, rng.randint(0, 1))
-        inf = min(call_t - zero - nan, rng.randint(0, 1))
-        fields.update(zero_rows=zero, nan_rows=nan, inf_rows=inf)
+    # the fuzz's shares (diffmoe.strategies): padding in half the calls, a non-finite token rarer
+    zero = min(call_t, rng.randint(1, 2)) if rng.random() < 0.5 else 0
+    nan = min(call_t - zero, 1) if rng.random() < 0.125 else 0
+    inf = min(call_t - zero - nan, 1) if rng.random() < 0.125 else 0
+    fields.update(zero_rows=zero, nan_rows=nan, inf_rows=inf)
     fields["tie_heavy"] = rng.random() < 0.1
     return MoEConfig(**fields)
 

@@ -276,7 +276,7 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     i.add_argument("--router", choices=ROUTERS, help=f"how router weights are made (default {d.router}; softmax-topk: softmax over all E, then top-K)")
     i.add_argument("--renormalize", action="store_const", const=True, help="softmax-topk: divide the K weights by their sum")
     i.add_argument("--expert-scale-spread", type=_int, metavar="OCTAVES", help=f"per-expert weight scale spread, 0..{MAX_EXPERT_SCALE_SPREAD} octaves (default 0)")
-    i.add_argument("--zero-rows", type=_int, metavar="N", help="all-zero tokens in the call (default 0)")
+    i.add_argument("--zero-rows", type=_int, metavar="N", help="all-zero (padding) tokens in the call (default 1 when the call keeps an ordinary token beside it, else 0)")
     i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 0)")
     i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")
     i.add_argument("--tie-heavy", action="store_const", const=True, help="hidden states with many values on e4m3 rounding midpoints")
@@ -308,7 +308,9 @@ def config_from_args(args: argparse.Namespace) -> MoEConfig:
     if "expert_map" in fields:
         fields["expert_map"] = parse_expert_map(fields["expert_map"])
     try:
-        return MoEConfig(**fields)
+        config = MoEConfig(**fields)
+        # one padding token unless --zero-rows says otherwise (config.flag_zero_rows says why)
+        return config if "zero_rows" in fields else config.replace(zero_rows=config.flag_zero_rows)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -640,7 +642,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 device=device,
                 database=args.database,
                 time_limit=limit,
-                **({"special_rows": True} if args.special_rows else {}),
+                **({} if args.special_rows else {"special_rows": False}),
                 **({"features": True} if args.model_features else {}),
                 **({"tier": args.tier} if args.tier != "run" else {}),
                 **({"shrink": False} if args.no_shrink else {}),
@@ -920,7 +922,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--max-tokens", type=_positive_int, default=96, metavar="T", help="largest T drawn (default 96)")
     fz.add_argument("--max-experts", type=_positive_int, default=64, metavar="E", help="largest E drawn (default 64)")
     fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default all available)")
-    fz.add_argument("--special-rows", action="store_true", help="also draw all-zero, NaN and Inf token rows")
+    fz.add_argument("--special-rows", action=argparse.BooleanOptionalAction, default=True,
+                    help="draw all-zero (padding), NaN and Inf token rows (default: zero rows in about half the examples, NaN and Inf in an eighth each)")
     fz.add_argument("--model-features", action="store_true", help="also draw the SwiGLU limit, dropped slots (-1 ids) and shared experts")
     fz.add_argument("--device", help="torch device (default: the implementation's)")
     fz.add_argument("--time-limit", type=_time_limit, metavar="S",

@@ -132,7 +132,7 @@ class Rule:
         if self.mode == FP8_STEP:
             return f"<= 1 fp8 code step{floor}"
         if self.mode == DERIVED:
-            return "|diff| <= the derived per-element bound"
+            return "the derived per-element bound"
         return f"|diff| <= {self.atol:.3g} + {self.rtol:.3g} * |reference|"
 
 
@@ -309,15 +309,18 @@ def _unravel(position: int, shape: tuple[int, ...]) -> list[int]:
 
 
 def compare(name: str, reference: torch.Tensor, candidate: torch.Tensor, rule: Rule,
-            bound: torch.Tensor | None = None) -> Comparison:
-    """Judge `candidate` against `reference` under `rule` (a derived rule takes its per-element
-    `bound`, the reference's shape). Never raises on mismatched tensors: a shape, dtype or rule
-    problem comes back as ok=False with `problem` set."""
+            bound: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None) -> Comparison:
+    """Judge `candidate` against `reference` under `rule`. A derived rule takes its per-element
+    `bound`, the reference's shape: one tensor (|candidate - reference| <= bound) or a pair
+    (below, above): reference - below <= candidate <= reference + above (an interval that need
+    not be centred on the reference, as diffmoe.gemm_interval's). Never raises on mismatched
+    tensors: a shape, dtype or rule problem comes back as ok=False with `problem` set."""
     problem = _problem(reference, candidate, rule)
     if problem is None and (rule.mode == DERIVED) != (bound is not None):
         problem = "a derived rule needs its bound tensor, and only a derived rule takes one"
-    if problem is None and bound is not None and tuple(bound.shape) != tuple(reference.shape):
-        problem = f"derived bound of shape {tuple(bound.shape)} for a reference of shape {tuple(reference.shape)}"
+    for part in (bound if isinstance(bound, tuple) else (bound,)):
+        if problem is None and part is not None and tuple(part.shape) != tuple(reference.shape):
+            problem = f"derived bound of shape {tuple(part.shape)} for a reference of shape {tuple(reference.shape)}"
     total = reference.numel() if isinstance(reference, torch.Tensor) else 0
     if problem:
         return Comparison(name, False, rule, mismatches=0, total=total, max_ulp=0, max_abs=0.0, problem=problem)
@@ -349,10 +352,14 @@ def compare(name: str, reference: torch.Tensor, candidate: torch.Tensor, rule: R
         fail = nonfinite_bad | ((distance > rule.max_ulp) & (abs_diff > rule.atol))
     else:
         if rule.mode == TOLERANCE:
-            bound = rule.atol + rule.rtol * ref_values.abs()
+            within = abs_diff <= rule.atol + rule.rtol * ref_values.abs()
+        elif isinstance(bound, tuple):
+            below, above = (b.detach().to(device=ref_values.device, dtype=torch.float64) for b in bound)
+            diff = torch.where(finite, cand_values - ref_values, 0.0)
+            within = (diff <= above) & (-diff <= below)
         else:
-            bound = bound.detach().to(device=ref_values.device, dtype=torch.float64)
-        fail = nonfinite_bad | (finite & ~(abs_diff <= bound))
+            within = abs_diff <= bound.detach().to(device=ref_values.device, dtype=torch.float64)
+        fail = nonfinite_bad | (finite & ~within)
 
     mismatches = int(fail.sum())
     return Comparison(

@@ -104,6 +104,17 @@ def problem_bytes(num_tokens: int, topk: int, hidden: int, inter: int, local_exp
     return 4 * (weights + activations)
 
 
+def flag_zero_rows(call_tokens: int, nan_rows: int = 0, inf_rows: int = 0) -> int:
+    """The all-zero (padding) tokens a config built from command-line flags holds unless
+    `--zero-rows` says otherwise: one, when the call keeps at least one ordinary token beside it
+    and its NaN and Inf rows, else none. Serving engines pad decode batches to a CUDA-graph size
+    with zero tokens and run the MoE on them every step, and a kernel that divides by a zero
+    token's amax (a scale without its floor: 0 / 0) passes every check without one. `MoEConfig`'s
+    own default stays 0: a config from Python or a JSON file says exactly what it holds; the
+    replay command (diffmoe.report.check_command) names --zero-rows wherever it differs from this."""
+    return 1 if call_tokens - nan_rows - inf_rows >= 2 else 0
+
+
 def check_int(name: str, value: Any, lo: int, hi: int, hi_text: str | None = None) -> int:
     """`value` as an int in [lo, hi]; TypeError/ValueError naming `name` and the range otherwise
     (the upper bound shown as `hi_text = hi` when it is derived from other fields)."""
@@ -145,7 +156,7 @@ def _bounded_int(text: str) -> int:
 
 
 # Fields beyond the problem's core description, named in summaries and commands only when set.
-_OPT_IN_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "zero_rows", "nan_rows", "inf_rows",
+OPT_IN_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "zero_rows", "nan_rows", "inf_rows",
                   "tie_heavy", "random_orders", "numerics", "swiglu_limit", "dropped_slots", "shared_experts")
 
 
@@ -449,13 +460,18 @@ class MoEConfig:
             raise ValueError(f"config is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
+    @property
+    def flag_zero_rows(self) -> int:
+        """The zero rows the command line gives this config's other fields by default (`flag_zero_rows`)."""
+        return flag_zero_rows(self.call_num_tokens, self.nan_rows, self.inf_rows)
+
     def opt_in_fields(self) -> list[tuple[str, Any]]:
         """(field, value) of every opt-in input and the schedule count that differs from its
         default, in declaration order (True for a switch that is on): what a summary or a
         replay command must add to the always-present fields."""
         defaults = MoEConfig.__dataclass_fields__
         return [
-            (name, getattr(self, name)) for name in _OPT_IN_FIELDS
+            (name, getattr(self, name)) for name in OPT_IN_FIELDS
             if getattr(self, name) != defaults[name].default
         ]
 

@@ -194,7 +194,7 @@ def fuzz(
     schedules: Sequence[Schedule | str] | None = None,
     device: str | None = None,
     time_limit: float | None = None,
-    special_rows: bool = False,
+    special_rows: bool = True,
     features: bool = False,
     tier: str = TIER_RUN,
     full_every: int = FULL_EVERY,
@@ -212,8 +212,8 @@ def fuzz(
     interpreter's cost grows with both). database: None (nothing stored), a directory, or an ExampleDatabase:
     failures are stored there and replayed first on the next run. A seeded run replays
     nothing by design (Hypothesis's @seed turns the database off), so seed and database
-    are exclusive. special_rows: also draw all-zero, NaN and Inf rows (the
-    `moe_configs(special_rows=True)` profile). features: also draw the MoE-model features
+    are exclusive. special_rows: draw all-zero, NaN and Inf rows at the default shares
+    (diffmoe.strategies; False: never). features: also draw the MoE-model features
     (swiglu_limit, dropped_slots, shared_experts; `moe_configs(features=True)`). oracles, schedules, device, time_limit: passed to `run_differential`
     unchanged (None: its defaults; time_limit None runs each example in this process).
     tier: "run" (default) judges most generated examples with the cheap oracle set and every

@@ -15,7 +15,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import MoEConfig
+from .config import OPT_IN_FIELDS, MoEConfig
 from .contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES
 
 
@@ -72,10 +72,15 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
     if c.expert_map is not None:
         parts.append("--expert-map=" + ",".join(str(v) for v in c.expert_map))
     parts.append(f"--seed {c.seed}")
-    # the opt-in inputs, only where set: a default config's command stays as it always was
-    for name, value in c.opt_in_fields():
-        flag = "--" + name.replace("_", "-")
-        parts.append(flag if value is True else f"{flag} {value}")
+    # the opt-in inputs, only where set; zero rows wherever they differ from the one padding token
+    # the command line assumes (config.flag_zero_rows), so the command rebuilds exactly this config
+    shown = {name: value for name, value in c.opt_in_fields() if name != "zero_rows"}
+    if c.zero_rows != c.flag_zero_rows:
+        shown["zero_rows"] = c.zero_rows
+    for name in OPT_IN_FIELDS:  # declaration order
+        if name in shown:
+            flag = "--" + name.replace("_", "-")
+            parts.append(flag if shown[name] is True else f"{flag} {shown[name]}")
     if implementation and implementation != DEFAULT_IMPLEMENTATION_NAME:
         if is_factory_spec(implementation):
             parts.append(f"--impl {shlex.quote(implementation)}")

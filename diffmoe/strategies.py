@@ -36,8 +36,16 @@ The opt-in inputs (drawn after the seed, so they shrink away first; each shrinks
 * router: random-k or softmax-topk (``ROUTERS`` order); renormalize drawn for softmax-topk.
 * expert_scale_spread: 0..MAX_EXPERT_SCALE_SPREAD octaves of per-expert weight scale.
 * tie_heavy: False/True.
-* zero_rows, nan_rows, inf_rows: only with `special_rows=True`, each 0..MAX_SPECIAL_ROWS,
-  cut to what the call's T holds (zero rows first, then NaN, then Inf).
+* zero_rows, nan_rows, inf_rows (on by default; `special_rows=False` never draws them): 1 or 2
+  zero rows in about half the draws, one NaN and one Inf row in about an eighth each, cut to
+  the call's T (zero rows first; a one-token call may be padding alone). Why by
+  default: serving engines pad a decode batch to the next CUDA-graph size with all-zero tokens
+  and run the MoE on them every step (vLLM's capture sizes are 1, 2, 4 and multiples of 8, so
+  most batch sizes are padded); a NaN or Inf token is what an upstream overflow sends. The bug
+  zoo's scale-floor-dropped, nan-squashed-on-input and reduce-skips-non-finite-sums mutants are
+  invisible without these rows (tests/test_bug_zoo.py, their `unseen_without` configs pass);
+  with them drawn by default, the default fuzz finds each from a cold start with no flag
+  (tests/test_bug_zoo_fuzzed.py). `special_rows=False` is `diffmoe fuzz --no-special-rows`.
 
 numerics is never drawn (always None): the rounding profile is the implementation's to declare
 (diffmoe.contract.NUMERICS), and the fuzzer resolves it as run_differential does.
@@ -95,6 +103,14 @@ MAX_DRAWN_SEED = 2**32 - 1
 # Special rows of each kind per draw: one shows a kind's propagation, two show that it stays
 # in its own token; more only costs time.
 MAX_SPECIAL_ROWS = 2
+# Zero (padding) rows in about half the draws (a coin), one or two of them: an engine's padded
+# decode batches are the common case, not an edge, and a call of padding alone is real too (an
+# idle data-parallel rank runs the MoE on a dummy batch to keep its collectives in step). NaN
+# and Inf rows in about an eighth of the draws each (three coins), one row: a non-finite token
+# makes its own output rows non-finite by definition (a per-tensor scale's whole output), so
+# each such draw judges less of the rest of the problem. Off shrinks to none.
+ZERO_ROW_COUNTS = (1, MAX_SPECIAL_ROWS)
+NON_FINITE_COINS = 3
 # SwiGLU limits drawn: gpt-oss's 7.0 (above almost every generated gate-up value, so the clamp
 # path runs on unchanged values), 1.0 and 0.25 (the clamp changes a third and most of them).
 SWIGLU_LIMITS = (7.0, 1.0, 0.25)
@@ -222,7 +238,7 @@ def moe_configs(
     token_budget: int = TOKEN_BUDGET,
     weight_budget: int = WEIGHT_BUDGET,
     inputs: bool = True,
-    special_rows: bool = False,
+    special_rows: bool = True,
     features: bool = False,
 ) -> SearchStrategy[MoEConfig]:
     """Valid MoEConfigs within the module's documented domains.
@@ -231,7 +247,7 @@ def moe_configs(
     schemes (kept in QUANT_ORDER). fused: None draws it for FP8 schemes; True/False pins it.
     expert_map: False never draws a map. The budgets bound T*K*max(H, I) and E*2I*H.
     inputs: False never draws the opt-in inputs (call_tokens, router, spread, tie_heavy).
-    special_rows: True also draws all-zero, NaN and Inf rows.
+    special_rows: True (default) draws all-zero, NaN and Inf rows at the module's shares; False never.
     features: True also draws the MoE-model features (swiglu_limit, dropped_slots, shared_experts).
     """
     if planner is not None and planner not in PLANNERS:
@@ -322,12 +338,16 @@ def _input_fields(num_tokens: int) -> SearchStrategy[dict]:
 
 
 def _special_row_fields(call_tokens: int) -> SearchStrategy[dict]:
-    """zero_rows, nan_rows, inf_rows, each 0..MAX_SPECIAL_ROWS, cut to the call's tokens."""
-    counts = st.tuples(*(st.integers(0, MAX_SPECIAL_ROWS) for _ in range(3)))
+    """zero_rows, nan_rows, inf_rows at the shares above, cut to the call's tokens (zero rows
+    first, then NaN, then Inf). Coins, not a sampled count: Hypothesis draws a coin fairly, where
+    its integer draws lean to the small end."""
+    rare = st.tuples(*(st.booleans() for _ in range(NON_FINITE_COINS))).map(all)
+    counts = st.tuples(st.booleans(), st.sampled_from(ZERO_ROW_COUNTS), rare, rare)
 
-    def to_fields(c: tuple[int, int, int]) -> dict:
+    def to_fields(c: tuple[bool, int, bool, bool]) -> dict:
+        zero_on, zeros, nan_on, inf_on = c
         left, fields = call_tokens, {}
-        for name, wanted in zip(("zero_rows", "nan_rows", "inf_rows"), c):
+        for name, wanted in (("zero_rows", zeros if zero_on else 0), ("nan_rows", int(nan_on)), ("inf_rows", int(inf_on))):
             fields[name] = min(wanted, left)
             left -= fields[name]
         return fields

@@ -49,7 +49,6 @@ Owns the reference's stages. Must not import Triton, the optimized path or the h
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from diffmoe.config import QUANT_BLOCK, MoEConfig
 from diffmoe.contract import RunResult
@@ -86,17 +85,19 @@ def quantize_activation(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torc
     return codes, scale
 
 
-def dequantize_activation(codes: torch.Tensor, scale: torch.Tensor, quant: str) -> torch.Tensor:
-    """float32 values of [R, C] codes."""
+def dequantize_activation(codes: torch.Tensor, scale: torch.Tensor, quant: str,
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """float32 (or `dtype`) values of [R, C] codes."""
     if quant == "fp8-block":
         scale = scale.repeat_interleave(QUANT_BLOCK, dim=1)  # [R, C]
-    return codes.float() * scale  # [R, C] fp32
+    return codes.to(dtype) * scale.to(dtype)  # [R, C]
 
 
-def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str) -> torch.Tensor:
-    """float32 values of [L, N, Kd] weights (bf16 weights are upcast)."""
+def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """float32 (or `dtype`) values of [L, N, Kd] weights (bf16 weights are upcast)."""
     if quant == "bf16":
-        return w.float()  # [L, N, Kd]
+        return w.to(dtype)  # [L, N, Kd]
     if quant == "fp8-tensor":
         scale = scale[:, None, None]  # [L, 1, 1]
     elif quant == "fp8-token":
@@ -104,7 +105,7 @@ def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str) -
     else:
         n, kd = w.shape[1:]
         scale = scale.repeat_interleave(QUANT_BLOCK, 1).repeat_interleave(QUANT_BLOCK, 2)[:, :n, :kd]  # [L, N, Kd]
-    return w.float() * scale  # [L, N, Kd] fp32
+    return w.to(dtype) * scale.to(dtype)  # [L, N, Kd]
 
 
 def expert_gemm(a: torch.Tensor, local_ids: torch.Tensor, w: torch.Tensor,
@@ -148,7 +149,11 @@ def silu_and_mul(gate_up: torch.Tensor, limit: float | None = None) -> torch.Ten
     gate, up = gate_up[:, :i].float(), gate_up[:, i:].float()  # [R, I] fp32 each
     if limit is not None:
         gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)  # [R, I]; NaN stays NaN
-    return (F.silu(gate) * up).to(torch.bfloat16)  # [R, I] bf16
+    # silu as its definition, x / (1 + exp(-x)): F.silu is another function (a faster exp inside;
+    # 43,917 of 2^20 float32 results differ), and this one is what the kernels compute, so on the
+    # interpreter (whose exp is torch's, diffmoe.interpreter_fixes) the fused stage is bitwise
+    silu = gate / (1.0 + torch.exp(-gate))  # [R, I] fp32
+    return (silu * up).to(torch.bfloat16)  # [R, I] bf16
 
 
 # ---- the profile's choice at each rounding point (reference/numerics.py: the vllm profile) --------
@@ -251,6 +256,52 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
             acc = acc + per_token[:, j].float()  # summed in k order, as the reduce kernel does
         return {b.OUTPUT: acc.to(torch.bfloat16)}  # [T, H] bf16
     raise ValueError(f"stage must be one of {[s.name for s in pipeline_stages(cfg)]}, got {stage!r}")
+
+
+def gemm_exact(stage: str, inputs: dict[str, torch.Tensor], problem: Problem) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A GEMM stage (gate_up_gemm or down_gemm) on given inputs, in float64: the value of each
+    output's dot product [R, N] (the router weight applied where the profile applies it in the
+    GEMM), the sum of its terms' magnitudes [R, N], and the contraction length (H or I). Every
+    term is exact in float64 up to one rounding (an e4m3 code times a float32 scale is exact; the
+    product of two such values keeps 56 bits). The derived GEMM rule (diffmoe.gemm_interval)
+    bounds any float32 evaluation of the dot by these."""
+    cfg = problem.config
+    b = Buffers
+    k = problem.topk_ids.shape[1]
+    given = {**problem.inputs(), **inputs}
+    weights = None
+    if stage == Stages.GATE_UP_GEMM:
+        if cfg.is_fp8:
+            a_scale = given[b.QUANTED_GATE_UP_INPUT_SCALES]
+            if cfg.quant != "fp8-tensor":
+                a_scale = a_scale.repeat_interleave(k, dim=0)  # one row of scales per routed row
+            a = dequantize_activation(given[b.QUANTED_GATE_UP_INPUT].repeat_interleave(k, dim=0), a_scale, cfg.quant, torch.float64)
+        else:
+            x = given[b.HIDDEN_STATES]
+            if cfg.router_weight == "input":
+                x = _weighted_input(x, given[b.TOPK_WEIGHTS], cfg)  # the profile's bf16 rounding point
+            a = x.repeat_interleave(k, dim=0).double()  # [TK, H]
+        w = dequantize_weight(problem.w1, problem.w1_scale, cfg.quant, torch.float64)
+    elif stage == Stages.DOWN_GEMM:
+        if cfg.is_fp8:
+            a = dequantize_activation(given[b.QUANTED_DOWN_INPUT], given[b.QUANTED_DOWN_INPUT_SCALES], cfg.quant, torch.float64)
+        else:
+            a = given[b.ACTIVATION_OUTPUT].double()  # [TK, I]
+        w = dequantize_weight(problem.w2, problem.w2_scale, cfg.quant, torch.float64)
+        if cfg.router_weight == "down" and not _weighs_in_reduce(cfg):
+            weights = given[b.TOPK_WEIGHTS].reshape(-1, 1).double()  # [TK, 1]
+    else:
+        raise ValueError(f"stage must be {Stages.GATE_UP_GEMM!r} or {Stages.DOWN_GEMM!r}, got {stage!r}")
+    ids = local_expert_ids(problem)
+    exact = torch.zeros(a.shape[0], w.shape[1], dtype=torch.float64, device=a.device)  # [R, N]
+    magnitude = torch.zeros_like(exact)
+    for e in range(w.shape[0]):
+        rows = (ids == e).nonzero().flatten()
+        exact[rows] = a[rows] @ w[e].T
+        magnitude[rows] = a[rows].abs() @ w[e].abs().T
+    if weights is not None:
+        exact, magnitude = exact * weights, magnitude * weights.abs()
+    return exact, magnitude, a.shape[1]
 
 
 def _gate_up_product(given: dict[str, torch.Tensor], problem: Problem) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Every bug-zoo mutant is found by the default fuzz (the execution tier, cheap oracle set and
 every FULL_EVERY-th example full) from a cold start: no database, a fixed seed, nothing about
-the mutant told to the fuzzer but the flags a user would pass for its input class (the
-planner for the legacy planner, --special-rows for the NaN and zero-row mutants). A finding
+the mutant told to the fuzzer but the flag a user would pass for its input class (the
+planner for the legacy planner; the NaN and zero-row mutants need none: the default draws hold
+those rows). A finding
 counts when the implementation the mutant was broken from passes the config reported.
 
 Shrinking is off (`shrink=False`): finding is what the tiers could lose; the shrinker's own
@@ -44,9 +45,8 @@ def _cases():
 def test_the_default_fuzz_finds_the_mutant_from_a_cold_start(name):
     mutant = MUTANTS[name]
     mutant.fetch_peer()
-    special = bool(mutant.config.nan_rows or mutant.config.zero_rows or mutant.config.inf_rows)
     outcome = fuzz(seed=0, planner=mutant.config.planner, implementation=mutant.factory,
-                   implementation_name=mutant.impl, special_rows=special, shrink=False, max_examples=MAX_EXAMPLES, max_tokens=32, max_experts=8)
+                   implementation_name=mutant.impl, shrink=False, max_examples=MAX_EXAMPLES, max_tokens=32, max_experts=8)
     assert outcome.report is not None, f"{name}: no failure in {outcome.examples} examples"
     # Any oracle may be the one: on a drawn config a mutant may first crash (a view carved past
     # ws1, fp8 scales read on a bf16 config) or show to another oracle than on its minimal config.

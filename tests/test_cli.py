@@ -82,9 +82,35 @@ def test_check_with_findings_exits_1_and_shows_replay(fake_runner, capsys):
     assert check_command(MINIMAL_FUSED_CONFIG.replace(planner="legacy")) in out
 
 
-def test_check_defaults_are_moeconfig_defaults(fake_runner, capsys):
+def test_check_defaults_are_moeconfig_defaults_with_one_padding_token(fake_runner, capsys):
     assert run_cli(capsys, "check")[0] == 0
-    assert fake_runner.calls[0]["config"] == MoEConfig()
+    assert fake_runner.calls[0]["config"] == MoEConfig(zero_rows=1)
+
+
+@pytest.mark.parametrize("argv,zero_rows", [
+    (["--zero-rows", "0"], 0),  # asked for none
+    (["--zero-rows", "3"], 3),
+    (["--tokens", "1"], 0),  # a one-token call keeps its token ordinary
+    (["--tokens", "8", "--call-tokens", "1"], 0),
+    (["--tokens", "2"], 1),
+    (["--tokens", "3", "--nan-rows", "1", "--inf-rows", "1"], 0),  # no ordinary token would be left
+    (["--tokens", "4", "--nan-rows", "1", "--inf-rows", "1"], 1),
+])
+def test_the_padding_token_is_a_default_the_flags_and_replays_control(fake_runner, capsys, argv, zero_rows):
+    assert run_cli(capsys, "check", *argv)[0] == 0
+    config = fake_runner.calls[0]["config"]
+    assert config.zero_rows == zero_rows
+    # the replay rebuilds exactly this config, and names --zero-rows only where it is not the default
+    run_cli(capsys, "check", *check_command(config).split()[2:])
+    assert fake_runner.calls[1]["config"] == config
+    assert ("--zero-rows" in check_command(config)) == ("--zero-rows" in argv and zero_rows != config.flag_zero_rows)
+
+
+def test_a_config_file_holds_exactly_what_it_says(fake_runner, capsys, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(MoEConfig().to_json())
+    assert run_cli(capsys, "check", "--config", str(path))[0] == 0
+    assert fake_runner.calls[0]["config"] == MoEConfig()  # no padding token added to a file's config
 
 
 def test_check_json_is_one_object(fake_runner, capsys):
@@ -119,10 +145,10 @@ def test_every_replay_command_parses_back(fake_runner, capsys):
 
 def test_replay_commands_carry_the_opt_in_inputs(fake_runner, capsys):
     config = MoEConfig(num_tokens=9, num_experts=5, topk=2, hidden=128, inter=128, call_tokens=4, router="softmax-topk",
-                       renormalize=True, expert_scale_spread=3, zero_rows=1, nan_rows=1, inf_rows=1, tie_heavy=True,
+                       renormalize=True, expert_scale_spread=3, zero_rows=2, nan_rows=1, inf_rows=1, tie_heavy=True,
                        random_orders=4, seed=3)
     command = check_command(config)
-    for flag in ("--call-tokens 4", "--router softmax-topk --renormalize", "--expert-scale-spread 3", "--zero-rows 1",
+    for flag in ("--call-tokens 4", "--router softmax-topk --renormalize", "--expert-scale-spread 3", "--zero-rows 2",
                  "--nan-rows 1", "--inf-rows 1", "--tie-heavy", "--random-orders 4"):
         assert flag in command
     run_cli(capsys, "check", *command.split()[2:])

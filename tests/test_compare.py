@@ -317,18 +317,18 @@ def test_unknown_mode_or_scheme():
 @pytest.mark.parametrize("quant", [q for q in QUANT_SCHEMES if q != "bf16"])
 def test_table_semantics(quant):
     b = Buffers
-    # forced: quantisation is exact, except after silu in the fused kernel
+    # forced: quantisation is exact, after silu in the fused kernel too on the interpreter (one exp);
+    # on CUDA, whose exp is another function, the fused codes may move one step
     for buffer in (b.QUANTED_GATE_UP_INPUT, b.QUANTED_GATE_UP_INPUT_SCALES, b.QUANTED_DOWN_INPUT, b.QUANTED_DOWN_INPUT_SCALES):
         assert rule_for(quant, buffer, FORCED).mode == "bitwise"
-    assert rule_for(quant, b.QUANTED_DOWN_INPUT, FORCED, fused=True).mode == "fp8-step"
-    assert rule_for(quant, b.QUANTED_DOWN_INPUT_SCALES, FORCED, fused=True).mode != "bitwise"
-    assert rule_for(quant, b.QUANTED_GATE_UP_INPUT, FORCED, fused=True).mode == "bitwise"
+        assert rule_for(quant, buffer, FORCED, fused=True).mode == "bitwise"
+    assert rule_for(quant, b.QUANTED_DOWN_INPUT, FORCED, fused=True, backend="cuda").mode == "fp8-step"
+    assert rule_for(quant, b.QUANTED_DOWN_INPUT_SCALES, FORCED, fused=True, backend="cuda").mode != "bitwise"
     assert rule_for(quant, b.OUTPUT, FORCED).mode == "bitwise"
     activation = rule_for(quant, b.ACTIVATION_OUTPUT, FORCED)
     assert (activation.mode, activation.max_ulp, activation.atol) == ("ulp", 1, 0.0)
-    for gemm in (b.GATE_UP_OUTPUT, b.DOWN_OUTPUT):
-        rule = rule_for(quant, gemm, FORCED)
-        assert rule.mode == "ulp" and rule.max_ulp >= 1 and rule.atol > 0
+    for gemm in (b.GATE_UP_OUTPUT, b.DOWN_OUTPUT):  # the interval derived from the stage's inputs
+        assert rule_for(quant, gemm, FORCED).mode == "derived"
     # end to end: the first quantisation is still exact, everything later may move
     assert rule_for(quant, b.QUANTED_GATE_UP_INPUT, END_TO_END).mode == "bitwise"
     assert rule_for(quant, b.GATE_UP_OUTPUT, END_TO_END).mode == "ulp"
@@ -346,8 +346,8 @@ def test_fused_flag_only_changes_the_act_quant_outputs():
             assert row.forced_fused is None, (quant, buffer)
 
 
-def test_forced_gate_up_rule_catches_a_wrong_row_and_passes_rounding_noise():
-    rule = rule_for("fp8-token", Buffers.GATE_UP_OUTPUT, FORCED)
+def test_forced_gate_up_ulp_rule_catches_a_wrong_row_and_passes_rounding_noise():
+    rule = rule_for("bf16", Buffers.GATE_UP_OUTPUT, FORCED, backend="cuda")  # the interpreter's is derived
     ref = _values(torch.bfloat16, 256).reshape(8, 32)
     assert compare("gate_up_output", ref, _bump_bits(ref, (slice(None), slice(None, None, 3))), rule).ok
     wrong = ref.clone()

@@ -428,10 +428,15 @@ def test_a_division_defect_is_trusted_only_where_the_kernels_division_verifies(v
     assert row.workaround_applied and row.trusted is trusted, row
 
 
-def test_the_exp_probe_enforces_its_bound(monkeypatch):
+def test_the_exp_probe_enforces_its_bound(monkeypatch, unfixed_interpreter):
     assert conformance.probe_exp(CPU, True).status == OK
-    monkeypatch.setattr(conformance, "EXP_MAX_ULP", 0)  # numpy's exp is 1-2 ulp from torch's
+    monkeypatch.setattr(conformance, "EXP_MAX_ULP", 0)  # the unfixed interpreter's exp is numpy's: 1-2 ulp from torch's
     assert conformance.probe_exp(CPU, True).status == DEFECT
+
+
+def test_the_fixed_interpreters_exp_is_torchs(monkeypatch):
+    monkeypatch.setattr(conformance, "EXP_MAX_ULP", 0)
+    assert conformance.probe_exp(CPU, True).status == OK
 
 
 def test_the_dot_bound_is_tight_enough_to_catch_tf32():

@@ -83,7 +83,11 @@ def test_a_bug_only_the_full_set_sees_is_found_on_a_full_example(runner):
     # a stand-in for the schedule / poison / metamorphic classes: invisible to the cheap set
     fake = runner(fails=lambda config, oracles: oracles is None and config.num_tokens >= 3)
     outcome = fuzz(max_examples=100, seed=5)
-    assert not outcome.passed and outcome.report.config.num_tokens == 3
+    # shrunk to T = 3, or held at the row-block boundary T = 15: a T drawn from the boundary list
+    # is a local minimum for a failure needing T >= 3 (its plain-value choice has shrunk to 1, and
+    # no single choice moves to 3); measured over seeds 0..11: 3 in 7 of 12 fuzzes without the
+    # default zero/NaN/Inf rows, 3 in 3 of 12 with them, 15 otherwise
+    assert not outcome.passed and outcome.report.config.num_tokens in (3, 15)
     assert all(oracles is None for _, oracles, _ in fake.calls[-5:])
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..compare import Comparison, Rule, compare
+from ..gemm_interval import compare_stage, stage_bound
 from ..report import Finding, Oracles
 from ..tolerances import FORCED, rule_for
 from ..vocabulary import Buffers, Stages, pipeline_stages
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
 # per routed row and the output's own rounding.
 DERIVED_OUTPUT_REASON = (
     "the reference's down GEMM and reduce run on the candidate's own down-GEMM input give the exact effect of every "
-    "upstream difference (moved e4m3 codes, silu ulps); plus the down GEMM's per-stage rule (ulps and floor) per "
-    "routed row and 1 ulp for the output's rounding"
+    "upstream difference (moved e4m3 codes, silu ulps); plus the down GEMM's per-stage rule (its derived interval, or "
+    "its ulps and floor) per routed row and 1 ulp for the output's rounding"
 )
 
 
@@ -43,9 +44,9 @@ def derived_output_bound(check: Check, run: Run) -> tuple[torch.Tensor, dict] | 
     code) reaches the output only through the down GEMM's input, so the reference's down GEMM
     and reduce are run on the candidate's down-GEMM input: |that output - the reference's|
     is exactly the effect of those differences. On top: what the down GEMM's per-stage rule
-    allows (on the interpreter 2 bf16 ulp + 2^-10 per routed row, summed over K; the reduce's is
-    bitwise) and the output's own bf16 rounding (1 ulp). None when the candidate did not
-    report the buffers."""
+    allows (on the interpreter the width of its derived interval, diffmoe.gemm_interval; on
+    CUDA its ulps and floor; per routed row, summed over K; the reduce's is bitwise) and the
+    output's own bf16 rounding (1 ulp). None when the candidate did not report the buffers."""
     cfg = check.config
     down_in = ((Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES) if cfg.is_fp8
                else (Buffers.ACTIVATION_OUTPUT,))
@@ -62,7 +63,13 @@ def derived_output_bound(check: Check, run: Run) -> tuple[torch.Tensor, dict] | 
     via_v = via[Buffers.OUTPUT].double()  # [T, H]
     effect = (via_v - check.reference.output.double()).abs()  # [T, H] what the candidate's inputs change
     down_rule = rule_for(cfg.quant, Buffers.DOWN_OUTPUT, FORCED, backend=check.tolerance_backend)
-    slack = (down_rule.max_ulp * bf16_ulp(down_v) + down_rule.atol).sum(dim=1) + bf16_ulp(via_v)  # [T, H]
+    interval = stage_bound(down_rule, Buffers.DOWN_OUTPUT, down[Buffers.DOWN_OUTPUT], {n: run.buffers[n] for n in down_in},
+                           check.problem)
+    if interval is None:  # an ulp rule: its ulps and floor per routed row
+        per_row = down_rule.max_ulp * bf16_ulp(down_v) + down_rule.atol  # [T, K, H]
+    else:  # the derived interval: its whole width per routed row
+        per_row = (interval[0] + interval[1]).double().view(t, k, h)
+    slack = per_row.sum(dim=1) + bf16_ulp(via_v)  # [T, H]
     bound = torch.nan_to_num(effect + slack, nan=math.inf)  # a NaN input is judged per stage, not here
     figures: dict[str, Any] = {"max_effect_of_inputs": float(torch.nan_to_num(effect, nan=0.0).max()) if effect.numel() else 0.0}
     if cfg.is_fp8 and Buffers.QUANTED_DOWN_INPUT in check.reference.intermediates:
@@ -108,7 +115,8 @@ class Differential(Oracle):
                 if isinstance(want, str):
                     c = Comparison(name, False, rule, 0, run.buffers[name].numel(), 0, 0.0, problem=want)
                 else:
-                    c = compare(name, want[name], run.buffers[name], rule)
+                    fed = {n: run.buffers[n] for n in stage.reads if n in run.buffers}
+                    c = compare_stage(name, want[name], run.buffers[name], rule, fed, check.problem)
                 if not c.ok:
                     failed.append((stage.name, c))
         extra: dict[str, Any] = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..compare import compare
+from ..gemm_interval import compare_stage
 from ..report import Finding, Oracles
 from ..tolerances import FORCED, rule_for
 from ..vocabulary import Stages, pipeline_stages
@@ -67,7 +67,7 @@ class TeacherForcing(Oracle):
                     continue
                 rule = rule_for(check.config.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT,
                                 backend=check.tolerance_backend)
-                c = compare(name, ref[name], outputs[name], rule)
+                c = compare_stage(name, ref[name], outputs[name], rule, {n: ref[n] for n in stage.reads if n in ref}, check.problem)
                 if not c.ok:
                     found.append(Finding(
                         oracle=Oracles.TEACHER_FORCING, stage=stage.name, buffers=[name],
