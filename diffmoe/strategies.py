@@ -339,8 +339,9 @@ def _input_fields(num_tokens: int) -> SearchStrategy[dict]:
 
 def _special_row_fields(call_tokens: int) -> SearchStrategy[dict]:
     """zero_rows, nan_rows, inf_rows at the shares above, cut to the call's tokens (zero rows
-    first, then NaN, then Inf). Coins, not a sampled count: Hypothesis draws a coin fairly, where
-    its integer draws lean to the small end."""
+    first, then NaN, then Inf). Coins, not one sampled count: drawn from (0, 0, 1, 2) with
+    sampled_from, zero rows came in 7 of 31 of the default fuzz's first configs with room for
+    them (seed 0), not the half meant; Hypothesis leans to a choice's first option."""
     rare = st.tuples(*(st.booleans() for _ in range(NON_FINITE_COINS))).map(all)
     counts = st.tuples(st.booleans(), st.sampled_from(ZERO_ROW_COUNTS), rare, rare)
 

@@ -246,8 +246,9 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         return {b.DOWN_OUTPUT: down.to(torch.bfloat16)}  # [TK, H] bf16
     if stage == Stages.REDUCE:
         per_token = given[b.DOWN_OUTPUT].view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous at T = 0
-        if _vllm(cfg) and k in vllm.BF16_SUM_TOPK:
-            return {b.OUTPUT: vllm.moe_sum(per_token)}  # [T, H] bf16
+        if _vllm(cfg):
+            summed = vllm.moe_sum(per_token) if k in vllm.BF16_SUM_TOPK else vllm.sum_from_zero(per_token)
+            return {b.OUTPUT: summed}  # [T, H] bf16
         if _weighs_in_reduce(cfg):
             profile = liger if _liger(cfg) else lmdeploy
             return {b.OUTPUT: profile.weighted_sum(per_token, given[b.TOPK_WEIGHTS].view(t, k))}  # [T, H] bf16
