@@ -66,15 +66,6 @@ def _outward_float32(x: torch.Tensor, toward: float) -> torch.Tensor:
     return torch.where(beyond, torch.nextafter(y, torch.full_like(y, toward)), y)
 
 
-def bf16_interval(exact: torch.Tensor, magnitude: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lo, hi) float64: the smallest and largest bf16 value a float32 evaluation of the dot can
-    round to. NaN where v or m is not finite."""
-    b = float32_error_bound(exact, magnitude, n)
-    lo = _outward_float32(exact - b, -math.inf).to(torch.bfloat16).double()
-    hi = _outward_float32(exact + b, math.inf).to(torch.bfloat16).double()
-    return lo, hi
-
-
 def interval_bound(reference: torch.Tensor, stage: str, inputs: dict[str, torch.Tensor],
                    problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
     """(below, above): how far under and over the reference's bf16 output [R, N] a candidate's
@@ -83,14 +74,50 @@ def interval_bound(reference: torch.Tensor, stage: str, inputs: dict[str, torch.
     from reference.moe import gemm_exact
 
     exact, magnitude, n = gemm_exact(stage, inputs, problem)
-    lo, hi = bf16_interval(exact, magnitude, n)
-    ref = reference.double().reshape(exact.shape)
-    below, above = ref - lo, hi - ref
-    finite = torch.isfinite(exact) & torch.isfinite(magnitude) & torch.isfinite(lo) & torch.isfinite(hi)
+    return _relative_to(reference, exact, float32_error_bound(exact, magnitude, n))
+
+
+# silu'(x) = s(x) (1 + x (1 - s(x))) lies in [-0.0999, 1.0999]: its largest |slope|
+SILU_MAX_SLOPE = 1.1
+# float32 roundings in evaluating gate * sigmoid(gate) * up: exp, add, division, two products
+ACTIVATION_ROUNDINGS = 8
+
+ACTIVATION_INTERVAL_REASON = (
+    "the activation is computed from the float32 gate/up product, which the stage does not store: gate and up each "
+    "lie within the GEMM's float32 error bound of their exact values (as the GEMM rows), silu's slope is at most 1.1, "
+    "plus 8 float32 roundings of the formula; round-to-nearest-even to bf16 is monotone"
+)
+
+
+def _relative_to(reference: torch.Tensor, value: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(below, above) of the bf16 interval [RNE(value - b), RNE(value + b)] around the reference;
+    +inf where it is not finite."""
+    lo = _outward_float32(value - b, -math.inf).to(torch.bfloat16).double()
+    hi = _outward_float32(value + b, math.inf).to(torch.bfloat16).double()
+    ref = reference.double().reshape(value.shape)
+    finite = torch.isfinite(value) & torch.isfinite(b) & torch.isfinite(lo) & torch.isfinite(hi)
     inf = torch.full_like(ref, math.inf)
-    below = torch.where(finite, below.clamp_min(0.0), inf).reshape(reference.shape)
-    above = torch.where(finite, above.clamp_min(0.0), inf).reshape(reference.shape)
+    below = torch.where(finite, (ref - lo).clamp_min(0.0), inf).reshape(reference.shape)
+    above = torch.where(finite, (hi - ref).clamp_min(0.0), inf).reshape(reference.shape)
     return below, above
+
+
+def activation_interval_bound(reference: torch.Tensor, inputs: dict[str, torch.Tensor],
+                              problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """(below, above) for an activation computed from the unrounded float32 gate/up product (the
+    liger profile: reference.numerics_liger.swiglu_of_product): the product's GEMM error carried
+    through silu(gate) * up."""
+    from reference.moe import gemm_exact
+
+    exact, magnitude, n = gemm_exact(Stages.GATE_UP_GEMM, inputs, problem)
+    b = float32_error_bound(exact, magnitude, n)
+    i = exact.shape[1] // 2
+    gate, up, b_gate, b_up = exact[:, :i], exact[:, i:], b[:, :i], b[:, i:]
+    silu = gate * torch.sigmoid(gate)
+    value = silu * up
+    moved = SILU_MAX_SLOPE * b_gate * (up.abs() + b_up) + silu.abs() * b_up
+    bound = moved + ACTIVATION_ROUNDINGS * FLOAT32_UNIT_ROUNDOFF * (value.abs() + moved) + SMALLEST_FLOAT32
+    return _relative_to(reference, value, bound)
 
 
 def stage_bound(rule: Rule, buffer: str, reference: torch.Tensor, inputs: dict[str, torch.Tensor],
@@ -99,8 +126,10 @@ def stage_bound(rule: Rule, buffer: str, reference: torch.Tensor, inputs: dict[s
     derived (every other rule is judged on its own)."""
     if rule.mode != DERIVED:
         return None
+    if buffer == Buffers.ACTIVATION_OUTPUT:
+        return activation_interval_bound(reference, inputs, problem)
     if buffer not in GEMM_STAGES:
-        raise ValueError(f"a derived stage rule exists for the GEMM buffers {sorted(GEMM_STAGES)}, not {buffer!r}")
+        raise ValueError(f"a derived stage rule exists for {sorted([*GEMM_STAGES, Buffers.ACTIVATION_OUTPUT])}, not {buffer!r}")
     return interval_bound(reference, GEMM_STAGES[buffer], inputs, problem)
 
 

@@ -111,7 +111,7 @@ class Differential(Oracle):
             want = check.reference_stage(stage.name, {n: run.buffers[n] for n in stage.reads if n in run.buffers})
             for name in written:
                 rule = rule_for(check.config.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT,
-                                backend=check.tolerance_backend)
+                                backend=check.tolerance_backend, numerics=check.config.numerics_profile)
                 if isinstance(want, str):
                     c = Comparison(name, False, rule, 0, run.buffers[name].numel(), 0, 0.0, problem=want)
                 else:

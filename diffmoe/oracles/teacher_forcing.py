@@ -66,7 +66,7 @@ class TeacherForcing(Oracle):
                 if name not in outputs or name not in ref:
                     continue
                 rule = rule_for(check.config.quant, name, FORCED, fused=stage.name == Stages.ACT_QUANT,
-                                backend=check.tolerance_backend)
+                                backend=check.tolerance_backend, numerics=check.config.numerics_profile)
                 c = compare_stage(name, ref[name], outputs[name], rule, {n: ref[n] for n in stage.reads if n in ref}, check.problem)
                 if not c.ok:
                     found.append(Finding(
