@@ -17,8 +17,12 @@ the reference's; one extra bf16 rounding of a partial sum inside the K loop move
 by up to 2^-9 of itself and lands outside it, where 2 ulp let it pass. A non-finite v or m (a NaN
 or Inf input) leaves the element to the comparison's own non-finite rule.
 
-Owns the interval. Must not choose where it applies: the tolerance table does (a DERIVED rule on
-a GEMM buffer), and the oracles judge a stage with `compare_stage`.
+The same error reaches an activation computed from the unstored float32 product (the liger
+profile's SwiGLU of the accumulators): `activation_interval_bound` carries it through
+silu(gate) * up (silu's slope is at most 1.1) plus the formula's own float32 roundings.
+
+Owns the intervals. Must not choose where they apply: the tolerance table does (a DERIVED rule on
+a GEMM buffer, a profile's activation), and the oracles judge a stage with `compare_stage`.
 """
 
 from __future__ import annotations

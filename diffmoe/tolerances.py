@@ -178,12 +178,7 @@ _FP8_ROWS: dict[str, ToleranceRow] = {
 
 _BF16_ROWS: dict[str, ToleranceRow] = {
     _B.GATE_UP_OUTPUT: ToleranceRow(
-        end_to_end=Rule.ulp(
-            2,
-            atol=2**-10,
-            reason="bf16 inputs upcast exactly; float32 re-association over H (~sqrt(H)*2^-24) crosses at most one "
-            "or two bf16 rounding boundaries; 2^-10 floor for cancellation near zero",
-        ),
+        end_to_end=_GATE_UP_FORCED_ULP,
         forced=_GEMM_FORCED,
     ),
     _B.ACTIVATION_OUTPUT: _ACTIVATION_ROW,
