@@ -3,13 +3,14 @@
 * fixed planner: `fuzz(max_examples=N, seed=0, planner="fixed", tier=TIER)` with the CLI's
   defaults otherwise (T up to 96), once per execution tier: "run" (the cheap oracle set, every
   8th example full) and "full" (every oracle, every default schedule); N is --fuzz-examples
-  (default 5); the run tier once more with `special_rows=False`, the cost of the default
-  zero/NaN/Inf rows.
+  (default 5).
   Nothing is expected to fail, so every example is a full generate-phase run.
 * legacy planner: what `diffmoe fuzz --planner legacy --seed S --plan-examples 0 --workers 1`
   does (the execution tier alone, max 100 examples) for S in 0..4: the seconds and examples
   until the first failing config, then until shrinking ends, and the minimal config, all in
   extra_info (bench_plan_tier.py times the plan tier on the same seeds).
+* default inputs: the run tier over seeds 0..4, with and without the default zero/NaN/Inf
+  rows: what they cost (test_fuzz_default_inputs_cost).
 * workers: `fuzz_in_workers(workers=W, max_examples=N, seed=0)` (the run tier) for W = 1 and
   2: the speed-up of `--workers 2` is the ratio of the two examples/s (same N, same seed; the
   two workers draw different streams, so the configs differ: compare rates, not seconds).
@@ -57,18 +58,15 @@ def _outcome_info(outcome) -> dict:
     return info
 
 
-@pytest.mark.parametrize("tier, special_rows", [("run", True), ("full", True), ("run", False)],
-                         ids=["run", "full", "run-no-special-rows"])
-def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device, tier, special_rows):
-    """Examples/s of each execution tier (diffmoe/fuzz_tiers.py) on the same seed's draws; the run
-    tier also without the default zero/NaN/Inf rows (`--no-special-rows`), what they cost."""
+@pytest.mark.parametrize("tier", ["run", "full"])
+def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device, tier):
+    """Examples/s of each execution tier (diffmoe/fuzz_tiers.py) on the same seed's draws."""
     fuzz = _fuzz()
     examples = request.config.getoption("fuzz_examples")
     outcomes = []
 
     def session():
-        outcomes.append(fuzz(max_examples=examples, seed=SEED, planner="fixed", device=str(moe_device), tier=tier,
-                             special_rows=special_rows))
+        outcomes.append(fuzz(max_examples=examples, seed=SEED, planner="fixed", device=str(moe_device), tier=tier))
 
     measure(session, config=MINIMAL_FUSED_CONFIG, provider="diffmoe", group="fuzz", rounds=1, warmup=0)
     outcome = outcomes[-1]
@@ -76,10 +74,48 @@ def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device, 
     info["examples_per_s"] = round(outcome.examples / outcome.seconds, 4) if outcome.seconds else None
     info["planner"] = "fixed"
     info["tier"] = tier
-    info["special_rows"] = special_rows
     info["max_examples"] = examples
     benchmark.extra_info.update(info)
     benchmark.extra_info.pop("config")  # the drawn configs vary; the seed is the reproducer
+
+
+DEFAULT_INPUT_SEEDS = range(5)
+
+
+@pytest.mark.parametrize("special_rows", [True, False], ids=["default-inputs", "no-special-rows"])
+def test_fuzz_default_inputs_cost(warmed_up, measure, benchmark, request, moe_device, special_rows):
+    """What the default zero/NaN/Inf rows cost the fuzz: the run tier over seeds 0..4 (N examples
+    each, --fuzz-examples), with and without them (`--no-special-rows`). Several seeds, because one
+    seed's draws differ in size between the two (seed 0 draws 40% larger configs with them, measured
+    by campaign.cost_units), which a single seed's examples/s would report as the rows' cost.
+    extra_info: examples/s and cost units/s over all the seeds."""
+    from diffmoe.campaign import cost_units
+    from optimized import make_implementation
+
+    fuzz = _fuzz()
+    examples = request.config.getoption("fuzz_examples")
+    drawn: list = []
+    outcomes = []
+
+    def factory(config):
+        drawn.append(config)
+        return make_implementation(config)
+
+    def session():
+        for seed in DEFAULT_INPUT_SEEDS:
+            outcomes.append(fuzz(max_examples=examples, seed=seed, planner="fixed", device=str(moe_device),
+                                 special_rows=special_rows, implementation=factory, implementation_name="optimized"))
+
+    measure(session, config=MINIMAL_FUSED_CONFIG, provider="diffmoe", group="fuzz-default-inputs", rounds=1, warmup=0)
+    seconds = sum(o.seconds for o in outcomes)
+    total = sum(o.examples for o in outcomes)
+    benchmark.extra_info.update({
+        "special_rows": special_rows, "seeds": list(DEFAULT_INPUT_SEEDS), "max_examples": examples,
+        "examples": total, "examples_per_s": round(total / seconds, 4) if seconds else None,
+        "cost_units_per_s": round(sum(cost_units(c) for c in drawn) / seconds, 1) if seconds else None,
+        "found": [not o.passed for o in outcomes],
+    })
+    benchmark.extra_info.pop("config")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
