@@ -201,3 +201,28 @@ def test_cli_uses_the_shared_database_variable(cli_runner, capsys, monkeypatch, 
     assert f"database {database}" in out  # the summary names where the failure is stored
     # an explicit seed wins over the variable: reproducible, nothing replayed
     assert cli.main(["fuzz", "--workers", "1", "--seed", "0", "--max-examples", "3"]) == 0
+
+
+def test_interrupts_are_noted_not_raised_while_the_workers_messages_are_read():
+    """A signal while the parent reads a message must not cut it in half: the handlers that would
+    raise only note it (fuzz_workers._interrupts_noted); an ignored SIGINT stays ignored; the
+    handlers are back afterwards, and _collect hears a noted signal as the stop."""
+    from diffmoe import fuzz_workers
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with fuzz_workers._interrupts_noted() as noted:
+        os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt here without it
+        for _ in range(100):
+            if noted:
+                break
+            time.sleep(0.01)
+        assert noted == [signal.SIGINT]
+    assert {s: signal.getsignal(s) for s in before} == before
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with fuzz_workers._interrupts_noted():
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    # a signal noted before the loop's end is an interrupt: no worker left to wait for, still True
+    assert fuzz_workers._collect([], None, None, None, 0.0, False, [signal.SIGTERM]) is True
