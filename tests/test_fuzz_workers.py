@@ -209,15 +209,16 @@ def test_interrupts_are_noted_not_raised_while_the_workers_messages_are_read():
     handlers are back afterwards, and _collect hears a noted signal as the stop."""
     from diffmoe import fuzz_workers
 
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    with fuzz_workers._interrupts_noted() as noted:
-        os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt here without it
-        for _ in range(100):
-            if noted:
-                break
-            time.sleep(0.01)
-        assert noted == [signal.SIGINT]
-    assert {s: signal.getsignal(s) for s in before} == before
+    with sigint_as("terminal"):  # as a terminal's job has it (a background job starts with it ignored)
+        before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        with fuzz_workers._interrupts_noted() as noted:
+            os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt here without it
+            for _ in range(100):
+                if noted:
+                    break
+                time.sleep(0.01)
+            assert noted == [signal.SIGINT]
+        assert {s: signal.getsignal(s) for s in before} == before
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with fuzz_workers._interrupts_noted():
