@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..compare import Comparison, Rule, compare
-from ..gemm_interval import compare_stage, stage_bound
+from ..gemm_interval import stage_bound
 from ..report import Finding, Oracles
 from ..tolerances import FORCED, rule_for
 from ..vocabulary import Buffers, Stages, pipeline_stages
@@ -37,7 +37,8 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.pow(2.0, exponent - 7)
 
 
-def derived_output_bound(check: Check, run: Run) -> tuple[torch.Tensor, dict] | None:
+def derived_output_bound(check: Check, run: Run,
+                         down_interval: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict] | None:
     """The bound the end-to-end output is held to, per element, and the figures behind it.
 
     Every upstream difference a candidate may legitimately have (a silu ulp, a moved e4m3
@@ -46,7 +47,9 @@ def derived_output_bound(check: Check, run: Run) -> tuple[torch.Tensor, dict] | 
     is exactly the effect of those differences. On top: what the down GEMM's per-stage rule
     allows (on the interpreter the width of its derived interval, diffmoe.gemm_interval; on
     CUDA its ulps and floor; per routed row, summed over K; the reduce's is bitwise) and the
-    output's own bf16 rounding (1 ulp). None when the candidate did not report the buffers."""
+    output's own bf16 rounding (1 ulp). None when the candidate did not report the buffers.
+    `down_interval`: the down stage's derived interval on these same inputs when the caller has
+    judged that stage already (judge_run), so it is not computed twice."""
     cfg = check.config
     down_in = ((Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES) if cfg.is_fp8
                else (Buffers.ACTIVATION_OUTPUT,))
@@ -63,8 +66,8 @@ def derived_output_bound(check: Check, run: Run) -> tuple[torch.Tensor, dict] | 
     via_v = via[Buffers.OUTPUT].double()  # [T, H]
     effect = (via_v - check.reference.output.double()).abs()  # [T, H] what the candidate's inputs change
     down_rule = rule_for(cfg.quant, Buffers.DOWN_OUTPUT, FORCED, backend=check.tolerance_backend)
-    interval = stage_bound(down_rule, Buffers.DOWN_OUTPUT, down[Buffers.DOWN_OUTPUT], {n: run.buffers[n] for n in down_in},
-                           check.problem)
+    interval = down_interval if down_interval is not None else stage_bound(
+        down_rule, Buffers.DOWN_OUTPUT, down[Buffers.DOWN_OUTPUT], {n: run.buffers[n] for n in down_in}, check.problem)
     if interval is None:  # an ulp rule: its ulps and floor per routed row
         per_row = down_rule.max_ulp * bf16_ulp(down_v) + down_rule.atol  # [T, K, H]
     else:  # the derived interval: its whole width per routed row
@@ -77,6 +80,10 @@ def derived_output_bound(check: Check, run: Run) -> tuple[torch.Tensor, dict] | 
             check.reference.intermediates[Buffers.QUANTED_DOWN_INPUT].view(torch.uint8)
         figures["moved_down_input_codes"] = int(moved.sum())
     return bound, figures
+
+
+# the down GEMM's inputs derived_output_bound feeds the reference (the candidate's, by scheme)
+_DOWN_INPUTS = {Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES, Buffers.ACTIVATION_OUTPUT}
 
 
 class Differential(Oracle):
@@ -102,6 +109,7 @@ class Differential(Oracle):
         if not first:
             return []
         failed: list[tuple[str, Comparison]] = []
+        down_interval = None
         for stage in pipeline_stages(check.config):
             if not all(n in run.buffers or n in check.problem_inputs for n in stage.reads):
                 continue  # an input the candidate never reported: nothing to feed the reference
@@ -116,12 +124,15 @@ class Differential(Oracle):
                     c = Comparison(name, False, rule, 0, run.buffers[name].numel(), 0, 0.0, problem=want)
                 else:
                     fed = {n: run.buffers[n] for n in stage.reads if n in run.buffers}
-                    c = compare_stage(name, want[name], run.buffers[name], rule, fed, check.problem)
+                    bound = stage_bound(rule, name, want[name], fed, check.problem)
+                    if name == Buffers.DOWN_OUTPUT and set(fed) <= _DOWN_INPUTS:
+                        down_interval = bound  # the same inputs the output's derived bound reads: reused there
+                    c = compare(name, want[name], run.buffers[name], rule, bound=bound)
                 if not c.ok:
                     failed.append((stage.name, c))
         extra: dict[str, Any] = {}
         if not failed:
-            derived = derived_output_bound(check, run)
+            derived = derived_output_bound(check, run, down_interval)
             if derived is None:
                 return []
             bound, extra = derived
