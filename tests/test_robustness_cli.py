@@ -1,6 +1,6 @@
 """`diffmoe fuzz` as a shell runs it: interrupted by SIGTERM or Ctrl-C (SIGINT) while it
 shrinks, it stops within seconds, prints the smallest failure so far, leaves no worker
-process behind, and a second run with the same --database replays that failure first.
+process behind, and a second run with the same --database replays a stored failure first.
 
 The implementation under test is written to a temporary module: it answers with the
 reference's result at once, except for H > 256, where run() sleeps forever. Every example
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -125,6 +126,11 @@ def _config_of(progress_line: str) -> str:
     return progress_line.split(" s  ", 1)[1].strip()  # "fuzz: N examples  phase=P  S s  <config.short()>"
 
 
+def _hidden_of(short: str) -> int:
+    """H of a config's short form ("... H=16 ...")."""
+    return int(re.search(r"\bH=(\d+)\b", short).group(1))
+
+
 @pytest.mark.slow
 def test_interrupted_fuzz_reports_and_the_next_run_replays_its_failure_first(tmp_path):
     (tmp_path / "hangs.py").write_text(HANGS_ON_WIDE_HIDDEN)
@@ -144,7 +150,11 @@ def test_interrupted_fuzz_reports_and_the_next_run_replays_its_failure_first(tmp
 
     second = Fuzz(tmp_path, database)
     replayed = _config_of(second.wait_for("fuzz: 1 example"))
-    assert replayed == found.short()  # the stored failure first, not the simplest config
+    # A stored failure first, not the simplest config. Not necessarily the reported one: with two
+    # workers, the one that was not shrinking may also have stored a failure before the signal
+    # (seen in one .ci/run of three), and Hypothesis replays the database smallest-first by its
+    # own order of choices, not by the config the report names.
+    assert _hidden_of(replayed) > 256, (replayed, found.short())
     second.wait_for("phase=shrink")
     elapsed, code, data = second.interrupt(signal.SIGINT)  # Ctrl-C
     assert elapsed < STOP_WITHIN_S and code == 1 and data["interrupted"] is True
