@@ -1,8 +1,8 @@
-"""Before and after the interpreter fast path (diffmoe/interpreter_speed.py) in one process: the
-execution tier's cheap check (the fuzzer's per-example work, diffmoe/fuzz_tiers.py) of three configs
+"""Before and after the interpreter fast path (diffmoe/interpreter/fast_path.py) in one process: the
+execution tier's cheap check (the fuzzer's per-example work, diffmoe/fuzz/tiers.py) of three configs
 the default fuzz draws (seed 5), with the fast path installed and with triton's own interpreter
 (`interpreter_speed.uninstall()`), alternating, `time.process_time()` and wall seconds, median of
-the rounds. Torch runs on one thread, as in the check worker (diffmoe/worker.py). Process time is
+the rounds. Torch runs on one thread, as in the check worker (diffmoe/check/worker.py). Process time is
 steadier than wall time on a shared machine; both are printed. The bits do not differ
 (tests/test_interpreter_speed.py), so only time is compared.
 
@@ -21,10 +21,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports Triton
 import torch  # noqa: E402
 
 import optimized  # noqa: E402,F401 - installs the interpreter fixes and the fast path
-from diffmoe import interpreter_speed  # noqa: E402
-from diffmoe.config import MoEConfig  # noqa: E402
-from diffmoe.fuzz_tiers import CHEAP_ORACLES, cheap_schedule  # noqa: E402
-from diffmoe.runner import run_differential  # noqa: E402
+from diffmoe.interpreter import fast_path as interpreter_speed  # noqa: E402
+from diffmoe.problem.config import MoEConfig  # noqa: E402
+from diffmoe.fuzz.tiers import CHEAP_ORACLES, cheap_schedule  # noqa: E402
+from diffmoe.check.runner import run_differential  # noqa: E402
 
 # drawn by `diffmoe fuzz --seed 5` (its 7th, 6th and 10th examples): a many-expert block-scaled
 # check, a small per-token one and a wide unfused one

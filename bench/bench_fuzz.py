@@ -26,8 +26,8 @@ import importlib
 
 import pytest
 
-from diffmoe.runner import run_differential
-from diffmoe.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.check.runner import run_differential
+from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 
 SEED = 0
 LEGACY_SEEDS = range(5)
@@ -35,10 +35,10 @@ LEGACY_MAX_EXAMPLES = 100  # the CLI's default --max-examples
 
 
 def _fuzz():
-    module = importlib.import_module("diffmoe.fuzzing")
+    module = importlib.import_module("diffmoe.fuzz.driver")
     fuzz = getattr(module, "fuzz", None)
     if fuzz is None:
-        pytest.skip("diffmoe.fuzzing has no fuzz() driver yet: nothing to time")
+        pytest.skip("diffmoe.fuzz.driver has no fuzz() driver yet: nothing to time")
     return fuzz
 
 
@@ -60,7 +60,7 @@ def _outcome_info(outcome) -> dict:
 
 @pytest.mark.parametrize("tier", ["run", "full"])
 def test_fuzz_fixed_planner(warmed_up, measure, benchmark, request, moe_device, tier):
-    """Examples/s of each execution tier (diffmoe/fuzz_tiers.py) on the same seed's draws."""
+    """Examples/s of each execution tier (diffmoe/fuzz/tiers.py) on the same seed's draws."""
     fuzz = _fuzz()
     examples = request.config.getoption("fuzz_examples")
     outcomes = []
@@ -89,7 +89,7 @@ def test_fuzz_default_inputs_cost(warmed_up, measure, benchmark, request, moe_de
     seed's draws differ in size between the two (seed 0 draws 40% larger configs with them, measured
     by campaign.cost_units), which a single seed's examples/s would report as the rows' cost.
     extra_info: examples/s and cost units/s over all the seeds."""
-    from diffmoe.campaign import cost_units
+    from diffmoe.fuzz.campaign import cost_units
     from optimized import make_implementation
 
     fuzz = _fuzz()
@@ -120,8 +120,8 @@ def test_fuzz_default_inputs_cost(warmed_up, measure, benchmark, request, moe_de
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_fuzz_workers(warmed_up, measure, benchmark, request, moe_device, workers):
-    """Examples/s of the run tier in `workers` processes (diffmoe/fuzz_workers.py)."""
-    from diffmoe.fuzz_workers import fuzz_in_workers
+    """Examples/s of the run tier in `workers` processes (diffmoe/fuzz/workers.py)."""
+    from diffmoe.fuzz.workers import fuzz_in_workers
 
     examples = request.config.getoption("fuzz_examples")
     outcomes = []

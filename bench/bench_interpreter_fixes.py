@@ -1,5 +1,5 @@
 """What fixing the interpreter at the interpreter saves: one optimized MoE call with
-diffmoe.interpreter_fixes installed (the plain kernels: every software switch off, the native
+diffmoe.interpreter.fixes installed (the plain kernels: every software switch off, the native
 casts and dots correct) against triton 3.9's own interpreter with the software paths the probes
 would select there (every switch on, the fixes suspended). Both give the same bits
 (tests/test_interpreter_fixes.py, tests/test_conformance.py); this is interpreter time only.
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from benchkit import BACKEND_CUDA
-from diffmoe import interpreter_fixes
-from diffmoe.config import QUANT_SCHEMES, MoEConfig
-from diffmoe.problem import make_problem
+from diffmoe.interpreter import fixes as interpreter_fixes
+from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig
+from diffmoe.problem.inputs import make_problem
 from optimized import make_implementation
 from optimized.backend import INTERPRETER_TRAITS
 

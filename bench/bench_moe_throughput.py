@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pytest
 
 from benchkit import grid_name
-from diffmoe.config import QUANT_SCHEMES, MoEConfig
+from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ once with the launch log. Each oracle is then timed alone with the same single s
 except `schedule`, which needs several program orders and gets the runner's default ones
 (identity, reversed and the config's random orders); "all" is the runner's default (every oracle, default schedules);
 "previous" is the default of 2026-12-02, before call-sequence, store-extent and the second random order;
-"cheap" is the fuzz execution tier's cheap set with its one random order (diffmoe/fuzz_tiers.py), what
+"cheap" is the fuzz execution tier's cheap set with its one random order (diffmoe/fuzz/tiers.py), what
 most fuzz examples cost.
 Timed with `--benchmark-timer time.process_time` the figures are CPU seconds of this process, which a
 busy machine disturbs far less than wall time.
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import pytest
 
-from diffmoe.config import MoEConfig
-from diffmoe.fuzz_tiers import CHEAP_ORACLES, cheap_schedule
+from diffmoe.problem.config import MoEConfig
+from diffmoe.fuzz.tiers import CHEAP_ORACLES, cheap_schedule
 from diffmoe.oracles.static_aliasing import check_static_aliasing
-from diffmoe.report import Oracles
-from diffmoe.runner import ALL_ORACLES, default_schedules, run_differential
+from diffmoe.check.report import Oracles
+from diffmoe.check.runner import ALL_ORACLES, default_schedules, run_differential
 from optimized.workspace_planner import plan_workspaces
 
 # Small enough that the slowest variant (every oracle) stays a few seconds on the interpreter.

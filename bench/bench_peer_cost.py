@@ -27,11 +27,11 @@ from __future__ import annotations
 import pytest
 from benchkit import PEER_COST_BOUND
 
-from diffmoe import peer_wheels
-from diffmoe.config import MoEConfig
-from diffmoe.contract import DEFAULT_IMPLEMENTATION_NAME
-from diffmoe.report import Oracles
-from diffmoe.runner import load_factory, run_differential
+from diffmoe.adapters import peer_wheels
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME
+from diffmoe.check.report import Oracles
+from diffmoe.check.runner import load_factory, run_differential
 
 SHAPE = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128, seed=0)
 # (peer, quant, fused): each peer's runnable configs at SHAPE (peers/vllm_0_33.py, peers/lmdeploy_0_18.py,

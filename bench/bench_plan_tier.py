@@ -1,4 +1,4 @@
-"""Plan-tier speed (diffmoe.plan_tier): configs judged per second, and the known bug's find and shrink.
+"""Plan-tier speed (diffmoe.fuzz.plan_tier): configs judged per second, and the known bug's find and shrink.
 
 * fixed planner: `fuzz_plans(max_examples=20000, seed=0, planner="fixed")`, three timed rounds
   (the machine may be busy: every round's configs/s is in extra_info, with the best and the
@@ -16,8 +16,8 @@ import statistics
 
 import pytest
 
-from diffmoe.plan_tier import fuzz_plans
-from diffmoe.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.fuzz.plan_tier import fuzz_plans
+from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 
 FIXED_EXAMPLES = 20_000
 FIXED_ROUNDS = 3

@@ -21,9 +21,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from diffmoe.config import MoEConfig  # noqa: E402
-from diffmoe.problem import Problem, make_problem  # noqa: E402
-from diffmoe.vocabulary import weight_scale_shape  # noqa: E402
+from diffmoe.problem.config import MoEConfig  # noqa: E402
+from diffmoe.problem.inputs import Problem, make_problem  # noqa: E402
+from diffmoe.problem.vocabulary import weight_scale_shape  # noqa: E402
 
 BACKEND_CUDA = "cuda"
 BACKEND_INTERPRETER = "interpreter"

@@ -3,7 +3,7 @@ native and software-fallback traits, summarised as the README's compile tables.
 
     TRITON_INTERPRET=0 .venv/bin/python bench/compile_sweep.py [--write README.md] [--json OUT.json]
 
-No GPU needed (diffmoe/compile_gate.py). Rows group specializations by stage, scheme and (for the
+No GPU needed (diffmoe/backend/compile_gate.py). Rows group specializations by stage, scheme and (for the
 GEMMs, whose BLOCK_M follows it) tile class; each cell is the worst over the group: the most
 registers, spill bytes and shared memory, and every matrix instruction seen.
 """
@@ -21,9 +21,9 @@ os.environ["TRITON_INTERPRET"] = "0"  # before anything imports triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchkit
 
 from benchkit import write_section  # noqa: E402
-from diffmoe import compile_gate as gate  # noqa: E402
-from diffmoe.config import QUANT_SCHEMES  # noqa: E402
-from diffmoe.vocabulary import Stages  # noqa: E402
+from diffmoe.backend import compile_gate as gate  # noqa: E402
+from diffmoe.problem.config import QUANT_SCHEMES  # noqa: E402
+from diffmoe.problem.vocabulary import Stages  # noqa: E402
 
 ARCHS = ("sm_90", "sm_100")
 START, END = "<!-- compile-sweep:start -->", "<!-- compile-sweep:end -->"

@@ -1,4 +1,4 @@
-"""The false-alarm campaign (diffmoe/campaign.py): sampled serving configs plus the per-axis
+"""The false-alarm campaign (diffmoe/fuzz/campaign.py): sampled serving configs plus the per-axis
 corners, every oracle, the shipped implementation with the fixed planner. Every finding is a
 false alarm; the exit status is 1 if there is any.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diffmoe.campaign import DEFAULT_COST_CAP, CampaignResult, corner_configs, cost_units, run_campaign, sampled_configs  # noqa: E402
-from diffmoe.config import MoEConfig  # noqa: E402
+from diffmoe.fuzz.campaign import DEFAULT_COST_CAP, CampaignResult, corner_configs, cost_units, run_campaign, sampled_configs  # noqa: E402
+from diffmoe.problem.config import MoEConfig  # noqa: E402
 
 
 # --impl: the implementation the workers judge (set before the pool forks; None: the shipped one)
@@ -36,14 +36,14 @@ def _one(config: MoEConfig) -> CampaignResult:
     factory, name = _IMPLEMENTATION
     if factory is None:
         return next(run_campaign([config]))
-    from diffmoe.runner import run_differential
+    from diffmoe.check.runner import run_differential
 
     return next(run_campaign([config], check=lambda c: run_differential(c, factory, implementation_name=name)))
 
 
 def runs(factory, config: MoEConfig) -> bool:
     """Whether the implementation runs `config` (its `supports`, under the profile it declares)."""
-    from diffmoe.contract import factory_numerics, unsupported
+    from diffmoe.adapters.contract import factory_numerics, unsupported
 
     try:
         return unsupported(factory, config.replace(numerics=factory_numerics(factory))) is None
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     global _IMPLEMENTATION
     try:
         if args.impl:
-            from diffmoe.cli import UsageError, load_implementation
+            from diffmoe.frontends.cli import UsageError, load_implementation
 
             try:
                 _IMPLEMENTATION = load_implementation(args.impl)

@@ -35,7 +35,7 @@ tokens=${TOKENS:-"1 300 1100"}
 plugin=()
 if ! $py -c "import importlib.metadata as m; m.version('diffmoe')" > /dev/null 2>&1; then
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    plugin=(-p diffmoe.pytest_plugin)
+    plugin=(-p diffmoe.frontends.pytest_plugin)
 fi
 diffmoe=("$py" -m diffmoe)
 status=0

@@ -25,10 +25,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchkit import write_section  # noqa: E402
-from diffmoe.compare import ulp_distance  # noqa: E402
-from diffmoe.config import MoEConfig  # noqa: E402
-from diffmoe.problem import make_problem  # noqa: E402
-from diffmoe.vocabulary import Stages  # noqa: E402
+from diffmoe.tolerance.compare import ulp_distance  # noqa: E402
+from diffmoe.problem.config import MoEConfig  # noqa: E402
+from diffmoe.problem.inputs import make_problem  # noqa: E402
+from diffmoe.problem.vocabulary import Stages  # noqa: E402
 from peers.vllm_0_33 import make  # noqa: E402
 from reference.moe import reference_stage  # noqa: E402
 

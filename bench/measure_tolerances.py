@@ -1,6 +1,6 @@
 """Measure how far the optimized path actually is from the reference, per (scheme, buffer).
 
-The tolerance table (diffmoe/tolerances.py) states bounds with reasons; this script measures
+The tolerance table (diffmoe/tolerance/table.py) states bounds with reasons; this script measures
 the differences those bounds must cover, end to end and teacher-forced, over the labelled
 edge cases plus seeded random configs, and prints the README's "Tolerances" table: for each
 row the worst measured max ULP, max |diff|, fraction of differing elements, and whether the
@@ -27,15 +27,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchkit import write_section  # noqa: E402
-from diffmoe.compare import compare, ulp_distance  # noqa: E402
-from diffmoe.config import QUANT_SCHEMES, MoEConfig  # noqa: E402
-from diffmoe.contract import default_device  # noqa: E402
-from diffmoe.edge_cases import edge_cases  # noqa: E402
-from diffmoe.gemm_interval import stage_bound  # noqa: E402
-from diffmoe.problem import make_problem  # noqa: E402
-from diffmoe.recording import LaunchLog  # noqa: E402
-from diffmoe.tolerances import END_TO_END, FORCED, rule_for  # noqa: E402
-from diffmoe.vocabulary import Buffers, Stages, materialised_buffers, pipeline_stages  # noqa: E402
+from diffmoe.tolerance.compare import compare, ulp_distance  # noqa: E402
+from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig  # noqa: E402
+from diffmoe.adapters.contract import default_device  # noqa: E402
+from diffmoe.problem.edge_cases import edge_cases  # noqa: E402
+from diffmoe.tolerance.gemm_interval import stage_bound  # noqa: E402
+from diffmoe.problem.inputs import make_problem  # noqa: E402
+from diffmoe.check.recording import LaunchLog  # noqa: E402
+from diffmoe.tolerance.table import END_TO_END, FORCED, rule_for  # noqa: E402
+from diffmoe.problem.vocabulary import Buffers, Stages, materialised_buffers, pipeline_stages  # noqa: E402
 from optimized import make_implementation  # noqa: E402
 from reference import reference_moe  # noqa: E402
 

@@ -33,8 +33,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from benchkit import write_section  # first: sets the interpreter switch when no GPU
-from diffmoe.config import MAX_PROBLEM_BYTES, QUANT_SCHEMES, MoEConfig, problem_bytes
-from diffmoe.vocabulary import buffer_spec, materialised_buffers, pipeline_stages
+from diffmoe.problem.config import MAX_PROBLEM_BYTES, QUANT_SCHEMES, MoEConfig, problem_bytes
+from diffmoe.problem.vocabulary import buffer_spec, materialised_buffers, pipeline_stages
 from optimized.workspace_planner import plan_workspaces
 
 MARK_START = "<!-- workspace-memory:start -->"

@@ -1,10 +1,10 @@
 """`python -m diffmoe`: the same as the `diffmoe` command.
 
-Must not hold logic of its own: it calls diffmoe.cli.main.
+Must not hold logic of its own: it calls diffmoe.frontends.cli.main.
 """
 
 import sys
 
-from .cli import main
+from diffmoe.frontends.cli import main
 
 sys.exit(main())

@@ -5,9 +5,9 @@ declares, one reported launch per stage. `diffmoe check --impl examples/torch_mo
 import torch
 import torch.nn.functional as F
 
-from diffmoe.contract import LaunchInfo, Placement, RunResult, WorkspacePlan
-from diffmoe.recording import ChainedRecorder
-from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, SCALES_OF, Buffers as N, Stages as S, buffer_spec, materialised_buffers, \
+from diffmoe.adapters.contract import LaunchInfo, Placement, RunResult, WorkspacePlan
+from diffmoe.check.recording import ChainedRecorder
+from diffmoe.problem.vocabulary import FP8_DTYPE, FP8_MAX, SCALES_OF, Buffers as N, Stages as S, buffer_spec, materialised_buffers, \
     pipeline_stages
 
 

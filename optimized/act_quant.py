@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from diffmoe.config import QUANT_BLOCK
-from diffmoe.vocabulary import Buffers
+from diffmoe.problem.config import QUANT_BLOCK
+from diffmoe.problem.vocabulary import Buffers
 
 from .backend import BackendTraits
 from .kernels.act_quant_kernel import (

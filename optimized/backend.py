@@ -2,7 +2,7 @@
 
 Each workaround is a constexpr switch (BackendTraits). The switches are not hard-coded per
 backend: `backend_traits` derives them from cheap conformance probes run on the backend itself
-(the harness's diffmoe.conformance, which judges Triton; which probes gate which switch is
+(the harness's diffmoe.backend.conformance, which judges Triton; which probes gate which switch is
 ours: TRAIT_PROBES), once per process and backend. A workaround goes off only where its
 probes ran and found the primitive right, so a Triton release that fixes a defect gets the
 fast path, and a probe that cannot run leaves the workaround on. The software paths are
@@ -12,7 +12,7 @@ safe choice costs speed, never bits.
 Known defects (../shared/DESIGN.md, notes/interpreter_defects_repro.py): under triton 3.9's own
 interpreter the float32 -> e4m3fn and float32 -> bf16 casts round wrongly, bf16 subnormals are
 mangled on the way to float32, e4m3fn NaN codes read as +-480 and the bf16 x bf16 dot is wrong.
-diffmoe.interpreter_fixes corrects all of them exactly at the interpreter (optimized.launch
+diffmoe.interpreter.fixes corrects all of them exactly at the interpreter (optimized.launch
 installs it before any launch); the probes then find every primitive right and every switch is
 off there too, so the interpreter runs the kernels' plain CUDA paths. The switches stay for a
 backend whose probes still fail: a Triton the fixes refuse to patch, or a GPU. `diffmoe doctor` runs the full
@@ -25,13 +25,13 @@ of magnitude slower. So when a CUDA probe finds a defect (or cannot run), `backe
 with a message naming it, unless DIFFMOE_ALLOW_SOFTWARE_FALLBACK=1 says to run slowly anyway, and
 even then it warns. On the interpreter nothing is refused: an unfixed one runs the software paths.
 
-While `diffmoe compile-check` captures launches (diffmoe.contract.compile_target() is set), no
+While `diffmoe compile-check` captures launches (diffmoe.adapters.contract.compile_target() is set), no
 probe runs: the capture names the trait set (COMPILE_VARIANTS) and the backend is CUDA.
 
 This module itself imports no triton (the probes are imported when traits are first asked for):
 the interpreter switch below must be settable before triton is first imported.
 
-Owns choosing the backend's traits. Must not define probes: they are diffmoe.conformance's.
+Owns choosing the backend's traits. Must not define probes: they are diffmoe.backend.conformance's.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from diffmoe.contract import compile_target, default_device, interpreter_enabled
+from diffmoe.adapters.contract import compile_target, default_device, interpreter_enabled
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class SoftwareFallbackError(RuntimeError):
 
 
 # Every workaround on: what the probes derive under triton 3.9's own interpreter (every defect
-# present, diffmoe.interpreter_fixes not installed). Tests that drive the kernels directly use
+# present, diffmoe.interpreter.fixes not installed). Tests that drive the kernels directly use
 # it on purpose, to exercise the software paths; with the fixes installed they give the same bits.
 INTERPRETER_TRAITS = safe_traits("interpreter")
 
@@ -104,7 +104,7 @@ _TRAITS_CACHE: dict[tuple[str, str], tuple[BackendTraits, str]] = {}
 
 
 TRAIT_FIELDS = tuple(f.name for f in fields(BackendTraits) if f.name != "name")
-# The workaround switches and the conformance probes (diffmoe.conformance.PRIMITIVES keys) that
+# The workaround switches and the conformance probes (diffmoe.backend.conformance.PRIMITIVES keys) that
 # must all be ok for the switch to go off.
 TRAIT_PROBES = {
     # the FP8 decode in the GEMMs is switched with the cast (one switch for the FP8 workarounds)
@@ -117,7 +117,7 @@ assert set(TRAIT_PROBES) == set(TRAIT_FIELDS), "every workaround switch needs it
 
 def probe_defects(device: torch.device) -> dict:
     """The cheap probes behind the workaround switches, keyed by primitive (ProbeResults)."""
-    from diffmoe.conformance import run_probes  # imports triton: only once a kernel is wanted
+    from diffmoe.backend.conformance import run_probes  # imports triton: only once a kernel is wanted
 
     from .launch import install_interpreter_fixes  # the probes judge what our launches will run on
 
@@ -128,7 +128,7 @@ def probe_defects(device: torch.device) -> dict:
 def traits_from_results(name: str, results: dict) -> BackendTraits:
     """A workaround goes off only where every probe behind it ran and found the primitive right;
     a defect, a skipped or a missing probe leaves it on (the software paths are right anyway)."""
-    from diffmoe.conformance import OK
+    from diffmoe.backend.conformance import OK
 
     switches = {
         trait: not all(k in results and results[k].status == OK for k in keys) for trait, keys in TRAIT_PROBES.items()

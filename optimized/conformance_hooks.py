@@ -1,6 +1,6 @@
-"""What the optimized path tells `diffmoe doctor` (diffmoe.conformance.ConformanceHooks).
+"""What the optimized path tells `diffmoe doctor` (diffmoe.backend.conformance.ConformanceHooks).
 
-The doctor's probes are the harness's (diffmoe.conformance: they judge Triton, not this MoE).
+The doctor's probes are the harness's (diffmoe.backend.conformance: they judge Triton, not this MoE).
 What is ours, and handed over here: which workaround we apply per primitive and under which
 switch (optimized.backend.BackendTraits), our software paths for the doctor to verify on its
 probe inputs (the numerics helpers with the software switch on, as the kernels call them), the
@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.conformance import ConformanceHooks, Workaround
-from diffmoe.contract import Schedule
+from diffmoe.backend.conformance import ConformanceHooks, Workaround
+from diffmoe.adapters.contract import Schedule
 
 from . import backend
 from .kernels.numerics import bf16_to_f32, to_bf16, to_e4m3

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from diffmoe.vocabulary import Buffers
+from diffmoe.problem.vocabulary import Buffers
 
 from .backend import BackendTraits
 from .kernels.grouped_gemm_kernel import SCALE_BF16, SCALE_BLOCK, SCALE_CHANNEL, SCALE_TENSOR, grouped_gemm_kernel

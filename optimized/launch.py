@@ -6,11 +6,11 @@ a recorder is attached, reports the stage, the kernel and the views it reads and
 Without a recorder it adds nothing but a branch.
 
 Under the Triton interpreter it is also where the interpreter's numeric defects are fixed, once
-per process, before any kernel of ours runs (diffmoe.interpreter_fixes: exact float32 <-> bf16 /
-e4m3fn casts and bf16 / fp8 dots): at import, so the conformance probes (diffmoe.conformance, run
+per process, before any kernel of ours runs (diffmoe.interpreter.fixes: exact float32 <-> bf16 /
+e4m3fn casts and bf16 / fp8 dots): at import, so the conformance probes (diffmoe.backend.conformance, run
 by optimized.backend, which imports this module to install the fixes first) already see the fixed primitives and the backend traits turn the
 corresponding software workarounds off, and again (a dictionary check) at each launch. The
-interpreter fast path (diffmoe.interpreter_speed: jit helpers skip re-patching triton.language,
+interpreter fast path (diffmoe.interpreter.fast_path: jit helpers skip re-patching triton.language,
 same ops, same bits) is installed at the same moment.
 
 Owns launching and installing the interpreter fixes. Must not choose tiles or traits.
@@ -22,15 +22,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffmoe import interpreter_fixes, interpreter_speed
-from diffmoe.contract import LaunchInfo, LaunchRecorder, Schedule, interpreter_enabled
+from diffmoe.interpreter import fixes as interpreter_fixes
+from diffmoe.interpreter import fast_path as interpreter_speed
+from diffmoe.adapters.contract import LaunchInfo, LaunchRecorder, Schedule, interpreter_enabled
 
 
 def install_interpreter_fixes() -> interpreter_fixes.FixStatus | None:
     """Fix the interpreter's numeric defects (idempotent); None when the interpreter is not in use."""
     if not interpreter_enabled():
         return None
-    interpreter_speed.install()  # exact: helpers skip re-patching triton.language (diffmoe/interpreter_speed.py)
+    interpreter_speed.install()  # exact: helpers skip re-patching triton.language (diffmoe/interpreter/fast_path.py)
     return interpreter_fixes.install()
 
 

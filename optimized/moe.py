@@ -6,7 +6,7 @@ ws2 by the workspace planner (fixed or legacy); the small private buffers (align
 scales, per-tensor amax partials) are allocated once here, so a call allocates nothing but
 the final output when the caller asks for a fresh one.
 
-Stages, in order (diffmoe.vocabulary): quant_input -> gate_up_gemm -> activation ->
+Stages, in order (diffmoe.problem.vocabulary): quant_input -> gate_up_gemm -> activation ->
 quant_down_input (or act_quant when fused) -> down_gemm -> reduce.
 
 Inputs outside the generated ranges follow the reference (reference/moe.py, the spec):
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import torch
 
-from diffmoe.config import MoEConfig
-from diffmoe.contract import RunResult, Schedule, WorkspacePlan
-from diffmoe.problem import Problem
-from diffmoe.vocabulary import (
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import RunResult, Schedule, WorkspacePlan
+from diffmoe.problem.inputs import Problem
+from diffmoe.problem.vocabulary import (
     SCALES_OF,
     Buffers,
     Stages,
@@ -58,13 +58,13 @@ PER_CALL_FIELDS = ("num_tokens", "seed", "skew")
 
 
 class TritonFP8MoE:
-    """One implementation of the diffmoe plug-in contract (diffmoe.contract.MoEImplementation)."""
+    """One implementation of the diffmoe plug-in contract (diffmoe.adapters.contract.MoEImplementation)."""
 
     name = "optimized"
     # `diffmoe compile-check` compiles both trait sets (optimized.backend.COMPILE_VARIANTS)
     compile_variants = tuple(COMPILE_VARIANTS)
     # optimized.launch passes the schedule's order table (kernels/program_order.py), which works
-    # compiled too: the harness must not also reorder at the interpreter's grid loop (diffmoe.grid_order)
+    # compiled too: the harness must not also reorder at the interpreter's grid loop (diffmoe.interpreter.grid_order)
     orders_programs = True
 
     def __init__(self, config: MoEConfig, device: torch.device | str | None = None):
@@ -278,7 +278,7 @@ def _conformance_hooks():
     return conformance_hooks()
 
 
-# The contract's optional cheap factory attributes (diffmoe/contract.py): the plan without
+# The contract's optional cheap factory attributes (diffmoe/adapters/contract.py): the plan without
 # building the implementation (which probes the backend), and the doctor's hooks.
 make_implementation.plan_workspaces = plan_workspaces
 make_implementation.conformance_hooks = _conformance_hooks

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import triton
 
-from diffmoe.config import QUANT_BLOCK
+from diffmoe.problem.config import QUANT_BLOCK
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
     peers.lmdeploy_0_18:make  lmdeploy 0.18.0's blocked-FP8 fused MoE, from its own wheel's files
     peers.liger_0_8:make      Liger-Kernel 0.8.5's bf16 fused MoE (LigerFusedMoEFunction), from its own wheel's files
 
-A peer's code is never copied here: `diffmoe peers fetch NAME` (diffmoe/peer_wheels.py) caches
+A peer's code is never copied here: `diffmoe peers fetch NAME` (diffmoe/adapters/peer_wheels.py) caches
 the few files its adapter loads, by path, from the pinned wheel. Without a GPU the Triton
 kernels run under the interpreter: the switch must be set before Triton is first imported,
 hence here, before any peer module is.
@@ -65,7 +65,8 @@ def install_interpreter_fixes() -> None:
     probe-gated fixes third-party kernels need, and the interpreter fast path."""
     if not interpreting():
         return
-    from diffmoe import interpreter_fixes, interpreter_speed
+    from diffmoe.interpreter import fixes as interpreter_fixes
+    from diffmoe.interpreter import fast_path as interpreter_speed
 
     interpreter_speed.install()
     interpreter_fixes.install()
@@ -95,7 +96,7 @@ def refuse_set_fields(config, name: str, reasons: dict) -> None:
 
 
 def supports_from(check_supported):
-    """diffmoe.contract's `supports(config)` from an adapter's check: None, or the check's message."""
+    """diffmoe.adapters.contract's `supports(config)` from an adapter's check: None, or the check's message."""
     def supports(config) -> str | None:
         try:
             check_supported(config)
@@ -108,7 +109,7 @@ def supports_from(check_supported):
 
 class PeerFiles:
     """A peer's files, loaded once per (class, cache root, device key). A subclass names its
-    `peer` (diffmoe.peer_wheels.PEERS), loads its modules into `self.modules` in
+    `peer` (diffmoe.adapters.peer_wheels.PEERS), loads its modules into `self.modules` in
     `__init__(root, device)`, and may key devices coarser than `str(device)` (`device_key`)."""
 
     peer: str
@@ -122,7 +123,7 @@ class PeerFiles:
 
     @classmethod
     def get(cls, device):
-        from diffmoe import peer_wheels
+        from diffmoe.adapters import peer_wheels
 
         root = peer_wheels.peer_root(cls.peer)  # one line naming `diffmoe peers fetch <peer>` when missing
         key = (cls, str(root), cls.device_key(device))
@@ -209,8 +210,8 @@ def launch_grid(jit, grid, args: dict) -> tuple[int, ...]:
 def fresh_allocations_plan(config, planner: str):
     """The declared plan of a peer that carves nothing: every buffer a fresh allocation, no
     placement, 0 bytes of ws1 and ws2 (the static oracle then has nothing to judge, and says so)."""
-    from diffmoe.contract import WorkspacePlan
-    from diffmoe.vocabulary import pipeline_stages
+    from diffmoe.adapters.contract import WorkspacePlan
+    from diffmoe.problem.vocabulary import pipeline_stages
 
     return WorkspacePlan(planner=f"{planner} (fresh allocations only)", buffer_list=(), placements=(),
                          stages=tuple(pipeline_stages(config)), workspace_bytes=(0, 0))
@@ -220,7 +221,7 @@ class SelfAllocatingPeer:
     """An adapter of a peer that allocates every buffer itself (lmdeploy, Liger), behind the
     plug-in contract: built for a config it supports, on the default device; no workspaces; one
     run is the peer's own Python call (`call(problem)`, returning its output tensor) inside the
-    peer's modules and the schedule's program order (diffmoe.grid_order), with the run's
+    peer's modules and the schedule's program order (diffmoe.interpreter.grid_order), with the run's
     launch reporter (`reporter_class(impl, problem, recorder)`) active for the kernel proxies
     (`active`, peers.ReportingKernel); `check_launches(reporter)` says whether the call made the
     launches the adapter maps. The output is the peer's tensor, copied into the caller's."""
@@ -229,14 +230,14 @@ class SelfAllocatingPeer:
     files_class: type  # a PeerFiles subclass
     reporter_class: type
     active: threading.local
-    orders_programs = True  # run() applies the schedule through diffmoe.grid_order itself
+    orders_programs = True  # run() applies the schedule through diffmoe.interpreter.grid_order itself
 
     @staticmethod
     def check_supported(config) -> None:
         raise NotImplementedError
 
     def __init__(self, config, device=None):
-        from diffmoe.contract import default_device
+        from diffmoe.adapters.contract import default_device
 
         config.validate()
         self.check_supported(config)
@@ -260,8 +261,8 @@ class SelfAllocatingPeer:
         """RuntimeError unless the call made the launches the adapter maps to stages."""
 
     def run(self, problem, workspaces, *, output=None, schedule=None, recorder=None):
-        from diffmoe import grid_order
-        from diffmoe.contract import RunResult, Schedule
+        from diffmoe.interpreter import grid_order
+        from diffmoe.adapters.contract import RunResult, Schedule
 
         check_problem(self, problem)
         if not isinstance(workspaces, (tuple, list)) or len(workspaces) != 2:

@@ -1,7 +1,7 @@
 """Liger-Kernel 0.8.5's bf16 fused MoE (`LigerFusedMoEFunction`) as a diffmoe implementation: `--impl liger`.
 
 What runs is Liger's own all-Triton forward, from the four files `diffmoe peers fetch liger`
-cached out of the pinned wheel (diffmoe/peer_wheels.py), executed by path: ops/fused_moe.py
+cached out of the pinned wheel (diffmoe/adapters/peer_wheels.py), executed by path: ops/fused_moe.py
 (LigerFusedMoEFunction.forward, compute_routing_metadata, _token_aggregation),
 ops/fused_moe_kernels.py (its jit kernels), ops/utils.py (ensure_contiguous) and utils.py. The
 packages `liger_kernel` and `liger_kernel.ops` are empty modules: no Liger `__init__` runs (it
@@ -29,9 +29,9 @@ Supported: quant bf16 (Liger's MoE has no FP8 path), fused=False (SwiGLU is fuse
 gate/up GEMM, no quant to fuse), router_weight 'down' (applied in the gather-sum), output
 'separate', silu. Refused through `supports` with the field named: everything else. Its three
 GEMM-side kernels are `@triton.autotune`d: under the interpreter the first config runs
-(diffmoe.interpreter_fixes, autotune_driver), on a GPU the fastest. Program order: under the
+(diffmoe.interpreter.fixes, autotune_driver), on a GPU the fastest. Program order: under the
 interpreter a non-identity schedule permutes each launch's programs at the grid loop
-(diffmoe.grid_order, triton 3.9 only; `run` applies it, so it sets `orders_programs`). No
+(diffmoe.interpreter.grid_order, triton 3.9 only; `run` applies it, so it sets `orders_programs`). No
 `run_stage`: the buffers a stage would be fed live inside Liger's one Python call.
 
 Numerics: the factory declares the reference's `liger` profile (`make.numerics`,
@@ -50,10 +50,10 @@ from pathlib import Path
 
 import torch
 
-from diffmoe import peer_wheels
-from diffmoe.config import MoEConfig
-from diffmoe.contract import LaunchInfo, WorkspacePlan
-from diffmoe.vocabulary import Buffers, Stages
+from diffmoe.adapters import peer_wheels
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import LaunchInfo, WorkspacePlan
+from diffmoe.problem.vocabulary import Buffers, Stages
 
 from . import (
     PeerFiles, ReportingKernel, SelfAllocatingPeer, fresh_allocations_plan, launch_grid, refuse_set_fields, report_launch,
@@ -195,7 +195,7 @@ def plan_workspaces(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
 
 
 class LigerFusedMoE(SelfAllocatingPeer):
-    """Liger-Kernel 0.8.5's LigerFusedMoEFunction forward behind diffmoe's plug-in contract (diffmoe.contract)."""
+    """Liger-Kernel 0.8.5's LigerFusedMoEFunction forward behind diffmoe's plug-in contract (diffmoe.adapters.contract)."""
 
     name = f"liger-{VERSION}"
     files_class = LigerFiles
@@ -219,5 +219,5 @@ def make(config: MoEConfig, device=None) -> LigerFusedMoE:
 
 
 make.plan_workspaces = plan_workspaces
-make.numerics = "liger"  # diffmoe.contract.NUMERICS: judged against Liger's rounding points (reference/numerics_liger.py)
-make.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses
+make.numerics = "liger"  # diffmoe.adapters.contract.NUMERICS: judged against Liger's rounding points (reference/numerics_liger.py)
+make.supports = supports_from(check_supported)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses

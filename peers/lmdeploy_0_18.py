@@ -1,7 +1,7 @@
 """lmdeploy 0.18.0's blocked-FP8 fused MoE (`fused_moe_blocked_fp8`) as a diffmoe implementation: `--impl lmdeploy`.
 
 What runs is lmdeploy's own all-Triton pipeline, from the five files `diffmoe peers fetch
-lmdeploy` cached out of the pinned wheel (diffmoe/peer_wheels.py), executed by path:
+lmdeploy` cached out of the pinned wheel (diffmoe/adapters/peer_wheels.py), executed by path:
 kernels/cuda/moe/blocked_fp8.py (fused_moe_blocked_fp8 and its GEMM kernel), moe/fused_moe.py
 (the route sort kernels, moe_reduce), activation.py (silu_and_mul), blocked_gemm_fp8.py
 (quant_fp8, the 1x128-group activation quant) and utils.py. Their imports beyond those files are
@@ -36,7 +36,7 @@ Supported: quant fp8-block, fused=False (lmdeploy's silu and quant are separate 
 router_weight 'down' (applied in its reduce), output 'separate', silu. Refused through
 `supports` with the field named: everything else. Program order: under the interpreter a
 non-identity schedule permutes each launch's programs at the interpreter's grid loop
-(diffmoe.grid_order, triton 3.9 only; `run` applies it, so it sets `orders_programs`); on a GPU
+(diffmoe.interpreter.grid_order, triton 3.9 only; `run` applies it, so it sets `orders_programs`); on a GPU
 the hardware order runs. No `run_stage`: the buffers a stage would be fed live inside
 lmdeploy's one Python call.
 
@@ -57,10 +57,10 @@ from pathlib import Path
 
 import torch
 
-from diffmoe import peer_wheels
-from diffmoe.config import QUANT_BLOCK, MoEConfig
-from diffmoe.contract import LaunchInfo, WorkspacePlan
-from diffmoe.vocabulary import Buffers, Stages
+from diffmoe.adapters import peer_wheels
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+from diffmoe.adapters.contract import LaunchInfo, WorkspacePlan
+from diffmoe.problem.vocabulary import Buffers, Stages
 
 from . import (
     PeerFiles, ReportingKernel, SelfAllocatingPeer, fresh_allocations_plan, launch_grid, refuse_set_fields, report_launch,
@@ -227,7 +227,7 @@ def plan_workspaces(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
 
 
 class LmdeployBlockedFP8MoE(SelfAllocatingPeer):
-    """lmdeploy 0.18.0's fused_moe_blocked_fp8 behind diffmoe's plug-in contract (diffmoe.contract)."""
+    """lmdeploy 0.18.0's fused_moe_blocked_fp8 behind diffmoe's plug-in contract (diffmoe.adapters.contract)."""
 
     name = f"lmdeploy-{VERSION}"
     files_class = LmdeployFiles
@@ -254,5 +254,5 @@ def make(config: MoEConfig, device=None) -> LmdeployBlockedFP8MoE:
 
 
 make.plan_workspaces = plan_workspaces
-make.numerics = "lmdeploy"  # diffmoe.contract.NUMERICS: judged against lmdeploy's rounding points (reference/numerics_lmdeploy.py)
-make.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses
+make.numerics = "lmdeploy"  # diffmoe.adapters.contract.NUMERICS: judged against lmdeploy's rounding points (reference/numerics_lmdeploy.py)
+make.supports = supports_from(check_supported)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses

@@ -4,7 +4,7 @@ Owns this release's factory. Must not hold anything the releases share: that is 
 (its RELEASES row for 0.33.0: the pad-aware moe_sum and the remote slots dropped at the
 alignment under an expert map, vLLM PR #54083; a clamp limit unfuses the FP8-block quant).
 
-Numerics: the factory declares the reference's `vllm` profile (`make.numerics`, diffmoe.contract
+Numerics: the factory declares the reference's `vllm` profile (`make.numerics`, diffmoe.adapters.contract
 NUMERICS): vLLM 0.33.0's rounding points (reference/numerics.py, from the same vLLM sources
 peers/vllm_ops.py follows), so a check with numerics=None judges this release against what
 vLLM's own ops compute, and numerics="diffmoe" against diffmoe's. Every release declares it
@@ -15,5 +15,5 @@ from .vllm_core import VARIANTS, VllmFiles, VllmTritonMoE, check_supported, plan
 
 make = release_factory("0.33.0", __name__)
 RELEASE = make.release
-PEER = RELEASE.peer  # its diffmoe.peer_wheels name ("vllm"), what `diffmoe peers fetch` takes
+PEER = RELEASE.peer  # its diffmoe.adapters.peer_wheels name ("vllm"), what `diffmoe peers fetch` takes
 VllmFiles = VllmFiles.of_release(RELEASE)  # noqa: F811 - this release's files (tests reach vLLM's modules through it)

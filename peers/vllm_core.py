@@ -6,7 +6,7 @@ its `TritonExperts.apply` calls: the moe_sum form, whether remote slots are drop
 alignment, whether a clamp limit turns the fused FP8-block quant off), read from each wheel.
 
 What runs is vLLM's own code, from the files `diffmoe peers fetch vllm==VERSION` cached out of
-the pinned wheel (diffmoe/peer_wheels.py), executed by path: fused_moe.py (fused_moe_kernel,
+the pinned wheel (diffmoe/adapters/peer_wheels.py), executed by path: fused_moe.py (fused_moe_kernel,
 invoke_fused_moe_triton_kernel, the tile configs: tuned JSON per GPU name from the cached
 configs/, else vLLM's defaults, always under the interpreter; the expert assignment),
 moe_align_block_size.py, utils.py (_resize_cache, moe_kernel_quantize_input), modular_kernel.py
@@ -40,7 +40,7 @@ output separate or workspace, expert_map (vLLM's EP argument: global_num_experts
 hold the L local experts, apply takes the map as it is). Refused with a ValueError naming the
 field: fused=True except with fp8-block, fused=False with fp8-block.
 Program order: under the interpreter a non-identity schedule permutes the programs of each
-Triton launch of the call at the interpreter's grid loop (diffmoe.grid_order, triton 3.9 only;
+Triton launch of the call at the interpreter's grid loop (diffmoe.interpreter.grid_order, triton 3.9 only;
 the adapter applies it itself, so it sets `orders_programs`); the torch stand-ins have no
 program order; on a GPU the hardware order runs.
 
@@ -66,11 +66,11 @@ from pathlib import Path
 
 import torch
 
-from diffmoe import grid_order
-from diffmoe.config import QUANT_BLOCK, MoEConfig
-from diffmoe.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan
-from diffmoe.execution import default_device
-from diffmoe.vocabulary import Buffers, Stages, buffer_spec, pipeline_stages
+from diffmoe.interpreter import grid_order
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+from diffmoe.adapters.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan
+from diffmoe.check.execution import default_device
+from diffmoe.problem.vocabulary import Buffers, Stages, buffer_spec, pipeline_stages
 
 from . import PeerFiles, check_problem, install_interpreter_fixes, interpreting, supports_from, vllm_ops, vllm_standins
 
@@ -83,7 +83,7 @@ class Release:
     wheel's experts/triton_moe.py); the run checks each op call against it (RunReporter)."""
 
     version: str
-    peer: str  # its diffmoe.peer_wheels.PEERS name: the cache it loads from
+    peer: str  # its diffmoe.adapters.peer_wheels.PEERS name: the cache it loads from
     # under an expert map, apply ends in the pad-aware ops.moe_sum(cache3, output, topk_ids,
     # expert_map) (vLLM PR #54083, 0.31.0); before, the two-argument moe_sum(cache3, output)
     pad_aware_moe_sum: bool
@@ -383,9 +383,9 @@ class RunReporter(vllm_ops.OpReporter):
 
 
 class VllmTritonMoE:
-    """One vLLM release's TritonExperts behind diffmoe's plug-in contract (diffmoe.contract)."""
+    """One vLLM release's TritonExperts behind diffmoe's plug-in contract (diffmoe.adapters.contract)."""
 
-    orders_programs = True  # _execute runs the call inside diffmoe.grid_order's control itself
+    orders_programs = True  # _execute runs the call inside diffmoe.interpreter.grid_order's control itself
 
     def __init__(self, config: MoEConfig, device=None, variant: str = "vllm", release: Release = DEFAULT):
         config.validate()
@@ -492,7 +492,7 @@ class VllmTritonMoE:
     @staticmethod
     def _interpreter_ready() -> None:
         if interpreting():
-            from diffmoe import interpreter_fixes
+            from diffmoe.interpreter import fixes as interpreter_fixes
 
             if not interpreter_fixes.installed():
                 install_interpreter_fixes()
@@ -525,7 +525,7 @@ def release_factory(version: str, module: str):
 
 
 def attach(make, release: Release):
-    """The factory attributes of a release's `make` (diffmoe.contract): its plan and `supports`."""
+    """The factory attributes of a release's `make` (diffmoe.adapters.contract): its plan and `supports`."""
     def plan(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
         return plan_workspaces(config, num_tokens, release=release)
 
@@ -533,8 +533,8 @@ def attach(make, release: Release):
         check_supported(config, release)
 
     make.plan_workspaces = plan
-    make.supports = supports_from(check)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses
-    # diffmoe.contract.NUMERICS: every release is judged against the `vllm` profile (reference/numerics.py):
+    make.supports = supports_from(check)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses
+    # diffmoe.adapters.contract.NUMERICS: every release is judged against the `vllm` profile (reference/numerics.py):
     # the compiled ops it follows (quant, silu_and_mul, moe_sum) round alike in 0.28.0 to 0.33.0, so
     # the museum's buggy and fixed releases meet the same reference
     make.numerics = "vllm"

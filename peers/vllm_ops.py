@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from diffmoe.vocabulary import FP8_MAX, over_fp8_max  # amax / 448 as CUDA's IEEE division rounds it
+from diffmoe.problem.vocabulary import FP8_MAX, over_fp8_max  # amax / 448 as CUDA's IEEE division rounds it
 
 FP8 = torch.float8_e4m3fn
 MIN_SCALING_FACTOR = 1.0 / (FP8_MAX * 512.0)  # csrc min_scaling_factor<c10::Float8_e4m3fn>

@@ -50,10 +50,10 @@ from __future__ import annotations
 
 import torch
 
-from diffmoe.config import QUANT_BLOCK, MoEConfig
-from diffmoe.contract import RunResult
-from diffmoe.problem import Problem
-from diffmoe.vocabulary import (
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+from diffmoe.adapters.contract import RunResult
+from diffmoe.problem.inputs import Problem
+from diffmoe.problem.vocabulary import (
     FP8_DTYPE, FP8_MAX, Buffers, Stages, materialised_buffers, over_fp8_max, pipeline_stages,
 )
 
@@ -151,7 +151,7 @@ def silu_and_mul(gate_up: torch.Tensor, limit: float | None = None) -> torch.Ten
         gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)  # [R, I]; NaN stays NaN
     # silu as its definition, x / (1 + exp(-x)): F.silu is another function (a faster exp inside;
     # 43,917 of 2^20 float32 results differ), and this one is what the kernels compute, so on the
-    # interpreter (whose exp is torch's, diffmoe.interpreter_fixes) the fused stage is bitwise
+    # interpreter (whose exp is torch's, diffmoe.interpreter.fixes) the fused stage is bitwise
     silu = gate / (1.0 + torch.exp(-gate))  # [R, I] fp32
     return (silu * up).to(torch.bfloat16)  # [R, I] bf16
 
@@ -264,7 +264,7 @@ def gemm_exact(stage: str, inputs: dict[str, torch.Tensor], problem: Problem) ->
     output's dot product [R, N] (the router weight applied where the profile applies it in the
     GEMM), the sum of its terms' magnitudes [R, N], and the contraction length (H or I). Every
     term is exact in float64 up to one rounding (an e4m3 code times a float32 scale is exact; the
-    product of two such values keeps 56 bits). The derived GEMM rule (diffmoe.gemm_interval)
+    product of two such values keeps 56 bits). The derived GEMM rule (diffmoe.tolerance.gemm_interval)
     bounds any float32 evaluation of the dot by these."""
     cfg = problem.config
     b = Buffers

@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from diffmoe.config import QUANT_BLOCK
-from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, over_fp8_max
+from diffmoe.problem.config import QUANT_BLOCK
+from diffmoe.problem.vocabulary import FP8_DTYPE, FP8_MAX, over_fp8_max
 
 PROFILE = "vllm"
 # csrc/quantization/w8a8/fp8/common.cuh, min_scaling_factor<c10::Float8_e4m3fn>: 1 / (448 * 512)

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from diffmoe.config import QUANT_BLOCK
-from diffmoe.vocabulary import FP8_MAX
+from diffmoe.problem.config import QUANT_BLOCK
+from diffmoe.problem.vocabulary import FP8_MAX
 
 from .numerics import amax as nan_dropping_amax
 from .numerics import clamp_cast
@@ -86,7 +86,7 @@ def blocked_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scal
 def weighted_sum(per_token: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """moe_reduce: per_token [T, K, H] bf16 unweighted rows, weights [T, K]: each row times its
     bf16 weight rounded to bf16, the K products summed left to right in bf16, each add rounded
-    (tl.sum of bf16 in the order of Triton's in-thread lowering; diffmoe.interpreter_fixes,
+    (tl.sum of bf16 in the order of Triton's in-thread lowering; diffmoe.interpreter.fixes,
     bf16_reduce, computes it so): [T, H] bf16."""
     products = (per_token.float() * weights.to(torch.bfloat16).float()[:, :, None]).to(torch.bfloat16)  # [T, K, H]
     acc = products[:, 0]  # [T, H] bf16

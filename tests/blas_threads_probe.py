@@ -28,7 +28,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import optimized  # noqa: E402,F401 - installs the interpreter fast path
-from diffmoe import interpreter_speed  # noqa: E402
+from diffmoe.interpreter import fast_path as interpreter_speed  # noqa: E402
 
 SHAPES = [(m, 128, n) for m in (16, 32, 64) for n in (128, 256)]
 SCALES = (1e-3, 1.0, 1e4)

@@ -35,11 +35,12 @@ from optimized.moe import TritonFP8MoE
 import triton  # noqa: E402 - after optimized, which picks the interpreter without a GPU
 import triton.language as tl  # noqa: E402
 
-from diffmoe import interpreter_fixes, peer_wheels
-from diffmoe.config import MoEConfig
-from diffmoe.contract import RunResult
-from diffmoe.report import Finding, Oracles, Report
-from diffmoe.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
+from diffmoe.interpreter import fixes as interpreter_fixes
+from diffmoe.adapters import peer_wheels
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import RunResult
+from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.problem.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
 import optimized.act_quant as act_quant_module  # noqa: E402
 import optimized.kernels.act_quant_kernel as act_quant_kernel_module  # noqa: E402
 import optimized.kernels.numerics as numerics_module  # noqa: E402
@@ -830,7 +831,7 @@ def _plan_vllm_cache2_in_ws2(config: MoEConfig, num_tokens: int):
     return vllm_0_33.plan_workspaces(config, num_tokens, variant="cache2-in-ws2")
 
 
-# diffmoe.contract's optional factory attributes: the declared plan without a build, and vLLM's
+# diffmoe.adapters.contract's optional factory attributes: the declared plan without a build, and vLLM's
 # `supports` (the fuzzers draw around what vLLM does not run)
 make_vllm_cache2_in_ws2.plan_workspaces = _plan_vllm_cache2_in_ws2
 make_vllm_cache2_in_ws2.supports = vllm_0_33.make.supports
@@ -852,7 +853,7 @@ class Mutant:
     # mutant passes (the input class is what makes the bug visible)
     unseen_without: MoEConfig | None = None
     # The implementation the mutant was broken from, which must pass its config (None: the shipped
-    # one), and the peer whose cached files both need (diffmoe.peer_wheels; None: no peer)
+    # one), and the peer whose cached files both need (diffmoe.adapters.peer_wheels; None: no peer)
     control_factory: Callable[[MoEConfig], object] | None = None
     peer: str | None = None
 
@@ -867,7 +868,7 @@ class Mutant:
 
     def fetch_peer(self) -> None:
         """The peer's pinned files in the cache (downloaded once, as tests/test_peers_vllm.py does);
-        diffmoe.peer_wheels.PeerError with one line naming `diffmoe peers fetch PEER` when that fails."""
+        diffmoe.adapters.peer_wheels.PeerError with one line naming `diffmoe peers fetch PEER` when that fails."""
         if self.peer is not None:
             peer_wheels.fetch(self.peer)
 

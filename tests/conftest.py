@@ -21,6 +21,6 @@ def pytest_configure(config):
     # This suite is deterministic by default: without an explicit --hypothesis-profile it runs
     # the derandomized `ci` profile (the plugin does the same for any suite under CI=true).
     if config.getoption("--hypothesis-profile", default=None) is None:
-        from diffmoe.hypothesis_profiles import load_profile
+        from diffmoe.fuzz.profiles import load_profile
 
         load_profile("ci")

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from diffmoe.config import QUANT_BLOCK
-from diffmoe.problem import Problem
-from diffmoe.vocabulary import Buffers
+from diffmoe.problem.config import QUANT_BLOCK
+from diffmoe.problem.inputs import Problem
+from diffmoe.problem.vocabulary import Buffers
 
 FP8_MAX = np.float32(448.0)  # largest finite e4m3fn value (S.1111.110)
 # Floors as float32: the reference's float32 arithmetic sees a Python float as its float32

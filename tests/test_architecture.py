@@ -3,7 +3,7 @@
 No module of diffmoe/ imports an implementation package (`optimized`, `peers`, or a submodule
 of either), neither by an import statement nor by `importlib.import_module` / `__import__` of
 a literal name: the default implementation is named once, as a string
-(diffmoe.contract.DEFAULT_IMPLEMENTATION), and loaded as any `--impl` is. What the harness
+(diffmoe.adapters.contract.DEFAULT_IMPLEMENTATION), and loaded as any `--impl` is. What the harness
 needs from an implementation beyond running it (its plan, its doctor hooks) comes through the
 factory (contract.factory_plan, contract.factory_attribute).
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from diffmoe import contract
-from diffmoe.config import MoEConfig
+from diffmoe.adapters import contract
+from diffmoe.problem.config import MoEConfig
 
 HARNESS = Path(__file__).resolve().parent.parent / "diffmoe"
 # Top-level packages the harness must not import (add "reference" here once the runner takes the
@@ -54,7 +54,7 @@ def forbidden_imports(root: Path) -> list[str]:
 
 def test_no_harness_module_imports_an_implementation():
     hits = forbidden_imports(HARNESS)
-    assert not hits, "the harness must reach implementations only through diffmoe.contract:\n" + "\n".join(hits)
+    assert not hits, "the harness must reach implementations only through diffmoe.adapters.contract:\n" + "\n".join(hits)
 
 
 def test_the_checker_sees_every_form_of_import(tmp_path):
@@ -198,15 +198,75 @@ def test_the_circle_checker_sees_lazy_relative_and_type_checking_imports(tmp_pat
     assert import_circles(graph) == [["diffmoe.a", "diffmoe.b"], ["diffmoe.c", "diffmoe.sub.d"]]
 
 
+# ---- the house: concept folders and the package's face ------------------------------------
+
+# The public import paths users write (README, docs, examples): each top-level module of that
+# name is the same module object as the one it names (diffmoe/<face>.py says so in one line).
+FACES = {
+    "diffmoe.contract": "diffmoe.adapters.contract",
+    "diffmoe.config": "diffmoe.problem.config",
+    "diffmoe.runner": "diffmoe.check.runner",
+    "diffmoe.strategies": "diffmoe.fuzz.strategies",
+    "diffmoe.pytest_plugin": "diffmoe.frontends.pytest_plugin",
+}
+
+
+def test_every_module_lives_in_a_concept_folder_but_the_face():
+    """diffmoe/ holds folders; the only modules at its top are __init__, __main__ and the faces."""
+    top = {p.stem for p in HARNESS.glob("*.py")} - {"__init__", "__main__"}
+    assert top == {face.split(".")[1] for face in FACES}, f"modules outside a concept folder: {sorted(top)}"
+    for folder in (p for p in HARNESS.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        assert (folder / "__init__.py").is_file(), f"{folder.name}/ is not a package"
+
+
+@pytest.mark.parametrize("face", sorted(FACES))
+def test_a_public_path_is_the_module_it_names(face, monkeypatch):
+    """Imports, attributes and monkeypatching through a face reach the one real module."""
+    real = importlib.import_module(FACES[face])
+    assert importlib.import_module(face) is real
+    monkeypatch.setattr(f"{face}.__face_probe__", 1, raising=False)
+    assert real.__face_probe__ == 1
+
+
+def test_the_public_names_of_the_readme_import():
+    from diffmoe import MoEConfig as top_config, make_problem as top_make_problem
+    from diffmoe.config import MoEConfig
+    from diffmoe.contract import MoEImplementation
+    from diffmoe.problem import make_problem
+    from diffmoe.runner import run_differential
+    from diffmoe.strategies import moe_configs
+
+    assert MoEConfig is top_config and make_problem is top_make_problem
+    assert callable(run_differential) and callable(moe_configs) and MoEImplementation
+    with pytest.raises(AttributeError):
+        importlib.import_module("diffmoe.problem").no_such_name
+
+
+def face_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Arrows into a face from a module other than the package's own __init__: code of the
+    project imports the real module, so a reader follows one path (the faces are for users)."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                  if t in FACES and m != "diffmoe" and m not in FACES)
+
+
+def test_the_project_imports_real_modules_not_faces():
+    assert not face_imports(import_graph(REPO))
+
+
+def test_the_face_checker_sees_an_import_of_a_face():
+    assert face_imports({"optimized.moe": {"diffmoe.contract"}, "diffmoe": {"diffmoe.config"}}) == [
+        "optimized.moe -> diffmoe.contract"]
+
+
 # ---- the contract's default and its optional factory attributes ---------------------------
 
 
 def test_the_default_implementation_is_named_once():
     assert contract.DEFAULT_IMPLEMENTATION == "optimized:make_implementation"
     assert contract.DEFAULT_IMPLEMENTATION_NAME == "optimized"
-    from diffmoe import report
+    from diffmoe.check import report
 
-    assert not hasattr(report, "DEFAULT_IMPLEMENTATION"), "the default is named in diffmoe.contract only"
+    assert not hasattr(report, "DEFAULT_IMPLEMENTATION"), "the default is named in diffmoe.adapters.contract only"
     assert report.check_command(MoEConfig()) == report.check_command(MoEConfig(), contract.DEFAULT_IMPLEMENTATION_NAME)
     assert "--impl" not in report.check_command(MoEConfig())
 
@@ -215,7 +275,7 @@ def test_the_default_implementation_is_named_once():
 def test_a_replay_line_keeps_an_implementation_alias(alias):
     """`diffmoe check --impl vllm` names its implementation by the alias: the replay line must
     pass it back (it once ended in an unloadable `--impl MODULE:FACTORY`)."""
-    from diffmoe import report
+    from diffmoe.check import report
 
     line = report.check_command(MoEConfig(), alias)
     assert line.endswith(f"--impl {alias}") and report.UNREPLAYABLE_IMPL not in line

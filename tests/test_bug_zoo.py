@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from bug_zoo import MUTANTS, Mutant, finding_names, names_expected
-from diffmoe.report import Report
-from diffmoe.runner import ALL_ORACLES, run_differential
+from diffmoe.check.report import Report
+from diffmoe.check.runner import ALL_ORACLES, run_differential
 
 # Mutants feed corrupted values (NaN poison, clobbered rows) into the kernels; numpy's
 # overflow warnings from the interpreter are expected there, not a finding.

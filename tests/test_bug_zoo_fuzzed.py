@@ -18,12 +18,12 @@ import json
 import pytest
 
 from bug_zoo import MUTANTS
-from diffmoe import cli
-from diffmoe.config import MoEConfig
-from diffmoe.fuzzing import fuzz
-from diffmoe.report import check_command
-from diffmoe.runner import run_differential
-from diffmoe.strategies import size_floor
+from diffmoe.frontends import cli
+from diffmoe.problem.config import MoEConfig
+from diffmoe.fuzz.driver import fuzz
+from diffmoe.check.report import check_command
+from diffmoe.check.runner import run_differential
+from diffmoe.fuzz.strategies import size_floor
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
 

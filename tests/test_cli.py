@@ -11,11 +11,11 @@ import types
 
 import pytest
 
-from diffmoe import cli
-from diffmoe.config import MoEConfig
-from diffmoe.report import Finding, Oracles, Report, check_command
-from diffmoe.strategies import MINIMAL_FUSED_CONFIG
-from diffmoe.vocabulary import Buffers
+from diffmoe.frontends import cli
+from diffmoe.problem.config import MoEConfig
+from diffmoe.check.report import Finding, Oracles, Report, check_command
+from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.problem.vocabulary import Buffers
 
 SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor", "--fused"]
 
@@ -32,7 +32,7 @@ def alias_finding():
 @pytest.fixture
 def fake_runner(monkeypatch):
     """A runner whose reports have findings exactly for fused configs with the legacy planner."""
-    fake = types.ModuleType("diffmoe.runner")
+    fake = types.ModuleType("diffmoe.check.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None, implementation_name="optimized"):
@@ -47,7 +47,7 @@ def fake_runner(monkeypatch):
 
     fake.run_differential = run_differential
     fake.load_factory = load_factory
-    monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
     # these tests drive the execution fuzz through the stand-in: no plan-tier first phase by
     # default (test_fuzz_plan_tier_finds_the_legacy_planner_first runs it for real)
     monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)

@@ -1,5 +1,5 @@
 """The README's CLI reference is generated from the argument parser, so it cannot drift:
-`diffmoe.cli.reference_text()` (every subcommand's usage) must be the block between the
+`diffmoe.frontends.cli.reference_text()` (every subcommand's usage) must be the block between the
 markers. Regenerate it with `python tests/test_cli_reference.py --write`."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from diffmoe.cli import reference_text
+from diffmoe.frontends.cli import reference_text
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->"

@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diffmoe.compare import NAN_VS_NUMBER_DISTANCE, Rule, compare, ulp_distance
-from diffmoe.config import MoEConfig, QUANT_SCHEMES
-from diffmoe.tolerances import END_TO_END, FORCED, TOLERANCES, rule_for
-from diffmoe.vocabulary import FP8_DTYPE, Buffers, Stages, materialised_buffers, pipeline_stages
+from diffmoe.tolerance.compare import NAN_VS_NUMBER_DISTANCE, Rule, compare, ulp_distance
+from diffmoe.problem.config import MoEConfig, QUANT_SCHEMES
+from diffmoe.tolerance.table import END_TO_END, FORCED, TOLERANCES, rule_for
+from diffmoe.problem.vocabulary import FP8_DTYPE, Buffers, Stages, materialised_buffers, pipeline_stages
 
 FLOAT_DTYPES = [torch.float32, torch.bfloat16, torch.float16, FP8_DTYPE]
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, FP8_DTYPE: torch.int8}

@@ -1,4 +1,4 @@
-"""The compile gate (diffmoe/compile_gate.py, `diffmoe compile-check`): the kernels compile for
+"""The compile gate (diffmoe/backend/compile_gate.py, `diffmoe compile-check`): the kernels compile for
 sm_90 on this CPU-only machine, with the instructions and resources they are meant to have.
 
 The gate needs kernels decorated without the interpreter, so everything that compiles runs in
@@ -21,11 +21,11 @@ import types
 import pytest
 import torch
 
-from diffmoe import compile_gate as gate
-from diffmoe.config import QUANT_SCHEMES
+from diffmoe.backend import compile_gate as gate
+from diffmoe.problem.config import QUANT_SCHEMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLI = [sys.executable, "-m", "diffmoe.cli"]
+CLI = [sys.executable, "-m", "diffmoe.frontends.cli"]
 
 
 def compile_check(*args: str, extra_path: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -129,8 +129,8 @@ def test_per_tensor_quant_does_not_recompile_as_the_batch_grows():
     script = textwrap.dedent("""
         import json, os
         os.environ["TRITON_INTERPRET"] = "0"
-        from diffmoe import compile_gate as gate
-        from diffmoe.config import MoEConfig
+        from diffmoe.backend import compile_gate as gate
+        from diffmoe.problem.config import MoEConfig
         from optimized import make_implementation
         out = {}
         for t in (8, 96, 4096):
@@ -164,7 +164,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.contract import RunResult, WorkspacePlan
+from diffmoe.adapters.contract import RunResult, WorkspacePlan
 
 NAN = tl.constexpr(float("nan"))
 

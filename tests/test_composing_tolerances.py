@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from diffmoe.compare import DERIVED, Rule, compare
-from diffmoe.config import MoEConfig
-from diffmoe.contract import Schedule
+from diffmoe.tolerance.compare import DERIVED, Rule, compare
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import Schedule
 from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
-from diffmoe.report import Oracles
+from diffmoe.check.report import Oracles
 from diffmoe.oracles.differential import derived_output_bound
-from diffmoe.runner import DifferentialRun, run_differential
-from diffmoe.vocabulary import Buffers
+from diffmoe.check.runner import DifferentialRun, run_differential
+from diffmoe.problem.vocabulary import Buffers
 from optimized import make_implementation
 
 FALSE_ALARM = MoEConfig(num_tokens=256, num_experts=2, topk=2, hidden=128, inter=128, quant="fp8-token", fused=False)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from diffmoe.config import MoEConfig
+from diffmoe.problem.config import MoEConfig
 
 INVALID = [
     ("num_tokens", dict(num_tokens=0), ValueError),
@@ -116,7 +116,7 @@ def test_numerics_names_its_profiles_and_none_is_diffmoes():
 
 
 def test_the_replay_line_and_summary_name_numerics_only_when_set():
-    from diffmoe.report import check_command
+    from diffmoe.check.report import check_command
 
     plain = MoEConfig()
     assert "numerics" not in check_command(plain, "optimized") and "numerics" not in plain.short()

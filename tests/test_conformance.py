@@ -1,4 +1,4 @@
-"""Backend conformance (the harness's diffmoe.conformance), the workaround switches it drives in
+"""Backend conformance (the harness's diffmoe.backend.conformance), the workaround switches it drives in
 the optimized path (optimized.backend), and what the optimized path tells the doctor
 (optimized.conformance_hooks).
 
@@ -26,11 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe import conformance, doctor, interpreter_fixes
-from diffmoe.conformance import DEFECT, OK, PRIMITIVE_KEYS, SKIPPED, ProbeResult
-from diffmoe.config import QUANT_BLOCK, MoEConfig
-from diffmoe.vocabulary import Buffers as B
-from diffmoe.vocabulary import Stages
+from diffmoe.backend import conformance
+from diffmoe.backend import doctor
+from diffmoe.interpreter import fixes as interpreter_fixes
+from diffmoe.backend.conformance import DEFECT, OK, PRIMITIVE_KEYS, SKIPPED, ProbeResult
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+from diffmoe.problem.vocabulary import Buffers as B
+from diffmoe.problem.vocabulary import Stages
 from optimized import backend, conformance_hooks
 from optimized.act_quant import row_programs, run_row_stage
 from optimized.backend import (
@@ -99,7 +101,7 @@ def own_traits_cache():
 
 @pytest.fixture
 def unfixed_interpreter(own_traits_cache):
-    """triton 3.9's own interpreter, its numeric defects in place (diffmoe.interpreter_fixes
+    """triton 3.9's own interpreter, its numeric defects in place (diffmoe.interpreter.fixes
     suspended), with a traits cache of the test's own: what the probes exist to find."""
     with interpreter_fixes.suspended():
         yield
@@ -143,7 +145,7 @@ def test_cheap_probes_find_the_interpreter_defects(unfixed_interpreter):
 
 
 def test_the_fixed_interpreter_needs_no_workaround(own_traits_cache, capsys):
-    """With diffmoe.interpreter_fixes in place (optimized.launch installs them) every probe finds
+    """With diffmoe.interpreter.fixes in place (optimized.launch installs them) every probe finds
     its primitive right, so the kernels run their plain CUDA paths on the interpreter too; the
     doctor says the fixes are what it judged."""
     assert interpreter_fixes.installed()
@@ -526,7 +528,7 @@ def test_the_optimized_hooks_name_its_own_switches():
 
 def test_the_doctor_gets_the_hooks_through_the_contract():
     import optimized
-    from diffmoe import contract
+    from diffmoe.adapters import contract
 
     module, _, name = contract.DEFAULT_IMPLEMENTATION.partition(":")
     factory = getattr(optimized, name)

@@ -1,12 +1,12 @@
 """The differential suite: run_differential over Hypothesis-drawn configs.
 
 The optimized implementation with the fixed planner must produce no finding anywhere in the
-strategy's space (diffmoe/strategies.py). Examples per run come from the Hypothesis profile:
+strategy's space (diffmoe/fuzz/strategies.py). Examples per run come from the Hypothesis profile:
 `ci` (derandomized; the default of this suite and CI's), `dev` or `thorough`
 (`pytest --hypothesis-profile thorough`). A failure prints the shrunk config as JSON and the
 `diffmoe check` command that replays it.
 
-The fixed-planner property is judged as `diffmoe fuzz` judges (diffmoe/fuzz_tiers.py): the
+The fixed-planner property is judged as `diffmoe fuzz` judges (diffmoe/fuzz/tiers.py): the
 cheap oracle set on most examples, every oracle on every FULL_EVERY-th, on a cheap failure
 (escalated, so the failure shown is the full set's) and on every example once one has failed
 (Hypothesis's shrinking and replay), so a shrunk example is one the whole set still fails.
@@ -15,10 +15,10 @@ cheap oracle set on most examples, every oracle on every FULL_EVERY-th, on a che
 import pytest
 from hypothesis import given
 
-from diffmoe.fuzz_tiers import TIER_RUN, TierPolicy
-from diffmoe.report import Oracles
-from diffmoe.runner import run_differential
-from diffmoe.strategies import moe_configs
+from diffmoe.fuzz.tiers import TIER_RUN, TierPolicy
+from diffmoe.check.report import Oracles
+from diffmoe.check.runner import run_differential
+from diffmoe.fuzz.strategies import moe_configs
 
 
 def _reproducer(report) -> str:

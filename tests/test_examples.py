@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from diffmoe.config import MoEConfig
-from diffmoe.problem import make_problem
-from diffmoe.runner import load_factory, run_differential
-from diffmoe.vocabulary import Buffers
+from diffmoe.problem.config import MoEConfig
+from diffmoe.problem.inputs import make_problem
+from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.problem.vocabulary import Buffers
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "torch_moe.py"
@@ -51,7 +51,7 @@ def test_example_passes_a_zero_token_call():
 
 
 def test_example_plan_carves_every_materialised_buffer():
-    from diffmoe.vocabulary import materialised_buffers
+    from diffmoe.problem.vocabulary import materialised_buffers
 
     make = load_factory(SPEC)
     for config in CONFIGS:

@@ -25,9 +25,9 @@ import time
 import pytest
 import torch
 
-from diffmoe import cli
-from diffmoe.contract import RunResult
-from diffmoe.report import Oracles
+from diffmoe.frontends import cli
+from diffmoe.adapters.contract import RunResult
+from diffmoe.check.report import Oracles
 from optimized.moe import TritonFP8MoE
 from signal_dispositions import sigint_as
 
@@ -232,7 +232,7 @@ def test_an_impl_module_that_fails_to_import_is_one_usage_line(capsys, tmp_path,
 
 
 def test_a_harness_error_is_exit_3_with_one_line_and_the_traceback(capsys, monkeypatch):
-    import diffmoe.runner as runner
+    import diffmoe.check.runner as runner
 
     def broken(*args, **kwargs):
         raise runner.WorkerError("run_differential failed in the worker: ZeroDivisionError: x\nTraceback ...")
@@ -247,7 +247,7 @@ def test_a_harness_error_is_exit_3_with_one_line_and_the_traceback(capsys, monke
 
 
 def test_a_system_exit_escaping_a_command_is_never_exit_0(capsys, monkeypatch):
-    import diffmoe.runner as runner
+    import diffmoe.check.runner as runner
 
     monkeypatch.setattr(runner, "run_differential", lambda *a, **k: sys.exit(0))
     code = cli.main(["check", *SMALL])
@@ -401,7 +401,7 @@ plan_is_not_a_plan.plan_workspaces = lambda config, num_tokens: {"ws1": 0}
 
 
 @pytest.mark.parametrize("factory,words", [("plan_raises", "plan failed: RuntimeError: no plan today"),
-                                            ("plan_is_not_a_plan", "must be a diffmoe.contract.WorkspacePlan")])
+                                            ("plan_is_not_a_plan", "must be a diffmoe.adapters.contract.WorkspacePlan")])
 def test_a_plan_the_implementation_cannot_make_is_its_finding_not_an_internal_error(capsys, factory, words):
     assert cli.main(["plan", "--impl", f"test_exit_codes:{factory}"]) == cli.EXIT_FINDINGS
     err = capsys.readouterr().err
@@ -410,7 +410,7 @@ def test_a_plan_the_implementation_cannot_make_is_its_finding_not_an_internal_er
 
 def test_a_fuzz_whose_only_failure_is_the_harness_crashing_exits_3(monkeypatch, capsys):
     """run_differential itself raising is shrunk like any failure, but nothing was judged: exit 3, not 1."""
-    import diffmoe.runner as runner_module
+    import diffmoe.check.runner as runner_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("harness bug")

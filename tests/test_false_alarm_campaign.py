@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bug_zoo import make_dropped_router_weight
-from diffmoe.campaign import (
+from diffmoe.fuzz.campaign import (
     PROFILE_MAX_EXPERTS,
     PROFILE_MAX_TOKENS,
     PROFILE_MAX_TOPK,
@@ -18,8 +18,8 @@ from diffmoe.campaign import (
     run_campaign,
     sampled_configs,
 )
-from diffmoe.config import QUANT_SCHEMES
-from diffmoe.runner import run_differential
+from diffmoe.problem.config import QUANT_SCHEMES
+from diffmoe.check.runner import run_differential
 
 # A reduced campaign's sample: cheap configs only (about 5 s each on the interpreter).
 CI_CONFIGS, CI_SEED, CI_COST_CAP = 6, 2026, 30

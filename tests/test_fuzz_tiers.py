@@ -1,6 +1,6 @@
-"""The execution tier: which oracles judge each fuzz example (diffmoe/fuzz_tiers.py).
+"""The execution tier: which oracles judge each fuzz example (diffmoe/fuzz/tiers.py).
 
-A recording stand-in for diffmoe.runner shows the policy exactly (cheap set, every
+A recording stand-in for diffmoe.check.runner shows the policy exactly (cheap set, every
 FULL_EVERY-th example full, escalation, full shrinking, full database replay); real runs show
 that a bug only the full set sees is still found from a cold start, and that the cheap set
 alone catches what it claims to.
@@ -12,13 +12,13 @@ import types
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from diffmoe.fuzz_tiers import CHEAP_ORACLES, FULL_EVERY, TierPolicy, cheap_schedule, full_phase
-from diffmoe.fuzzing import fuzz
-from diffmoe.report import Finding, Oracles, Report
+from diffmoe.fuzz.tiers import CHEAP_ORACLES, FULL_EVERY, TierPolicy, cheap_schedule, full_phase
+from diffmoe.fuzz.driver import fuzz
+from diffmoe.check.report import Finding, Oracles, Report
 
 
 def recording_runner(fails=lambda config, oracles: False):
-    fake = types.ModuleType("diffmoe.runner")
+    fake = types.ModuleType("diffmoe.check.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None,
@@ -35,7 +35,7 @@ def recording_runner(fails=lambda config, oracles: False):
 def runner(monkeypatch):
     def install(**kwargs):
         fake = recording_runner(**kwargs)
-        monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+        monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
         return fake
 
     return install

@@ -1,7 +1,7 @@
 """fuzz_in_workers / `diffmoe fuzz --workers N`: the split, the merge, the first failure ending
 the search, a shared database, interrupts, and a worker that dies.
 
-A stand-in runner (tests/test_fuzzing.py's) replaces diffmoe.runner; the workers are forked,
+A stand-in runner (tests/test_fuzzing.py's) replaces diffmoe.check.runner; the workers are forked,
 so they inherit it, and these tests measure the process plumbing, not the kernels.
 """
 
@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from diffmoe import cli
-from diffmoe.fuzz_workers import WorkerFailed, fuzz_in_workers, split_examples, worker_seed
-from diffmoe.fuzz_tiers import full_phase
-from diffmoe.fuzzing import fuzz
-from diffmoe.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.frontends import cli
+from diffmoe.fuzz.workers import WorkerFailed, fuzz_in_workers, split_examples, worker_seed
+from diffmoe.fuzz.tiers import full_phase
+from diffmoe.fuzz.driver import fuzz
+from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from signal_dispositions import sigint_as
 from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture, shared
 
@@ -207,7 +207,7 @@ def test_interrupts_are_noted_not_raised_while_the_workers_messages_are_read():
     """A signal while the parent reads a message must not cut it in half: the handlers that would
     raise only note it (fuzz_workers._interrupts_noted); an ignored SIGINT stays ignored; the
     handlers are back afterwards, and _collect hears a noted signal as the stop."""
-    from diffmoe import fuzz_workers
+    from diffmoe.fuzz import workers as fuzz_workers
 
     with sigint_as("terminal"):  # as a terminal's job has it (a background job starts with it ignored)
         before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}

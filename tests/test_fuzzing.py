@@ -1,6 +1,6 @@
 """fuzz(): shrinking to the documented minimal config, progress, interruption, crashes.
 
-Most tests stand a fake runner in for diffmoe.runner, so they measure the driver, not the
+Most tests stand a fake runner in for diffmoe.check.runner, so they measure the driver, not the
 kernels; one slow test fuzzes the real optimized implementation with the legacy planner.
 """
 
@@ -9,10 +9,10 @@ import types
 
 import pytest
 
-from diffmoe.fuzzing import FailingReport, FuzzOutcome, fuzz
-from diffmoe.report import Finding, Oracles, Report
-from diffmoe.strategies import MINIMAL_FUSED_CONFIG
-from diffmoe.vocabulary import Buffers
+from diffmoe.fuzz.driver import FailingReport, FuzzOutcome, fuzz
+from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.problem.vocabulary import Buffers
 
 
 def alias_finding():
@@ -26,7 +26,7 @@ def alias_finding():
 
 def make_fake_runner(fails=lambda c: c.planner == "legacy" and c.fused, raises=None):
     """A module with run_differential: findings exactly when `fails(config)`."""
-    fake = types.ModuleType("diffmoe.runner")
+    fake = types.ModuleType("diffmoe.check.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None, implementation_name="optimized"):
@@ -45,7 +45,7 @@ def make_fake_runner(fails=lambda c: c.planner == "legacy" and c.fused, raises=N
 def fake_runner(monkeypatch):
     def install(**kwargs):
         fake = make_fake_runner(**kwargs)
-        monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+        monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
         return fake
 
     return install
@@ -58,7 +58,7 @@ def test_legacy_alias_shrinks_to_the_minimal_fused_config(fake_runner, capsys):
     assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
     assert outcome.report.findings[0].buffers == [Buffers.GATE_UP_OUTPUT, Buffers.QUANTED_DOWN_INPUT]
     assert fake.calls[-1] == outcome.report.config  # Hypothesis replays the minimal example last
-    # a cheap check that fails is judged again by every oracle (diffmoe/fuzz_tiers.py)
+    # a cheap check that fails is judged again by every oracle (diffmoe/fuzz/tiers.py)
     assert outcome.examples + outcome.escalations == len(fake.calls) and outcome.shrink_examples > 0
     assert 0 <= outcome.seconds_to_first_failure <= outcome.seconds
     assert outcome.seconds_shrinking == pytest.approx(outcome.seconds - outcome.seconds_to_first_failure)
@@ -192,7 +192,7 @@ def metamorphic_finding(config):
 
 def install_metamorphic_runner(monkeypatch, fused_fails=True):
     """Legacy configs: the fused one aliases (when fused_fails), and both disagree bitwise."""
-    fake = types.ModuleType("diffmoe.runner")
+    fake = types.ModuleType("diffmoe.check.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None, implementation_name="optimized"):
@@ -205,7 +205,7 @@ def install_metamorphic_runner(monkeypatch, fused_fails=True):
         return Report(config, implementation_name, ["static-aliasing", "metamorphic"], ["identity"], findings)
 
     fake.run_differential = run_differential
-    monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
     return fake
 
 
@@ -234,8 +234,8 @@ def test_real_legacy_unfused_config_seen_only_by_metamorphic_reports_its_fused_s
     # unfused config whose only finding is the metamorphic one; the aliasing is the fused run's.
     from hypothesis import strategies as st
 
-    from diffmoe import fuzzing
-    from diffmoe.config import MoEConfig
+    from diffmoe.fuzz import driver as fuzzing
+    from diffmoe.problem.config import MoEConfig
 
     unfused = MoEConfig(num_tokens=1, num_experts=2, topk=2, hidden=16, inter=257, quant="fp8-tensor", fused=False, planner="legacy")
     monkeypatch.setattr(fuzzing, "moe_configs", lambda **kwargs: st.just(unfused))

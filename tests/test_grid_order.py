@@ -1,4 +1,4 @@
-"""Program order at the Triton interpreter's grid loop (diffmoe/grid_order.py), on plain Triton
+"""Program order at the Triton interpreter's grid loop (diffmoe/interpreter/grid_order.py), on plain Triton
 kernels written here that read no order table.
 
 What is held: an order-dependent kernel (last writer wins) ends differently under reversed and
@@ -23,14 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe import grid_order
-from diffmoe.config import MoEConfig
-from diffmoe.contract import LaunchInfo, Schedule
-from diffmoe.grid_order import program_order
-from diffmoe.oracles.interpreter_races import RaceRecorder
-from diffmoe.report import Oracles
-from diffmoe.runner import load_factory, run_differential
-from diffmoe.vocabulary import Buffers, Stages
+from diffmoe.interpreter import grid_order
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import LaunchInfo, Schedule
+from diffmoe.interpreter.grid_order import program_order
+from diffmoe.interpreter.address_recorder import RaceRecorder
+from diffmoe.check.report import Oracles
+from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.problem.vocabulary import Buffers, Stages
 
 SUPPORTED, WHY = grid_order.status()
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason=WHY)
@@ -189,7 +189,7 @@ def test_another_triton_release_is_refused_and_identity_still_runs(monkeypatch):
 
 
 def test_a_schedule_must_be_a_schedule():
-    with pytest.raises(TypeError, match="schedule must be a diffmoe.contract.Schedule"):
+    with pytest.raises(TypeError, match="schedule must be a diffmoe.adapters.contract.Schedule"):
         with program_order("reversed"):
             pass
 
@@ -281,7 +281,7 @@ def test_the_schedule_oracle_says_it_is_skipped_where_the_grid_loop_cannot_be_ho
 
 
 def test_the_doctor_finds_the_grid_loop_control_working():
-    from diffmoe import conformance
+    from diffmoe.backend import conformance
 
     r = conformance.probe_grid_order(torch.device("cpu"), True)
     assert (r.status, r.mismatches, r.total) == (conformance.OK, 0, 32), r.detail
@@ -290,7 +290,7 @@ def test_the_doctor_finds_the_grid_loop_control_working():
 def test_the_doctor_reports_a_control_that_reorders_nothing(monkeypatch):
     from contextlib import nullcontext
 
-    from diffmoe import conformance
+    from diffmoe.backend import conformance
 
     monkeypatch.setattr(grid_order, "program_order", lambda schedule: nullcontext())
     r = conformance.probe_grid_order(torch.device("cpu"), True)
@@ -298,7 +298,7 @@ def test_the_doctor_reports_a_control_that_reorders_nothing(monkeypatch):
 
 
 def test_the_doctor_reports_another_triton_release(monkeypatch):
-    from diffmoe import conformance
+    from diffmoe.backend import conformance
 
     monkeypatch.setattr(triton, "__version__", "3.10.0")
     r = conformance.probe_grid_order(torch.device("cpu"), True)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from diffmoe.oracles.guards import CANARY, POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
-from diffmoe.report import ByteRange, Oracles
-from diffmoe.vocabulary import FP8_DTYPE
+from diffmoe.check.report import ByteRange, Oracles
+from diffmoe.problem.vocabulary import FP8_DTYPE
 
 
 def _past_the_view(view: torch.Tensor, extra_before: int, extra_after: int) -> torch.Tensor:

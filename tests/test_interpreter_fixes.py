@@ -1,4 +1,4 @@
-"""diffmoe.interpreter_fixes: the interpreter's casts and dots, fixed at the interpreter, are bit
+"""diffmoe.interpreter.fixes: the interpreter's casts and dots, fixed at the interpreter, are bit
 for bit the kernels' software workarounds as they run on the unpatched interpreter (and torch's
 casts / CUDA's satfinite where those define the value).
 
@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe import interpreter_fixes as fixes
+from diffmoe.interpreter import fixes
 from optimized.backend import interpreter_enabled
 from optimized.kernels.act_quant_kernel import _quantize_tile
 from optimized.kernels.grouped_gemm_kernel import e4m3_to_f32
@@ -376,7 +376,7 @@ def test_bf16_dot_defect_is_present_without_the_fix():
 
 
 def test_race_recorder_and_fixes_coexist():
-    from diffmoe.oracles.interpreter_races import RaceRecorder, races_supported
+    from diffmoe.interpreter.address_recorder import RaceRecorder, races_supported
 
     ok, why = races_supported()
     if not ok:

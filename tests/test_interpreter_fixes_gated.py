@@ -1,4 +1,4 @@
-"""The probe-gated interpreter fixes (diffmoe/interpreter_fixes.py, GATED_FIXES): each doctor
+"""The probe-gated interpreter fixes (diffmoe/interpreter/fixes.py, GATED_FIXES): each doctor
 probe finds its defect on triton 3.9's own interpreter and nothing with the fix in place; a fix
 is applied only where its probe found the defect, and only on the Triton it was written for.
 
@@ -15,9 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe import conformance, doctor
-from diffmoe import interpreter_fixes as fixes
-from diffmoe.conformance import DEFECT, OK
+from diffmoe.backend import conformance
+from diffmoe.backend import doctor
+from diffmoe.interpreter import fixes
+from diffmoe.backend.conformance import DEFECT, OK
 
 pytestmark = pytest.mark.skipif(not conformance.interpreter_enabled(),
                                 reason="fixes the Triton interpreter (TRITON_INTERPRET=1)")

@@ -1,4 +1,4 @@
-"""The interpreter fast path (diffmoe/interpreter_speed.py): helpers skip re-patching a language
+"""The interpreter fast path (diffmoe/interpreter/fast_path.py): helpers skip re-patching a language
 already patched, and nothing an interpreted kernel computes changes."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import optimized  # noqa: F401 - picks the interpreter without a GPU, installs the fast path
-from diffmoe import interpreter_speed
-from diffmoe.config import MoEConfig
-from diffmoe.problem import make_problem
-from diffmoe.triton_pin import triton_release
+from diffmoe.interpreter import fast_path as interpreter_speed
+from diffmoe.problem.config import MoEConfig
+from diffmoe.problem.inputs import make_problem
+from diffmoe.interpreter.triton_pin import triton_release
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter only")
 
@@ -269,7 +269,7 @@ def _jit_functions(module_prefix: str) -> list:
 def test_warm_rewrites_caches_what_triton_would_rewrite_in_the_worker():
     """Every module-level kernel and helper of the shipped implementation is rewritten into
     triton's cache, and the cached code is the code triton's own rewrite gives."""
-    from diffmoe import interpreter_speed as speed
+    from diffmoe.interpreter import fast_path as speed
     from triton.runtime import interpreter
 
     cache = interpreter.InterpretedFunction.rewritten_fn
@@ -287,8 +287,8 @@ def test_warm_rewrites_caches_what_triton_would_rewrite_in_the_worker():
 
 
 def test_the_runner_warms_the_cache_before_forking_a_check(monkeypatch):
-    from diffmoe import interpreter_speed as speed
-    from diffmoe.runner import run_differential
+    from diffmoe.interpreter import fast_path as speed
+    from diffmoe.check.runner import run_differential
 
     calls = []
     monkeypatch.setattr(speed, "warm_rewrites", lambda: calls.append(1) or 0)

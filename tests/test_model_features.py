@@ -15,13 +15,13 @@ import torch  # noqa: E402
 
 import reference.moe as ref_moe  # noqa: E402
 from dense_moe import dense_moe_float64  # noqa: E402
-from diffmoe import cli  # noqa: E402
-from diffmoe.config import MAX_SWIGLU_LIMIT, SHARED_EXPERT_WEIGHT, MoEConfig  # noqa: E402
-from diffmoe.edge_cases import edge_cases  # noqa: E402
-from diffmoe.fuzzing import fuzz  # noqa: E402
-from diffmoe.problem import make_problem  # noqa: E402
-from diffmoe.report import Oracles, check_command  # noqa: E402
-from diffmoe.runner import run_differential  # noqa: E402
+from diffmoe.frontends import cli  # noqa: E402
+from diffmoe.problem.config import MAX_SWIGLU_LIMIT, SHARED_EXPERT_WEIGHT, MoEConfig  # noqa: E402
+from diffmoe.problem.edge_cases import edge_cases  # noqa: E402
+from diffmoe.fuzz.driver import fuzz  # noqa: E402
+from diffmoe.problem.inputs import make_problem  # noqa: E402
+from diffmoe.check.report import Oracles, check_command  # noqa: E402
+from diffmoe.check.runner import run_differential  # noqa: E402
 from reference import reference_moe  # noqa: E402
 
 FEATURE_LABELS = ("swiglu-limit", "swiglu-limit-below-almost-every-value", "dropped-slots",
@@ -97,7 +97,7 @@ def test_the_fuzzer_draws_the_features_only_when_asked(monkeypatch, asked):
     from test_fuzzing import make_fake_runner
 
     fake = make_fake_runner(fails=lambda c: False)
-    monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
     args = cli.build_parser().parse_args(["fuzz", *(["--model-features"] if asked else [])])
     assert args.model_features is asked
     assert fuzz(max_examples=30, seed=0, features=args.model_features).passed

@@ -1,4 +1,4 @@
-"""The museum of real vLLM bugs (diffmoe/museum.py): every runnable exhibit behaves as recorded
+"""The museum of real vLLM bugs (diffmoe/adapters/museum.py): every runnable exhibit behaves as recorded
 (each buggy release fails with the recorded oracle at the recorded stage, the fixed release
 passes the same config and inputs), the verdict can fail, the mechanism behind exhibit 1 is what
 the exhibit says (a zero-filled workspace hides it, a poisoned one shows it), and the command
@@ -16,10 +16,11 @@ import dataclasses
 import pytest
 import torch
 
-from diffmoe import museum, peer_wheels
-from diffmoe.report import Oracles
-from diffmoe.vocabulary import Stages
-from diffmoe.runner import load_factory
+from diffmoe.adapters import museum
+from diffmoe.adapters import peer_wheels
+from diffmoe.check.report import Oracles
+from diffmoe.problem.vocabulary import Stages
+from diffmoe.check.runner import load_factory
 from reference import reference_moe
 
 RUNNABLE = [e for e in museum.EXHIBITS if e.pending is None]
@@ -90,7 +91,7 @@ def test_the_command_line_fails_when_an_exhibit_does_not_behave_as_recorded(monk
 
 
 def test_diffmoe_museum_is_wired_into_the_command_line(capsys):
-    from diffmoe.cli import main as cli_main
+    from diffmoe.frontends.cli import main as cli_main
 
     assert cli_main(["museum", "--list"]) == 0 and "stale-ep-rows" in capsys.readouterr().out
     assert cli_main(["museum", "no-such-exhibit"]) == 2
@@ -102,8 +103,8 @@ def test_the_shrinker_reaches_exhibit_ones_minimal_config_from_a_broader_domain(
     drawing clamp limits, -1 slots and shared experts over T <= 16 and E <= 8, the fuzzer finds the
     stale-EP-rows bug unaided and shrinks it to one token, one expert under an expert map, top-1,
     the smallest H and I, one -1 slot; the fixed release passes that config."""
-    from diffmoe.fuzzing import fuzz
-    from diffmoe.runner import run_differential
+    from diffmoe.fuzz.driver import fuzz
+    from diffmoe.check.runner import run_differential
 
     outcome = fuzz(implementation=load_factory("vllm==0.28.0"), implementation_name="vllm==0.28.0", max_examples=40,
                    seed=0, features=True, max_experts=8, max_tokens=16)
@@ -118,7 +119,7 @@ def test_the_shrinker_reaches_exhibit_ones_minimal_config_from_a_broader_domain(
 def test_without_cached_wheels_the_museum_says_which_fetch_to_run(tmp_path, monkeypatch, capsys):
     """An empty peer cache is a usage error naming each `diffmoe peers fetch`, in one line and
     before any run (it once printed `crash@None NOT AS RECORDED` for every release)."""
-    from diffmoe.cli import main as cli_main
+    from diffmoe.frontends.cli import main as cli_main
 
     monkeypatch.setenv(peer_wheels.CACHE_ENV, str(tmp_path / "empty"))
     assert cli_main(["museum"]) == 2

@@ -14,13 +14,14 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported
 
 import pytest
 
-from diffmoe import cli, contract
-from diffmoe.config import MoEConfig
-from diffmoe.contract import NUMERICS, factory_attribute, factory_numerics, judged_config
-from diffmoe.problem import make_problem
-from diffmoe.report import Oracles
-from diffmoe.runner import run_differential
-from diffmoe.vocabulary import Stages
+from diffmoe.frontends import cli
+from diffmoe.adapters import contract
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import NUMERICS, factory_attribute, factory_numerics, judged_config
+from diffmoe.problem.inputs import make_problem
+from diffmoe.check.report import Oracles
+from diffmoe.check.runner import run_differential
+from diffmoe.problem.vocabulary import Stages
 
 SMALL = dict(num_tokens=4, num_experts=4, topk=3, hidden=128, inter=128, quant="bf16")
 
@@ -140,7 +141,7 @@ def test_a_peers_short_name_replays_with_its_profile():
     the check resolved, and loads the same factory."""
     factory, name = cli.load_implementation("vllm")
     assert factory_numerics(factory) == "vllm"
-    from diffmoe.report import check_command
+    from diffmoe.check.report import check_command
 
     line = check_command(judged_config(MoEConfig(**SMALL), factory), name)
     assert line.endswith("--numerics vllm --impl vllm") and "#" not in line
@@ -152,10 +153,10 @@ def test_the_fuzzer_judges_and_reports_the_resolved_config(monkeypatch):
     import sys
     import types
 
-    from diffmoe.fuzzing import fuzz
-    from diffmoe.report import Finding, Report
+    from diffmoe.fuzz.driver import fuzz
+    from diffmoe.check.report import Finding, Report
 
-    fake = types.ModuleType("diffmoe.runner")
+    fake = types.ModuleType("diffmoe.check.runner")
     fake.calls = []
 
     def fake_run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None,
@@ -165,7 +166,7 @@ def test_the_fuzzer_judges_and_reports_the_resolved_config(monkeypatch):
         return Report(config, implementation_name, ["differential"], ["identity"], findings)
 
     fake.run_differential = fake_run_differential
-    monkeypatch.setitem(sys.modules, "diffmoe.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
     outcome = fuzz(implementation=vllm_numerics_factory, max_examples=30, seed=0)
     assert fake.calls and all(c.numerics == "vllm" for c in fake.calls)
     assert not outcome.passed and outcome.report.config.numerics == "vllm" and not outcome.notes

@@ -22,16 +22,16 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe import interpreter_fixes
-from diffmoe.compare import Rule, compare, ulp_distance
-from diffmoe.config import QUANT_BLOCK, MoEConfig
-from diffmoe.gemm_interval import compare_stage
-from diffmoe.contract import Schedule
-from diffmoe.problem import make_problem
-from diffmoe.recording import LaunchLog
-from diffmoe.tolerances import rule_for
-from diffmoe.vocabulary import Buffers as B
-from diffmoe.vocabulary import Stages
+from diffmoe.interpreter import fixes as interpreter_fixes
+from diffmoe.tolerance.compare import Rule, compare, ulp_distance
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+from diffmoe.tolerance.gemm_interval import compare_stage
+from diffmoe.adapters.contract import Schedule
+from diffmoe.problem.inputs import make_problem
+from diffmoe.check.recording import LaunchLog
+from diffmoe.tolerance.table import rule_for
+from diffmoe.problem.vocabulary import Buffers as B
+from diffmoe.problem.vocabulary import Stages
 from optimized.act_quant import row_programs, run_row_stage
 from optimized.align import align_routed_rows, max_blocks, max_padded_rows
 from optimized.backend import INTERPRETER_TRAITS, interpreter_enabled
@@ -189,7 +189,7 @@ def test_software_e4m3_rounding_is_torchs_cast_on_random_values():
 def test_native_e4m3_cast_is_wrong_under_the_unfixed_interpreter():
     """The defect the software rounding exists for: without it triton 3.9's interpreter's cast
     drops the mantissa carry and rounds ties away from zero (DESIGN.md measures ~2.6% of random
-    values). diffmoe.interpreter_fixes corrects it at the interpreter: there the native cast is
+    values). diffmoe.interpreter.fixes corrects it at the interpreter: there the native cast is
     exact (on the values the kernels cast: within +-448, as they clamp first)."""
     x = random_float32(16384, seed=0)
     mids = e4m3_midpoints()
@@ -472,7 +472,7 @@ def test_unfused_activation_is_the_reference_bitwise_where_numpys_exp_would_move
     numpy_moves = ulp_distance(want, emu32.to(torch.bfloat16))
     assert int((numpy_moves > 0).sum()) == placed and int(numpy_moves.max()) == 1
     assert bitwise_equal(want, torch32.to(torch.bfloat16))  # the reference is the formula, rounded once
-    # the interpreter's exp is torch's (diffmoe.interpreter_fixes): the kernel is the reference, bit for bit
+    # the interpreter's exp is torch's (diffmoe.interpreter.fixes): the kernel is the reference, bit for bit
     assert bitwise_equal(got, want), f"{fraction(ulp_distance(want, got) > 0)} differ"
 
 

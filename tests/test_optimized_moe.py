@@ -12,17 +12,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffmoe.compare import Rule, compare
-from diffmoe.config import MoEConfig
-from diffmoe.contract import Schedule
-from diffmoe.edge_cases import edge_cases
+from diffmoe.tolerance.compare import Rule, compare
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import Schedule
+from diffmoe.problem.edge_cases import edge_cases
 from diffmoe.oracles.guards import GuardedWorkspaces
-from diffmoe.problem import make_problem
-from diffmoe.recording import LaunchLog
-from diffmoe.gemm_interval import compare_stage
-from diffmoe.tolerances import rule_for
-from diffmoe.vocabulary import Buffers as B
-from diffmoe.vocabulary import Stages, buffer_spec, materialised_buffers, pipeline_stages
+from diffmoe.problem.inputs import make_problem
+from diffmoe.check.recording import LaunchLog
+from diffmoe.tolerance.gemm_interval import compare_stage
+from diffmoe.tolerance.table import rule_for
+from diffmoe.problem.vocabulary import Buffers as B
+from diffmoe.problem.vocabulary import Stages, buffer_spec, materialised_buffers, pipeline_stages
 from optimized import TritonFP8MoE, make_implementation
 from optimized.backend import interpreter_enabled
 from optimized.workspace_planner import plan_workspaces

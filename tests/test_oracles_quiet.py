@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from diffmoe.config import QUANT_SCHEMES
-from diffmoe.edge_cases import edge_cases
-from diffmoe.runner import ALL_ORACLES, run_differential
+from diffmoe.problem.config import QUANT_SCHEMES
+from diffmoe.problem.edge_cases import edge_cases
+from diffmoe.check.runner import ALL_ORACLES, run_differential
 
 pytestmark = pytest.mark.slow
 

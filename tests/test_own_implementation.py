@@ -21,11 +21,11 @@ import textwrap
 import pytest
 import torch
 
-from diffmoe import cli
-from diffmoe.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME
-from diffmoe.report import Oracles, Report, check_command
-from diffmoe.runner import factory_name, load_factory, run_differential
-from diffmoe.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.frontends import cli
+from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME
+from diffmoe.check.report import Oracles, Report, check_command
+from diffmoe.check.runner import factory_name, load_factory, run_differential
+from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor", "--fused"]
@@ -109,8 +109,8 @@ def test_the_cli_names_its_impl_in_the_report_and_the_replay(capsys):
 
 PLUGIN_PROBE = textwrap.dedent(
     """
-    from diffmoe.runner import run_differential
-    from diffmoe.strategies import MINIMAL_FUSED_CONFIG
+    from diffmoe.check.runner import run_differential
+    from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 
     def exploding(config):
         raise RuntimeError("probe factory")

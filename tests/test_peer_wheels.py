@@ -1,4 +1,4 @@
-"""The peer wheel cache (diffmoe/peer_wheels.py): pinned sha256, only the listed files kept,
+"""The peer wheel cache (diffmoe/adapters/peer_wheels.py): pinned sha256, only the listed files kept,
 the wheel deleted, one-line errors naming the fetch command, offline after one fetch.
 
 These tests build their own small wheels (zip files) and fake `pip download`: no network. The
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from diffmoe import peer_wheels
-from diffmoe.peer_wheels import PeerError, PeerWheel
+from diffmoe.adapters import peer_wheels
+from diffmoe.adapters.peer_wheels import PeerError, PeerWheel
 
 KEPT = ("pkg/kernels/moe.py", "pkg/kernels/align.py", "pkg/configs/")
 KEPT_FILES = ("pkg/kernels/moe.py", "pkg/kernels/align.py", "pkg/configs/a.json", "pkg/configs/b.json")

@@ -1,6 +1,6 @@
 """Liger-Kernel 0.8.5's bf16 fused MoE under diffmoe's oracles, from its pinned wheel
 (peers/liger_0_8.py). The wheel is fetched once (network, about 0.9 MB; the cache it leaves,
-68 KB, is reused: diffmoe/peer_wheels.py); without network and cache the module skips naming
+68 KB, is reused: diffmoe/adapters/peer_wheels.py); without network and cache the module skips naming
 the fetch command.
 
 What is asserted is what diffmoe measures of Liger's kernels on this machine (README,
@@ -14,14 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffmoe import peer_wheels
-from diffmoe.config import MoEConfig
-from diffmoe.contract import IMPLEMENTATION_ALIASES, Schedule, unsupported
-from diffmoe.problem import make_problem
-from diffmoe.recording import LaunchLog
-from diffmoe.runner import run_differential
-from diffmoe.vocabulary import Buffers as B
-from diffmoe.vocabulary import Stages
+from diffmoe.adapters import peer_wheels
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES, Schedule, unsupported
+from diffmoe.problem.inputs import make_problem
+from diffmoe.check.recording import LaunchLog
+from diffmoe.check.runner import run_differential
+from diffmoe.problem.vocabulary import Buffers as B
+from diffmoe.problem.vocabulary import Stages
 
 NO_WORKSPACES = (torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8))
 
@@ -135,7 +135,7 @@ def test_liger_passes_under_its_own_profile_and_is_flagged_under_diffmoes():
 def test_the_liger_profile_gives_ligers_bits_stage_by_stage(changes):
     """The profile's activation, unweighted down output and weighted gather-sum, computed on
     Liger's own inputs, are Liger's bits (activation within silu's one-ulp exp difference)."""
-    from diffmoe.compare import ulp_distance
+    from diffmoe.tolerance.compare import ulp_distance
     from reference.moe import reference_stage
 
     c = config(numerics="liger", **changes)

@@ -1,6 +1,6 @@
 """lmdeploy 0.18.0's blocked-FP8 fused MoE under diffmoe's oracles, from its pinned wheel
 (peers/lmdeploy_0_18.py). The wheel is fetched once (network, about 107 MB; the cache it
-leaves, 93 KB, is reused: diffmoe/peer_wheels.py); without network and cache the module skips
+leaves, 93 KB, is reused: diffmoe/adapters/peer_wheels.py); without network and cache the module skips
 naming the fetch command.
 
 What is asserted is what diffmoe measures of lmdeploy's kernels on this machine (README,
@@ -13,14 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffmoe import interpreter_fixes, peer_wheels
-from diffmoe.config import QUANT_BLOCK, MoEConfig
-from diffmoe.contract import IMPLEMENTATION_ALIASES, Schedule, unsupported
-from diffmoe.problem import make_problem
-from diffmoe.recording import LaunchLog
-from diffmoe.runner import run_differential
-from diffmoe.vocabulary import Buffers as B
-from diffmoe.vocabulary import Stages
+from diffmoe.interpreter import fixes as interpreter_fixes
+from diffmoe.adapters import peer_wheels
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES, Schedule, unsupported
+from diffmoe.problem.inputs import make_problem
+from diffmoe.check.recording import LaunchLog
+from diffmoe.check.runner import run_differential
+from diffmoe.problem.vocabulary import Buffers as B
+from diffmoe.problem.vocabulary import Stages
 
 NO_WORKSPACES = (torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8))
 
@@ -135,7 +136,7 @@ def test_the_lmdeploy_profile_gives_lmdeploys_bits_stage_by_stage(changes):
     """Each stage of the profile on lmdeploy's own inputs (its snapshots) gives lmdeploy's bits:
     the quantisations, the ratio-rescaled GEMMs (within the bf16 GEMM rule: BLAS sums in its own
     order), silu before the multiply, the unweighted down rows and the bf16 weighted reduce."""
-    from diffmoe.compare import ulp_distance
+    from diffmoe.tolerance.compare import ulp_distance
     from reference.moe import reference_stage
 
     c = config(numerics="lmdeploy", **changes)

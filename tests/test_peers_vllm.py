@@ -1,6 +1,6 @@
 """vLLM 0.33.0's Triton fused MoE, run from its own wheel's files, judged by diffmoe's oracles
 (peers/vllm_0_33.py). The wheel is fetched once (network, about 336 MB; the cache it leaves,
-about 1.4 MB, is reused: diffmoe/peer_wheels.py).
+about 1.4 MB, is reused: diffmoe/adapters/peer_wheels.py).
 
 What is held here: the declared plan is vLLM's layout (sizes from TritonExperts.workspace_shapes)
 and the static oracle judges cache1/cache3 sharing workspace2 safe from live ranges; the launches
@@ -23,16 +23,16 @@ import pytest
 import torch
 
 from bug_zoo import make_vllm_cache2_in_ws2  # the planted carve bug, a bug-zoo mutant
-from diffmoe import peer_wheels
-from diffmoe.config import MoEConfig
-from diffmoe.contract import Schedule, factory_numerics, factory_plan
+from diffmoe.adapters import peer_wheels
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import Schedule, factory_numerics, factory_plan
 from diffmoe.oracles.registry import ALL_ORACLES
 from diffmoe.oracles.static_aliasing import check_static_aliasing
-from diffmoe.problem import make_problem
-from diffmoe.report import Oracles
-from diffmoe.runner import factory_name, run_differential
-from diffmoe.vocabulary import Buffers as B
-from diffmoe.vocabulary import Stages
+from diffmoe.problem.inputs import make_problem
+from diffmoe.check.report import Oracles
+from diffmoe.check.runner import factory_name, run_differential
+from diffmoe.problem.vocabulary import Buffers as B
+from diffmoe.problem.vocabulary import Stages
 
 SMALL = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128)
 QUANTS = ("bf16", "fp8-tensor", "fp8-token", "fp8-block")
@@ -242,8 +242,8 @@ def test_vllms_rounding_is_flagged_under_diffmoes_profile(changes, flagged):
 
 def test_the_schedule_permutes_the_programs_of_each_triton_launch(monkeypatch):
     """Both GEMM launches (launch indices 0 and 1 of the call) run their programs in the schedule's
-    order at the interpreter's grid loop (diffmoe.grid_order), with the same output bits."""
-    from diffmoe import grid_order
+    order at the interpreter's grid loop (diffmoe.interpreter.grid_order), with the same output bits."""
+    from diffmoe.interpreter import grid_order
 
     if not grid_order.interpreting():
         pytest.skip("program order is controlled at the Triton interpreter's grid loop")

@@ -1,7 +1,7 @@
 """Every supported vLLM release behind one adapter core (peers/vllm_core.py RELEASES): each loads
 its own wheel's files, names itself, passes a check, and runs the expert-parallel path the way
 its TritonExperts.apply takes it; the release table is held to what the wheel's apply calls.
-The wheels are fetched once each (about 315 MB; ~1.3 MB kept: diffmoe/peer_wheels.py).
+The wheels are fetched once each (about 315 MB; ~1.3 MB kept: diffmoe/adapters/peer_wheels.py).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import dataclasses
 import pytest
 import torch
 
-from diffmoe import peer_wheels
-from diffmoe.config import MoEConfig
-from diffmoe.contract import IMPLEMENTATION_ALIASES
+from diffmoe.adapters import peer_wheels
+from diffmoe.problem.config import MoEConfig
+from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES
 from diffmoe.oracles.registry import ALL_ORACLES
-from diffmoe.report import Oracles
-from diffmoe.runner import load_factory, run_differential
+from diffmoe.check.report import Oracles
+from diffmoe.check.runner import load_factory, run_differential
 
 SPECS = ("vllm==0.28.0", "vllm==0.30.0", "vllm==0.33.0")
 CHECK_ORACLES = [o for o in ALL_ORACLES if o != Oracles.METAMORPHIC]  # vLLM has no fused/unfused sibling
@@ -71,7 +71,7 @@ def test_a_release_row_that_disagrees_with_the_wheel_stops_the_run(monkeypatch):
     wrong = dataclasses.replace(vllm_0_28.RELEASE, pad_aware_moe_sum=True)
     c = MoEConfig(**SMALL, quant="bf16", expert_map=(0, 1, -1, -1))
     impl = vllm_core.VllmTritonMoE(c, release=wrong)
-    from diffmoe.problem import make_problem
+    from diffmoe.problem.inputs import make_problem
 
     problem = make_problem(c)
     n1, n2 = impl.workspace_shapes()
@@ -93,7 +93,7 @@ class ClampedConfig(MoEConfig):
 
 
 def _output(spec: str, config) -> torch.Tensor:
-    from diffmoe.problem import make_problem
+    from diffmoe.problem.inputs import make_problem
 
     problem = make_problem(config)
     impl = load_factory(spec)(config)

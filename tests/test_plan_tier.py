@@ -1,4 +1,4 @@
-"""The plan tier (diffmoe.plan_tier): it catches and shrinks the legacy planner's bug, stays quiet
+"""The plan tier (diffmoe.fuzz.plan_tier): it catches and shrinks the legacy planner's bug, stays quiet
 on the fixed planner, catches a planted undersized plan through the fit rule, is reproducible,
 its sampler covers the documented domain with valid configs, and its arguments are checked."""
 
@@ -6,14 +6,14 @@ import itertools
 
 import pytest
 
-from diffmoe.config import MAX_PROBLEM_BYTES, MAX_ROUTED_ROWS, QUANT_SCHEMES, MoEConfig
-from diffmoe.contract import Placement, WorkspacePlan
-from diffmoe.plan_tier import (
+from diffmoe.problem.config import MAX_PROBLEM_BYTES, MAX_ROUTED_ROWS, QUANT_SCHEMES, MoEConfig
+from diffmoe.adapters.contract import Placement, WorkspacePlan
+from diffmoe.fuzz.plan_tier import (
     PHASE_GENERATE, PLAN_MAX_EXPERTS, PLAN_MAX_SIZE, PLAN_MAX_TOPK, PlanFuzzOutcome, fuzz_plans, judge_config,
     plan_configs,
 )
-from diffmoe.report import Oracles
-from diffmoe.vocabulary import Buffers
+from diffmoe.check.report import Oracles
+from diffmoe.problem.vocabulary import Buffers
 from optimized import make_implementation, plan_workspaces
 
 FIXED_EXAMPLES = 20_000

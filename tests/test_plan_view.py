@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from diffmoe.config import MoEConfig
+from diffmoe.problem.config import MoEConfig
 from diffmoe.oracles.static_aliasing import check_static_aliasing
-from diffmoe.plan_view import NEVER_WRITTEN, PRIVATE, draw_plan_png, unplaced_buffers
-from diffmoe.vocabulary import Buffers
+from diffmoe.frontends.plan_view import NEVER_WRITTEN, PRIVATE, draw_plan_png, unplaced_buffers
+from diffmoe.problem.vocabulary import Buffers
 from optimized.workspace_planner import plan_workspaces
 
 pytest.importorskip("matplotlib")

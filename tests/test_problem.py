@@ -7,10 +7,10 @@
 import pytest
 import torch
 
-from diffmoe.config import SHARED_EXPERT_WEIGHT, MoEConfig
-from diffmoe.edge_cases import edge_cases
-from diffmoe.problem import make_problem
-from diffmoe.vocabulary import FP8_MAX, weight_scale_shape
+from diffmoe.problem.config import SHARED_EXPERT_WEIGHT, MoEConfig
+from diffmoe.problem.edge_cases import edge_cases
+from diffmoe.problem.inputs import make_problem
+from diffmoe.problem.vocabulary import FP8_MAX, weight_scale_shape
 
 SCHEMES = ["bf16", "fp8-tensor", "fp8-token", "fp8-block"]
 
@@ -86,9 +86,9 @@ def test_uncomputed_rows_take_the_references_values_and_computed_rows_keep_their
     them the reference's, so no oracle judges them; a wrong value in a computed row stays."""
     import torch
 
-    from diffmoe.config import MoEConfig
-    from diffmoe.problem import make_problem, settle_uncomputed_rows
-    from diffmoe.vocabulary import Buffers
+    from diffmoe.problem.config import MoEConfig
+    from diffmoe.problem.inputs import make_problem, settle_uncomputed_rows
+    from diffmoe.problem.vocabulary import Buffers
     from reference import reference_moe
 
     config = MoEConfig(num_tokens=4, num_experts=4, topk=2, hidden=128, inter=128, expert_map=(0, 1, -1, -1))

@@ -8,9 +8,9 @@ import textwrap
 import pytest
 import torch
 
-from diffmoe.hypothesis_profiles import CI_MAX_EXAMPLES, DEV_MAX_EXAMPLES, PROFILES, ci_requested, load_profile
-from diffmoe.report import Finding, Oracles, Report
-from diffmoe.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.fuzz.profiles import CI_MAX_EXAMPLES, DEV_MAX_EXAMPLES, PROFILES, ci_requested, load_profile
+from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 
 PROBE = textwrap.dedent(
     """

@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.contract import LaunchInfo
-from diffmoe.oracles import interpreter_races as races
-from diffmoe.oracles.interpreter_races import RaceRecorder, instrumentation_installed, races_supported
-from diffmoe.report import ByteRange, Oracles
+from diffmoe.adapters.contract import LaunchInfo
+from diffmoe.interpreter import address_recorder as races
+from diffmoe.interpreter.address_recorder import RaceRecorder, instrumentation_installed, races_supported
+from diffmoe.check.report import ByteRange, Oracles
 
 SUPPORTED, WHY = races_supported()
 needs_interpreter = pytest.mark.skipif(not SUPPORTED, reason=WHY)

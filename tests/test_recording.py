@@ -2,8 +2,8 @@
 
 import torch
 
-from diffmoe.contract import LaunchInfo
-from diffmoe.recording import ChainedRecorder, LaunchLog, region_of
+from diffmoe.adapters.contract import LaunchInfo
+from diffmoe.check.recording import ChainedRecorder, LaunchLog, region_of
 
 
 def test_region_of_a_contiguous_view_of_a_workspace():

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from dense_moe import dense_moe_float64
-from diffmoe.edge_cases import edge_cases
-from diffmoe.problem import make_problem
-from diffmoe.vocabulary import Buffers, materialised_buffers
+from diffmoe.problem.edge_cases import edge_cases
+from diffmoe.problem.inputs import make_problem
+from diffmoe.problem.vocabulary import Buffers, materialised_buffers
 from reference import reference_moe
 from reference.moe import quantize_activation
 
@@ -87,7 +87,7 @@ def test_activation_scales_are_correctly_rounded_quotients_on_every_device(quant
     float64 quotient of two float32 values, rounded once to float32, is the correctly rounded
     float32 quotient (53 >= 2 * 24 + 2 bits). torch on CUDA divides by a Python scalar as a
     multiply by its reciprocal, one ulp off for 3.40625 among others: on a GPU this fails
-    without diffmoe.vocabulary.over_fp8_max."""
+    without diffmoe.problem.vocabulary.over_fp8_max."""
     amaxes = torch.arange(0x3F80, 0x4100, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()  # [1, 8)
     amaxes = amaxes[(amaxes.double() / 448).float() != amaxes * (1 / 448)]  # where a reciprocal multiply is off
     assert 3.40625 in amaxes.tolist() and amaxes.numel() > 10

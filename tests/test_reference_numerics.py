@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import reference.numerics as vllm
-from diffmoe.compare import ulp_distance
-from diffmoe.config import MoEConfig
-from diffmoe.problem import make_problem
-from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages
+from diffmoe.tolerance.compare import ulp_distance
+from diffmoe.problem.config import MoEConfig
+from diffmoe.problem.inputs import make_problem
+from diffmoe.problem.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages
 from reference import reference_moe
 from reference.moe import quantize_activation, reference_stage, silu_and_mul
 

@@ -40,11 +40,11 @@ import torch.nn.functional as F
 
 import reference.moe as moe
 import spec_moe as spec
-from diffmoe.config import QUANT_BLOCK, MoEConfig
-from diffmoe.contract import RunResult
-from diffmoe.edge_cases import edge_cases
-from diffmoe.problem import Problem, make_problem
-from diffmoe.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+from diffmoe.adapters.contract import RunResult
+from diffmoe.problem.edge_cases import edge_cases
+from diffmoe.problem.inputs import Problem, make_problem
+from diffmoe.problem.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages
 
 SCHEMES = ("bf16", "fp8-tensor", "fp8-token", "fp8-block")
 

@@ -21,17 +21,17 @@ import pytest
 import torch
 
 
-import diffmoe.runner as runner
-import diffmoe.worker as worker
+import diffmoe.check.runner as runner
+import diffmoe.check.worker as worker
 from bug_zoo import MUTANTS, OUTCOME_MUTANTS, TritonFP8MoE, make_fused_tile_not_power_of_two
-from diffmoe import cli
-from diffmoe.config import MAX_PROBLEM_BYTES, MoEConfig
-from diffmoe.fuzzing import fuzz
-from diffmoe.problem import make_problem
-from diffmoe.recording import LaunchLog
-from diffmoe.report import Oracles, Report, check_command
-from diffmoe.strategies import MINIMAL_CONFIG, MINIMAL_FUSED_CONFIG
-from diffmoe.vocabulary import Buffers, Stages
+from diffmoe.frontends import cli
+from diffmoe.problem.config import MAX_PROBLEM_BYTES, MoEConfig
+from diffmoe.fuzz.driver import fuzz
+from diffmoe.problem.inputs import make_problem
+from diffmoe.check.recording import LaunchLog
+from diffmoe.check.report import Oracles, Report, check_command
+from diffmoe.fuzz.strategies import MINIMAL_CONFIG, MINIMAL_FUSED_CONFIG
+from diffmoe.problem.vocabulary import Buffers, Stages
 from optimized import make_implementation
 from reference import reference_moe
 
@@ -127,7 +127,7 @@ def _raising(where):
         ("workspace_plan", O.CRASH, "workspace_plan(1) raised KeyError"),
         ("workspace_shapes", O.CRASH, "workspace_shapes(1) raised ZeroDivisionError"),
         ("shapes-not-numbers", O.CONTRACT, "must return two byte counts"),
-        ("plan-not-a-plan", O.CONTRACT, "must return a diffmoe.contract.WorkspacePlan, got dict"),
+        ("plan-not-a-plan", O.CONTRACT, "must return a diffmoe.adapters.contract.WorkspacePlan, got dict"),
         ("run-returns-none", O.CONTRACT, "returned NoneType"),
     ],
 )

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from diffmoe.config import MoEConfig
+from diffmoe.problem.config import MoEConfig
 from signal_dispositions import sigint_as
 
 HANGS_ON_WIDE_HIDDEN = '''

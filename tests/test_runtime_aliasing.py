@@ -6,14 +6,14 @@ import itertools
 import pytest
 import torch
 
-from diffmoe.config import QUANT_SCHEMES, MoEConfig
-from diffmoe.contract import LaunchInfo
+from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig
+from diffmoe.adapters.contract import LaunchInfo
 from diffmoe.oracles.guards import GuardedTensor, GuardedWorkspaces
 from diffmoe.oracles.runtime_aliasing import check_runtime_aliasing
 from diffmoe.oracles.static_aliasing import check_static_aliasing
-from diffmoe.recording import LaunchLog
-from diffmoe.report import ByteRange, Oracles
-from diffmoe.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
+from diffmoe.check.recording import LaunchLog
+from diffmoe.check.report import ByteRange, Oracles
+from diffmoe.problem.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
 from optimized.workspace_planner import plan_workspaces
 
 B = Buffers

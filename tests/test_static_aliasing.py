@@ -5,11 +5,11 @@ import itertools
 
 import pytest
 
-from diffmoe.config import QUANT_SCHEMES, MoEConfig
-from diffmoe.contract import Placement, WorkspacePlan
+from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig
+from diffmoe.adapters.contract import Placement, WorkspacePlan
 from diffmoe.oracles.static_aliasing import check_static_aliasing, check_workspace_fit, live_ranges
-from diffmoe.report import ByteRange, Oracles
-from diffmoe.vocabulary import Buffers, Stages, StageSpec, buffer_spec
+from diffmoe.check.report import ByteRange, Oracles
+from diffmoe.problem.vocabulary import Buffers, Stages, StageSpec, buffer_spec
 from optimized.workspace_planner import plan_workspaces
 
 TOKEN_COUNTS = (1, 2, 3, 5, 8, 16, 63, 64, 100, 257, 1024)

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from diffmoe.config import MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, QUANT_BLOCK, MoEConfig
-from diffmoe.contract import Schedule
-from diffmoe.strategies import (
+from diffmoe.problem.config import MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, QUANT_BLOCK, MoEConfig
+from diffmoe.adapters.contract import Schedule
+from diffmoe.fuzz.strategies import (
     MAX_EXPERTS,
     MAX_SIZE,
     MAX_SPECIAL_ROWS,

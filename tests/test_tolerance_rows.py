@@ -4,7 +4,7 @@ allows, and stays quiet on correct code.
 Loud half: for each (scheme, buffer) row judged per stage (the `forced` rules, and the fused
 act+quant's), the reference's own stage output, which the row passes, is moved just past the
 row's reason on one element: a bitwise row by one code or one ulp, an ulp row by one ulp more
-than it allows (beyond its floor), the GEMMs' derived interval (diffmoe.gemm_interval) by one
+than it allows (beyond its floor), the GEMMs' derived interval (diffmoe.tolerance.gemm_interval) by one
 bf16 step past its end. Two planted kernel errors the old rules let through are caught by name:
 a fused scale 0.2 % off (the old rule allowed 2^-6), and one extra bf16 rounding of the
 accumulator inside the K loop (the old 2-ulp rule saw it only where a sum cancels, 1.4-1.8 % of
@@ -20,16 +20,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffmoe.compare import DERIVED, Rule, compare
-from diffmoe.config import QUANT_BLOCK, QUANT_SCHEMES, MoEConfig
-from diffmoe.contract import factory_numerics, unsupported
-from diffmoe.edge_cases import edge_cases
-from diffmoe.gemm_interval import GEMM_STAGES, compare_stage, stage_bound
-from diffmoe.problem import make_problem
-from diffmoe.report import Oracles
-from diffmoe.runner import run_differential
-from diffmoe.tolerances import BACKENDS, FORCED, INTERPRETER, PROFILE_ROWS, TOLERANCES, rule_for, tolerance_row
-from diffmoe.vocabulary import Buffers, Stages, pipeline_stages
+from diffmoe.tolerance.compare import DERIVED, Rule, compare
+from diffmoe.problem.config import QUANT_BLOCK, QUANT_SCHEMES, MoEConfig
+from diffmoe.adapters.contract import factory_numerics, unsupported
+from diffmoe.problem.edge_cases import edge_cases
+from diffmoe.tolerance.gemm_interval import GEMM_STAGES, compare_stage, stage_bound
+from diffmoe.problem.inputs import make_problem
+from diffmoe.check.report import Oracles
+from diffmoe.check.runner import run_differential
+from diffmoe.tolerance.table import BACKENDS, FORCED, INTERPRETER, PROFILE_ROWS, TOLERANCES, rule_for, tolerance_row
+from diffmoe.problem.vocabulary import Buffers, Stages, pipeline_stages
 from reference.moe import dequantize_activation, dequantize_weight, local_expert_ids, reference_moe, reference_stage
 
 B = Buffers
@@ -185,8 +185,8 @@ PEERS = {"vllm": "vllm", "peers.lmdeploy_0_18:make": "lmdeploy", "peers.liger_0_
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", list(PEERS))
 def test_every_peer_is_quiet_per_stage_on_the_labelled_edge_cases(spec):
-    from diffmoe import peer_wheels
-    from diffmoe.cli import load_implementation
+    from diffmoe.adapters import peer_wheels
+    from diffmoe.frontends.cli import load_implementation
 
     try:
         peer_wheels.fetch(PEERS[spec])

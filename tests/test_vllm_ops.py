@@ -109,7 +109,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def test_the_quant_stand_ins_divide_amax_by_448_as_cudas_ieee_division_does(device):
     """amax / 448 correctly rounded (the float64 quotient rounded once), as the CUDA ops' `/`
     gives it: torch on CUDA multiplies by a Python scalar's reciprocal, one ulp high for 3.40625,
-    so on a GPU this fails without diffmoe.vocabulary.over_fp8_max."""
+    so on a GPU this fails without diffmoe.problem.vocabulary.over_fp8_max."""
     amax = torch.tensor(3.40625)
     want = (amax.double() / 448).float()
     assert want != amax * (1 / 448)

@@ -2,7 +2,7 @@
 
 An oracle is a class with a `name` (as findings and `--oracles` spell it), a line for the
 README table (`checks`, `how`) and the hooks it takes part in. Each hook receives the check
-(`diffmoe.execution.Check`: the config, the problem, the reference's results, the first
+(`diffmoe.check.execution.Check`: the config, the problem, the reference's results, the first
 instance and its workspaces, and the services to build and run the implementation again) and
 returns its findings. A check calls the hooks in this order:
 
@@ -18,7 +18,7 @@ in a report: how memory was used (races, stray stores, guard bytes, the contract
 before the values computed in it, the way an engineer debugs. The registry
 (`diffmoe/oracles/registry.py`) lists the oracles in the order users see them.
 
-An oracle must not raise for the implementation's faults: a `diffmoe.execution.Crash` from a
+An oracle must not raise for the implementation's faults: a `diffmoe.check.execution.Crash` from a
 rerun is caught by the check (its finding reported) unless the oracle catches it itself.
 Adding an oracle: one module under `diffmoe/oracles/` with one subclass, and one row in the
 registry.
@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from ..contract import WorkspacePlan
-from ..report import Finding
+from diffmoe.adapters.contract import WorkspacePlan
+from diffmoe.check.report import Finding
 
 if TYPE_CHECKING:
-    from ..execution import Check, Run
+    from diffmoe.check.execution import Check, Run
 
 
 class Oracle:

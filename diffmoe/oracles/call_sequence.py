@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..contract import Schedule
-from ..problem import Problem
-from ..report import Finding, Oracles
-from ..vocabulary import producer_stage
-from .base import Oracle
-from .guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
-from .poison import poison_findings
+from diffmoe.adapters.contract import Schedule
+from diffmoe.problem.inputs import Problem
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.problem.vocabulary import producer_stage
+from diffmoe.oracles.base import Oracle
+from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
+from diffmoe.oracles.poison import poison_findings
 
 if TYPE_CHECKING:
-    from ..execution import Check, Run
+    from diffmoe.check.execution import Check, Run
 
 # The smaller call has T // 16 tokens (at least 1): a decode-sized call beside a prefill-sized
 # one, as an engine makes them. The interpreter's cost of a call is mostly per launch and per
@@ -80,7 +80,7 @@ class CallSequence(Oracle):
         large = runs[0]
         t_large = check.problem.num_tokens
         t_small = max(1, t_large // SMALL_CALL_DIVISOR)
-        from ..execution import first_tokens
+        from diffmoe.check.execution import first_tokens
 
         small = first_tokens(check.problem, t_small)
         first_order = check.schedules[0]

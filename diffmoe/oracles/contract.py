@@ -1,8 +1,8 @@
-"""The contract oracle: what the plug-in contract (diffmoe/contract.py) asks of a run.
+"""The contract oracle: what the plug-in contract (diffmoe/adapters/contract.py) asks of a run.
 
 Owns the checks of the first order's run: the output's shape, dtype and device, the caller's
 output tensor used, every written buffer declared, every materialised buffer written. Input
-writes and results that are no RunResult are found by the check itself (diffmoe/execution.py)
+writes and results that are no RunResult are found by the check itself (diffmoe/check/execution.py)
 and reported under this oracle's name whatever the selection: they make the rest unjudgeable.
 
 Must not touch the order runs beyond reading the first one.
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..report import Finding, Oracles
-from ..vocabulary import Buffers, Stages, materialised_buffers, producer_stage
-from .base import Oracle
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.problem.vocabulary import Buffers, Stages, materialised_buffers, producer_stage
+from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:
-    from ..execution import Check, Run
+    from diffmoe.check.execution import Check, Run
 
 # Implementation-private buffers a launch may write besides the declared pipeline buffers: these,
 # and any name under Buffers.PRIVATE_PREFIX (an implementation's own scratch, Buffers.private).

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..compare import Comparison, Rule, compare
-from ..gemm_interval import stage_bound
-from ..report import Finding, Oracles
-from ..tolerances import FORCED, rule_for
-from ..vocabulary import Buffers, Stages, pipeline_stages
-from .base import Oracle
+from diffmoe.tolerance.compare import Comparison, Rule, compare
+from diffmoe.tolerance.gemm_interval import stage_bound
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.tolerance.table import FORCED, rule_for
+from diffmoe.problem.vocabulary import Buffers, Stages, pipeline_stages
+from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:
-    from ..execution import Check, Run
+    from diffmoe.check.execution import Check, Run
 
 # The end-to-end output's derived bound (derived_output_bound): the effect of the candidate's own
 # down-GEMM input, plus the down GEMM's per-stage slack (its forced row in the tolerance table)
@@ -45,7 +45,7 @@ def derived_output_bound(check: Check, run: Run,
     code) reaches the output only through the down GEMM's input, so the reference's down GEMM
     and reduce are run on the candidate's down-GEMM input: |that output - the reference's|
     is exactly the effect of those differences. On top: what the down GEMM's per-stage rule
-    allows (on the interpreter the width of its derived interval, diffmoe.gemm_interval; on
+    allows (on the interpreter the width of its derived interval, diffmoe.tolerance.gemm_interval; on
     CUDA its ulps and floor; per routed row, summed over K; the reduce's is bitwise) and the
     output's own bf16 rounding (1 ulp). None when the candidate did not report the buffers.
     `down_interval`: the down stage's derived interval on these same inputs when the caller has

@@ -21,8 +21,8 @@ import math
 
 import torch
 
-from ..report import ByteRange, Finding, Oracles
-from ..vocabulary import WORKSPACE_NAMES
+from diffmoe.check.report import ByteRange, Finding, Oracles
+from diffmoe.problem.vocabulary import WORKSPACE_NAMES
 
 POISON_PATTERNS = (0xFF, 0xA5)
 CANARY = 0xCD  # guard byte; neither poison, nor a value kernels write by default (zero)

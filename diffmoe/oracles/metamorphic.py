@@ -11,20 +11,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..compare import Rule, compare
-from ..report import Finding, Oracles
-from ..vocabulary import Buffers, producer_stage
-from .base import Oracle
-from .guards import POISON_PATTERNS, GuardedTensor
+from diffmoe.tolerance.compare import Rule, compare
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.problem.vocabulary import Buffers, producer_stage
+from diffmoe.oracles.base import Oracle
+from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor
 
 if TYPE_CHECKING:
-    from ..execution import Check
+    from diffmoe.check.execution import Check
 
 
 def _sibling_figures(sibling_cfg) -> dict:
     """Which run disagreed with which: two runs cannot tell whose bits are wrong, so the
-    finding names the sibling too (the fuzzer judges it on its own, diffmoe.fuzzing)."""
-    from ..report import check_command
+    finding names the sibling too (the fuzzer judges it on its own, diffmoe.fuzz.driver)."""
+    from diffmoe.check.report import check_command
 
     return {"sibling_config": sibling_cfg.to_dict(), "sibling_replay": check_command(sibling_cfg)}
 
@@ -36,11 +36,11 @@ class Metamorphic(Oracle):
     rank = 100
 
     def finish(self, check: Check) -> list[Finding]:
-        from ..execution import Crash
+        from diffmoe.check.execution import Crash
 
         if check.problem.num_tokens == 0 or not check.config.is_fp8:
             return []
-        from ..contract import unsupported
+        from diffmoe.adapters.contract import unsupported
 
         sibling_cfg = check.config.replace(fused=not check.config.fused)
         refused = unsupported(check.factory, sibling_cfg)

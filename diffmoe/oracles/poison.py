@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..report import Finding, Oracles
-from ..vocabulary import producer_stage
-from .base import Oracle
-from .guards import POISON_PATTERNS
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.problem.vocabulary import producer_stage
+from diffmoe.oracles.base import Oracle
+from diffmoe.oracles.guards import POISON_PATTERNS
 
 if TYPE_CHECKING:
-    from ..execution import Check, Run
+    from diffmoe.check.execution import Check, Run
 
 
 def poison_findings(check: Check, first: Run, again: Run, tokens: int | None = None) -> list[Finding]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..report import Finding, Oracles
-from .base import Oracle
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:
-    from ..execution import Check, Run
+    from diffmoe.check.execution import Check, Run
 
 
 class Races(Oracle):

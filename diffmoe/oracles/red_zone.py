@@ -1,6 +1,6 @@
 """The red-zone oracle: out-of-bounds writes, seen as changed guard bytes.
 
-Owns reporting what the check's red-zone watcher (diffmoe/execution.py, after every launch of
+Owns reporting what the check's red-zone watcher (diffmoe/check/execution.py, after every launch of
 every run) found; the guards themselves are guards.py's.
 
 Must not check guard bytes itself: the watcher does, after every launch.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..report import Finding, Oracles
-from .base import Oracle
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:
-    from ..execution import Check, Run
+    from diffmoe.check.execution import Check, Run
 
 
 class RedZone(Oracle):

@@ -2,7 +2,7 @@
 oracle table and the bug zoo's columns. Imports no torch until an oracle is loaded.
 
 Adding an oracle: write its module under diffmoe/oracles/ (one `Oracle` subclass, base.py),
-add its name to `diffmoe.report.Oracles` and one row here; `tests/test_oracle_registry.py`
+add its name to `diffmoe.check.report.Oracles` and one row here; `tests/test_oracle_registry.py`
 then holds the README table to it.
 
 Owns the table and its order. Must not hold an oracle's logic.
@@ -16,7 +16,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .base import Oracle
+    from diffmoe.oracles.base import Oracle
 
 # (name, "module:class"), in the order users see them: `--oracles`, reports, the README table.
 # The classes are imported on first use, so the names cost nothing (the CLI answers a bad

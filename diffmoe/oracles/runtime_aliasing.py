@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..recording import LaunchLog, RecordedLaunch, TensorRegion
-from ..report import ByteRange, Finding, Oracles
-from ..vocabulary import Buffers
-from .base import Oracle
+from diffmoe.check.recording import LaunchLog, RecordedLaunch, TensorRegion
+from diffmoe.check.report import ByteRange, Finding, Oracles
+from diffmoe.problem.vocabulary import Buffers
+from diffmoe.oracles.base import Oracle
 
 
 @dataclass(frozen=True)

@@ -3,19 +3,19 @@
 Owns the comparison of every later order's run with the first, bitwise. The runs themselves
 are the runner's (and the last one may be call-sequence's, see call_sequence.py); the order is
 applied by the implementation (an order table, `orders_programs`) or, under the interpreter, at
-the grid loop by diffmoe.grid_order (execution.Check.program_order).
+the grid loop by diffmoe.interpreter.grid_order (execution.Check.program_order).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..report import Finding, Oracles
-from ..vocabulary import producer_stage
-from .base import Oracle
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.problem.vocabulary import producer_stage
+from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:
-    from ..execution import Check
+    from diffmoe.check.execution import Check
 
 
 class ScheduleOracle(Oracle):

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..contract import Placement, WorkspacePlan
-from ..report import ByteRange, Finding, Oracles
-from ..vocabulary import WORKSPACE_NAMES, workspace_name
-from .base import Oracle
+from diffmoe.adapters.contract import Placement, WorkspacePlan
+from diffmoe.check.report import ByteRange, Finding, Oracles
+from diffmoe.problem.vocabulary import WORKSPACE_NAMES, workspace_name
+from diffmoe.oracles.base import Oracle
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..gemm_interval import compare_stage
-from ..report import Finding, Oracles
-from ..tolerances import FORCED, rule_for
-from ..vocabulary import Stages, pipeline_stages
-from .base import Oracle
+from diffmoe.tolerance.gemm_interval import compare_stage
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.tolerance.table import FORCED, rule_for
+from diffmoe.problem.vocabulary import Stages, pipeline_stages
+from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:
-    from ..execution import Check
+    from diffmoe.check.execution import Check
 
 
 class TeacherForcing(Oracle):
@@ -27,13 +27,13 @@ class TeacherForcing(Oracle):
 
     def finish(self, check: Check) -> list[Finding]:
         """Each stage on the reference's inputs, judged with the forced rules."""
-        from ..call_environment import exits_intercepted, numpy_quiet
-        from ..execution import crash_finding, implementation_failed
+        from diffmoe.check.call_environment import exits_intercepted, numpy_quiet
+        from diffmoe.check.execution import crash_finding, implementation_failed
 
         if check.problem.num_tokens == 0:
             return []  # a zero-token call has no stage to force: nothing to judge, nothing skipped
         if not hasattr(check.impl, "run_stage"):
-            check.skipped[self.name] = "the implementation has no run_stage (diffmoe/contract.py)"
+            check.skipped[self.name] = "the implementation has no run_stage (diffmoe/adapters/contract.py)"
             return []
         found: list[Finding] = []
         ref = check.reference.intermediates

@@ -14,7 +14,7 @@ NaN. Triton's max reduction and tl.maximum/tl.minimum drop a NaN operand by defa
 NaN amax would become the largest finite value, a NaN code -448), hence `_nan_max` and
 `propagate_nan=ALL` below; and the software e4m3 rounding and the unpatched interpreter's cast
 both lose NaN, hence the NaN code written by bits in `_quantize_tile` on the software path (the
-native cast, CUDA's or the fixed interpreter's, diffmoe.interpreter_fixes, writes it itself).
+native cast, CUDA's or the fixed interpreter's, diffmoe.interpreter.fixes, writes it itself).
 
 Owns the row kernel. Must not allocate or carve: the launchers do.
 """

@@ -17,7 +17,7 @@ DECODE_FP8 and UPCAST_BF16_DOT (backends whose dot probes find a defect): FP8 op
 decoded to float32 by bits, bf16 operands widened by bit shifts, and multiplied with an IEEE
 float32 dot. Unpatched, triton 3.9's interpreter widens FP8 reading the e4m3fn NaN code as
 +-480 (a NaN activation, reference/moe.py: NaN or Inf inputs give NaN codes, would come out
-finite) and multiplies bf16 operands as raw integers. diffmoe.interpreter_fixes fixes both dots
+finite) and multiplies bf16 operands as raw integers. diffmoe.interpreter.fixes fixes both dots
 at the interpreter, computing exactly these float32 dots (same operands, same numpy matmul: same
 bits), so on the interpreter the switches are off and the plain dot runs. Products of two e4m3
 values are exact in float32 and the sum is the same float32 accumulation, so finite results do

@@ -7,7 +7,7 @@ bf16 subnormals on the way to float32. Rounding the float32 value onto the targe
 with integer ops or an exact float trick, and moving bf16 bits by hand, makes the result exact
 on every backend.
 
-Where those defects are fixed: at the interpreter, once (diffmoe.interpreter_fixes, installed by
+Where those defects are fixed: at the interpreter, once (diffmoe.interpreter.fixes, installed by
 optimized.launch before any launch), exactly and bit for bit as the software paths below compute
 (tests/test_interpreter_fixes.py). The conformance probes then find the native casts right, so
 the software switches are off on the interpreter too and the kernels run as on CUDA, where the

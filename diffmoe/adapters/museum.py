@@ -1,0 +1,259 @@
+"""A museum of real vLLM bugs: released wheels whose MoE bugs diffmoe catches on a CPU.
+
+Each exhibit is one row of EXHIBITS: a bug fixed in a later vLLM release, the releases that
+ship it, the first release with the fix and the one run for it, the oracle and stage that must
+name it, the minimal config, and the routing it needs. `run_exhibit` checks the config against
+every buggy release (each must FAIL with a finding of that oracle at that stage) and the fixed
+release (it must PASS the same config, the same inputs, every oracle but metamorphic: vLLM has
+no fused/unfused sibling). Nothing of diffmoe's sits between the wheels and the verdict: the
+same adapter core (peers/vllm_core.py) runs every release; only the release's own files differ.
+
+    diffmoe museum [NAME ...] [--list] [--json]
+
+exits 0 only when every selected exhibit behaved as recorded, 1 when one did not, 2 for usage
+errors (an unknown exhibit; a release not in the peer cache names its fetch command).
+
+Routing an exhibit needs beyond what MoEConfig draws: `unrouted_slots`, the routed slots
+(row t*K + k) whose topk_ids entry is -1 (what vLLM's EP dispatch hands TritonExperts for slots
+no rank computes). They are set on the generated problem; the report's replay line then says
+the inputs were given, and an exhibit's own replay line is `diffmoe museum NAME`. An exhibit
+whose `requires` names a MoEConfig field this diffmoe lacks is pending, listed but not run.
+
+Owns the exhibit table and its verdicts. Must not hold vLLM code or adjust a release's
+numerics: the wheels are run as they are (peers/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from diffmoe.problem.config import MoEConfig
+from diffmoe.problem.vocabulary import Stages
+
+EXIT_AS_RECORDED, EXIT_NOT_AS_RECORDED, EXIT_USAGE = 0, 1, 2
+DESCRIPTION = "Run the exhibits: real vLLM bugs, each buggy release against the fixed one on the same config."
+
+
+@dataclass(frozen=True)
+class Exhibit:
+    name: str  # `diffmoe museum NAME`
+    title: str
+    pr: str  # the vLLM pull request that fixed it
+    buggy: tuple[str, ...]  # releases run that ship the bug (`--impl` spellings)
+    fixed_in: str  # the first release with the fix (read in its wheel)
+    fixed: str  # the release run for the fix (`--impl` spelling)
+    oracle: str  # the oracle that must name it on every buggy release
+    stage: str  # ... at this stage
+    fields: dict  # the minimal config's MoEConfig fields (built when the exhibit runs: see `requires`)
+    unrouted_slots: tuple[int, ...] = ()  # routed slots (t*K + k) whose topk_ids entry is -1
+    requires: str | None = None  # a MoEConfig field the exhibit needs; pending without it
+    # fused is each release's own choice for the config (the one its `supports` takes: peers/vllm_core.py
+    # fuses_block_quant): a
+    # release that fuses the FP8-block quant, and one whose apply falls back to the unfused path,
+    # meet the same inputs and the same reference, each through the pipeline it runs
+    fused_by_release: bool = False
+    why: str = ""
+
+    @property
+    def config(self) -> MoEConfig:
+        return MoEConfig(**self.fields)
+
+    @property
+    def pending(self) -> str | None:
+        """Why the exhibit cannot run with this diffmoe, or None."""
+        if self.requires is not None and self.requires not in {f.name for f in dataclasses.fields(MoEConfig)}:
+            return f"needs MoEConfig.{self.requires}, which this diffmoe does not have yet"
+        return None
+
+    def replay(self) -> str:
+        return f"diffmoe museum {self.name}"
+
+    def minimal_config(self) -> str:
+        f = self.fields
+        parts = [f"T={f['num_tokens']} E={f['num_experts']} K={f['topk']} H={f['hidden']} I={f['inter']} {f['quant']}"]
+        parts += [f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in f.items()
+                  if k not in ("num_tokens", "num_experts", "topk", "hidden", "inter", "quant")
+                  and not (k == "fused" and self.fused_by_release)]
+        if self.fused_by_release:
+            parts.append("fused as each release chooses")
+        if self.unrouted_slots:
+            parts.append(f"topk_ids -1 at slots {list(self.unrouted_slots)}")
+        return ", ".join(parts)
+
+
+_EP = dict(num_tokens=2, num_experts=4, topk=2, hidden=128, inter=128, quant="bf16", expert_map=(0, 1, -1, -1))
+# both bugs: present in 0.28.0-0.30.0 (read in each wheel), fixed in 0.31.0, 0.33.0 run for the fix
+_RELEASES = dict(buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.31.0", fixed="vllm==0.33.0")
+_STALE_ROWS = dict(pr="vllm-project/vllm#54083", stage=Stages.REDUCE, fields=_EP, **_RELEASES)
+EXHIBITS: tuple[Exhibit, ...] = (
+    Exhibit(
+        name="stale-ep-rows",
+        title="stale workspace rows summed under expert parallelism",
+        oracle="poison", unrouted_slots=(0, 1), **_STALE_ROWS,
+        why="token 0's slots are -1: the alignment skips them, so no GEMM writes their rows of intermediate_cache3 "
+            "(workspace2, over cache1's unwritten row 0), and the two-argument moe_sum adds those bytes into token 0's "
+            "output; 0.31.0's pad-aware moe_sum skips them. A zero-filled workspace gives 0, the right answer",
+    ),
+    Exhibit(
+        name="stale-ep-rows-own-call",
+        title="the same bug, the stale row written earlier in the same call",
+        oracle="differential", unrouted_slots=(1,), **_STALE_ROWS,
+        why="one -1 slot: its cache3 row lies over the up half of cache1's row 0, which the gate/up GEMM wrote in this "
+            "call, so the stale bytes are the same under every poison (the poison oracle cannot see it) and a "
+            "zero-filled workspace does not hide it; the differential sees token 0's output off at reduce",
+    ),
+    Exhibit(
+        name="swiglu-clamp-dropped",
+        title="SwiGLU clamp dropped on the FP8-block fast path",
+        pr="vllm-project/vllm#57984", oracle="differential", stage=Stages.ACT_QUANT, **_RELEASES,
+        fields=dict(num_tokens=1, num_experts=2, topk=1, hidden=128, inter=128, quant="fp8-block", fused=True,
+                    swiglu_limit=1.0),
+        requires="swiglu_limit", fused_by_release=True,
+        why="silu_and_mul_per_block_quant takes no clamp, and 0.28-0.30 fuse anyway: the swiglu limit is ignored for "
+            "FP8 block-[128, 128] experts; 0.31.0 falls back to the unfused, clamped path (the adapter passes the limit "
+            "to each release as its apply takes it: peers/vllm_core.py swiglu_limit), so the fixed release runs the "
+            "config unfused, its own choice. The limit is 1 rather than gpt-oss's 7: the generated gate/up values are "
+            "about standard normal, so 1 clamps about a third of them (7 would clamp none and hide nothing)",
+    ),
+)
+
+
+@dataclass
+class Verdict:
+    """One release's run of one exhibit."""
+
+    release: str
+    expected: str  # "fail" or "pass"
+    findings: list[tuple[str, str | None]]  # (oracle, stage) of every finding
+    seconds: float
+    as_recorded: bool
+
+
+@dataclass
+class ExhibitResult:
+    exhibit: Exhibit
+    verdicts: list[Verdict] = field(default_factory=list)
+    pending: str | None = None
+
+    @property
+    def as_recorded(self) -> bool:
+        return self.pending is None and all(v.as_recorded for v in self.verdicts)
+
+
+def exhibit_problem(exhibit: Exhibit):
+    """The exhibit's inputs: the config's generated problem with its unrouted slots set to -1."""
+    from diffmoe.problem.inputs import make_problem
+
+    problem = make_problem(exhibit.config)
+    if not exhibit.unrouted_slots:
+        return problem
+    ids = problem.topk_ids.clone()
+    ids.view(-1)[list(exhibit.unrouted_slots)] = -1
+    return dataclasses.replace(problem, topk_ids=ids)
+
+
+def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None) -> ExhibitResult:
+    """Every buggy release must fail with (exhibit.oracle, exhibit.stage); the fixed one must pass."""
+    from diffmoe.oracles.registry import ALL_ORACLES
+    from diffmoe.check.report import Oracles
+    from diffmoe.adapters.contract import unsupported
+    from diffmoe.check.runner import load_factory, run_differential
+
+    result = ExhibitResult(exhibit, pending=exhibit.pending)
+    if result.pending is not None:
+        return result
+    chosen = list(oracles) if oracles is not None else [o for o in ALL_ORACLES if o != Oracles.METAMORPHIC]
+    problem = exhibit_problem(exhibit)
+    for release, expected in [*((r, "fail") for r in exhibit.buggy), (exhibit.fixed, "pass")]:
+        start = time.perf_counter()
+        factory = load_factory(release)
+        config, inputs = exhibit.config, problem
+        if exhibit.fused_by_release and unsupported(factory, config) is not None:
+            # the release runs the other pipeline (its `supports` says which: diffmoe.adapters.contract)
+            config = config.replace(fused=not config.fused)
+            inputs = dataclasses.replace(problem, config=config)  # the same tensors: fused changes no input
+        report = run_differential(config, factory, oracles=chosen, problem=inputs, implementation_name=release)
+        found = [(f.oracle, f.stage) for f in report.findings]
+        ok = (exhibit.oracle, exhibit.stage) in found if expected == "fail" else report.passed
+        result.verdicts.append(Verdict(release, expected, found, time.perf_counter() - start, ok))
+    return result
+
+
+def missing_releases(exhibits: Sequence[Exhibit]) -> list[str]:
+    """The releases the runnable `exhibits` run whose wheels are not in the peer cache, sorted."""
+    from diffmoe.adapters.peer_wheels import is_cached
+
+    wanted = {r for e in exhibits if e.pending is None for r in (*e.buggy, e.fixed)}
+    return sorted(r for r in wanted if not is_cached(r))
+
+
+def _render(result: ExhibitResult) -> str:
+    e = result.exhibit
+    head = f"{e.name}: {e.title} ({e.pr}; buggy {', '.join(e.buggy)}, fixed in {e.fixed_in})"
+    if result.pending is not None:
+        return f"{head}\n  PENDING: {result.pending}"
+    lines = [head, f"  config: {e.minimal_config()}; must be named by {e.oracle} at {e.stage}"]
+    for v in result.verdicts:
+        got = "PASS" if not v.findings else "FAIL " + ", ".join(f"{o}@{s}" for o, s in v.findings)
+        lines.append(f"  {v.release:13} expected {v.expected:4}  got {got}  ({v.seconds:.1f} s)"
+                     f"{'' if v.as_recorded else '  NOT AS RECORDED'}")
+    lines.append(f"  replay: {e.replay()}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`diffmoe museum`'s arguments (diffmoe.frontends.cli adds them to its subcommand)."""
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"exhibits to run (default: all): {', '.join(e.name for e in EXHIBITS)}")
+    parser.add_argument("--list", action="store_true", help="list the exhibits without running them")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe museum") -> int:
+    """`diffmoe museum [NAME ...] [--list] [--json]`; returns the exit code."""
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:
+        return EXIT_AS_RECORDED if exc.code == 0 else EXIT_USAGE
+    return run(args, prog)
+
+
+def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
+    """The command on parsed arguments (add_arguments)."""
+    known = {e.name: e for e in EXHIBITS}
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        print(f"{prog}: unknown exhibit {unknown[0]!r}; exhibits: {', '.join(known)}", file=sys.stderr)
+        return EXIT_USAGE
+    chosen = [known[n] for n in args.names] if args.names else list(EXHIBITS)
+    if args.list:
+        for e in chosen:
+            state = f"pending ({e.pending})" if e.pending else e.replay()
+            print(f"{e.name:24} {e.pr:24} buggy {','.join(r.split('==')[1] for r in e.buggy):12} fixed {e.fixed_in}  "
+                  f"{e.oracle}@{e.stage}  {state}")
+        return EXIT_AS_RECORDED
+    from diffmoe.adapters.peer_wheels import PeerError, cache_dir, not_cached_message
+
+    missing = missing_releases(chosen)
+    if missing:  # before any run: each would be a crash finding, "NOT AS RECORDED" for no bug at all
+        print(f"{prog}: {not_cached_message(missing, cache_dir())}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        results = [run_exhibit(e) for e in chosen]
+    except PeerError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps([{"exhibit": r.exhibit.name, "pr": r.exhibit.pr, "pending": r.pending, "as_recorded": r.as_recorded,
+                           "verdicts": [dataclasses.asdict(v) for v in r.verdicts]} for r in results]))
+    else:
+        print("\n".join(_render(r) for r in results))
+    ran = [r for r in results if r.pending is None]
+    return EXIT_AS_RECORDED if ran and all(r.as_recorded for r in ran) else EXIT_NOT_AS_RECORDED

@@ -1,0 +1,343 @@
+"""The peer wheel cache: third-party MoE kernels (peers/) are loaded from their own pinned wheels.
+
+A peer package cannot be a pip extra beside diffmoe's torch/triton pins (vllm 0.33.0 pins
+torch==2.14.0; lmdeploy 0.18.0 pins torch<=2.12.1 and triton<=3.7.1), and no third-party source is copied into this repository
+(liger-kernel 0.8.5 could be an extra, but it is fetched the same way, so that every peer runs
+the pinned files and nothing else of its package). Instead
+`diffmoe peers fetch NAME` runs
+
+    python -m pip download --no-deps --only-binary :all: --platform PLATFORM [--python-version V
+        --implementation cp --abi cpVV] NAME==VERSION -d TMP
+
+checks the wheel's sha256 against the constant pinned here, extracts only the files the
+adapter loads (PeerWheel.files) into the cache directory, writes a small manifest, and deletes
+the wheel. After one fetch everything is offline: `peer_root(name)` only reads the cache.
+
+Cache directory: $DIFFMOE_PEER_CACHE when set, else ~/.cache/diffmoe/peers; a peer lives in
+<cache>/<name>-<version>/ with its files at their paths inside the wheel
+(<cache>/vllm-0.33.0/vllm/model_executor/layers/fused_moe/fused_moe.py, ...).
+
+Command line (wired by diffmoe.frontends.cli as `diffmoe peers ...`; `main(argv)` returns the exit code):
+
+    diffmoe peers fetch NAME [--wheel FILE.whl]   download (or take FILE.whl), verify, extract;
+                                                  NAME: vllm (0.33.0), vllm==0.28.0, vllm==0.30.0,
+                                                  vllm==0.33.0, lmdeploy
+    diffmoe peers list                            every known peer, its pin and whether it is cached
+
+Owns the pinned wheels (name, version, sha256, files kept) and the cache layout. Must not
+import a peer's code or an implementation: it only moves files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: fetches are not serialised
+    fcntl = None
+
+CACHE_ENV = "DIFFMOE_PEER_CACHE"
+DEFAULT_CACHE = Path("~/.cache/diffmoe/peers")
+MANIFEST = "diffmoe-peer.json"
+
+
+@dataclass(frozen=True)
+class PeerWheel:
+    """One pinned third-party wheel and the files of it an adapter loads."""
+
+    name: str  # the `diffmoe peers fetch NAME` name
+    package: str  # the PyPI distribution
+    version: str
+    filename: str  # the wheel pip downloads for this platform
+    sha256: str
+    files: tuple[str, ...]  # paths inside the wheel kept in the cache; "dir/" keeps every file below dir/
+    license: str
+    platform: str = "manylinux_2_28_x86_64"  # pip download --platform: the pinned file on any machine
+    # a CPython-specific wheel (cpXY-cpXY): its interpreter version, so that pip picks the pinned file
+    # whatever Python runs the fetch; None for a py3 / abi3 wheel
+    python: str | None = None
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+_VLLM_MOE = "vllm/model_executor/layers/fused_moe"
+_LMDEPLOY_KERNELS = "lmdeploy/pytorch/kernels/cuda"
+# The vLLM files the adapters load (peers/vllm_core.py), the same paths in every supported release.
+_VLLM_FILES = (
+    f"{_VLLM_MOE}/fused_moe.py",  # fused_moe_kernel, invoke_fused_moe_triton_kernel, configs
+    f"{_VLLM_MOE}/moe_align_block_size.py",  # the Python side of the alignment op
+    f"{_VLLM_MOE}/experts/triton_moe.py",  # TritonExperts: workspace_shapes, apply (the carving)
+    f"{_VLLM_MOE}/utils.py",  # _resize_cache, moe_kernel_quantize_input, enable_swap_ab
+    f"{_VLLM_MOE}/modular_kernel.py",  # FusedMoEExperts(Modular): TritonExperts' base classes
+    f"{_VLLM_MOE}/configs/",  # the tuned tile configs fused_moe.py reads per GPU name (~340 JSON files, ~1.1 MB)
+)
+
+
+def _vllm(version: str, sha256: str) -> PeerWheel:
+    return PeerWheel(name="vllm", package="vllm", version=version,
+                     filename=f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl", sha256=sha256,
+                     files=_VLLM_FILES, license="Apache-2.0")
+
+
+# Every supported vLLM release (peers/vllm_core.py RELEASES), by `diffmoe peers fetch` name; each
+# sha256 measured on the wheel PyPI served on 2026-12-04 (sizes in bytes beside it).
+VLLM_RELEASES: dict[str, PeerWheel] = {
+    "vllm==0.28.0": _vllm("0.28.0", "addb0ffdaafd8155d75e9b3f5ddb3da28fdee9e8a7097ede91f7db2e9e1a3889"),  # 314,500,103
+    "vllm==0.30.0": _vllm("0.30.0", "ef52ee58c410ead0b8afb190838fa4cbcb52075596f67862a03859d984966ac4"),  # 314,883,777
+    "vllm==0.33.0": _vllm("0.33.0", "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"),  # 336,361,138
+}
+_LIGER = "liger_kernel"
+PEERS: dict[str, PeerWheel] = {
+    "vllm": VLLM_RELEASES["vllm==0.33.0"],  # the default vLLM pin: `--impl vllm`, the same cache as vllm==0.33.0
+    **VLLM_RELEASES,
+    "lmdeploy": PeerWheel(
+        name="lmdeploy",
+        package="lmdeploy",
+        version="0.18.0",
+        filename="lmdeploy-0.18.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        # measured on the wheel PyPI served on 2026-12-04 (106,690,261 bytes)
+        sha256="e6790a25dcdb0345c160567fdf2ac604fec319389523a8b806834c9d92c8ffe1",
+        files=(
+            f"{_LMDEPLOY_KERNELS}/moe/blocked_fp8.py",  # fused_moe_blocked_fp8: both blocked-FP8 GEMMs, the sequence
+            f"{_LMDEPLOY_KERNELS}/moe/fused_moe.py",  # the route sort kernels, moe_reduce, _make_intermediate
+            f"{_LMDEPLOY_KERNELS}/activation.py",  # silu_and_mul
+            f"{_LMDEPLOY_KERNELS}/blocked_gemm_fp8.py",  # quant_fp8: the 1x128-group activation quant
+            f"{_LMDEPLOY_KERNELS}/utils.py",  # get_device_props (the launch grids read it)
+        ),
+        license="Apache-2.0",
+        python="3.11",
+    ),
+    "liger": PeerWheel(
+        name="liger",
+        package="liger-kernel",
+        version="0.8.5",
+        filename="liger_kernel-0.8.5-py3-none-any.whl",
+        # measured on the wheel PyPI served on 2026-12-04 (910,117 bytes)
+        sha256="60789cd576af073ab9b192b570d2597fd0cdad489cd62fb44fb16256d43754c9",
+        files=(
+            f"{_LIGER}/ops/fused_moe.py",  # LigerFusedMoEFunction (its forward: the run sequence), compute_routing_metadata
+            f"{_LIGER}/ops/fused_moe_kernels.py",  # the routing, fused up-proj + SwiGLU, down-proj and gather-sum kernels
+            f"{_LIGER}/ops/utils.py",  # ensure_contiguous (the forward's decorator)
+            f"{_LIGER}/utils.py",  # infer_device (ops/utils.py imports it)
+        ),
+        license="BSD-2-Clause",
+    ),
+}
+
+
+class PeerError(RuntimeError):
+    """A peer cannot be fetched or is not cached; the message is one line naming the fix."""
+
+
+def cache_dir() -> Path:
+    """The cache root: $DIFFMOE_PEER_CACHE, else ~/.cache/diffmoe/peers."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else DEFAULT_CACHE.expanduser()
+
+
+def peer(name: str) -> PeerWheel:
+    if name not in PEERS:
+        raise PeerError(f"unknown peer {name!r}; known peers: {sorted(PEERS)}")
+    return PEERS[name]
+
+
+def fetch_command(name: str) -> str:
+    return f"diffmoe peers fetch {name}"
+
+
+def _manifest_ok(root: Path, wheel: PeerWheel) -> bool:
+    try:
+        data = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    extracted = data.get("extracted")
+    return (data.get("sha256") == wheel.sha256 and data.get("version") == wheel.version
+            and data.get("files") == list(wheel.files) and isinstance(extracted, list)
+            and all((root / f).is_file() for f in extracted))
+
+
+def _members(wheel: PeerWheel, names: list[str], wheel_name: str) -> list[str]:
+    """The wheel's members PeerWheel.files names (a "dir/" entry: every file below it)."""
+    chosen = []
+    for entry in wheel.files:
+        if entry.endswith("/"):
+            below = sorted(n for n in names if n.startswith(entry) and not n.endswith("/"))
+            if not below:
+                raise PeerError(f"{wheel_name} has no files under {entry}")
+            chosen += below
+        elif entry in names:
+            chosen.append(entry)
+        else:
+            raise PeerError(f"{wheel_name} has no {entry}")
+    return chosen
+
+
+def peer_root(name: str) -> Path:
+    """The cached root of peer `name` (its files at their wheel paths below it), or PeerError
+    with one line naming the fetch command."""
+    wheel = peer(name)
+    root = cache_dir() / wheel.dirname
+    if not _manifest_ok(root, wheel):
+        raise PeerError(not_cached_message([name], root))
+    return root
+
+
+def not_cached_message(names: list[str], where: Path) -> str:
+    """One line: the peers `names` are not in the cache at `where`, and the fetch for each."""
+    fetches = " and ".join(f"`{fetch_command(n)}`" for n in names)
+    return (f"{', '.join(peer(n).requirement for n in names)} {'is' if len(names) == 1 else 'are'} not in the peer "
+            f"cache ({where}); run {fetches} once (needs network; set {CACHE_ENV} to move the cache)")
+
+
+def is_cached(name: str) -> bool:
+    try:
+        peer_root(name)
+    except PeerError:
+        return False
+    return True
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _download(wheel: PeerWheel, into: Path) -> Path:
+    # the pinned wheel's platform whatever this machine is: only its .py files are kept, and the
+    # sha256 pins that one file
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--platform", wheel.platform]
+    if wheel.python is not None:
+        abi = "cp" + wheel.python.replace(".", "")
+        cmd += ["--python-version", wheel.python, "--implementation", "cp", "--abi", abi]
+    cmd += [wheel.requirement, "-d", str(into), "--quiet"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise PeerError(f"pip download {wheel.requirement} failed (exit {done.returncode}): {tail[0]}")
+    # a wheel's file name spells the distribution with underscores (PEP 427: liger-kernel is
+    # liger_kernel-0.8.5-py3-none-any.whl)
+    found = sorted(into.glob(f"{wheel.package.replace('-', '_')}-{wheel.version}-*.whl"))
+    if not found:
+        raise PeerError(f"pip download {wheel.requirement} left no wheel in {into}")
+    return found[0]
+
+
+def _extract(wheel: PeerWheel, wheel_file: Path, root: Path) -> int:
+    """Verify and extract the kept files into a fresh `root`; returns the bytes written."""
+    digest = sha256_of(wheel_file)
+    if digest != wheel.sha256:
+        raise PeerError(f"{wheel_file.name} has sha256 {digest}, the pin for {wheel.requirement} is {wheel.sha256}; "
+                        "refusing to use it")
+    staging = root.with_name(root.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    written = 0
+    with zipfile.ZipFile(wheel_file) as zf:
+        members = _members(wheel, zf.namelist(), wheel_file.name)
+        for member in members:
+            target = (staging / member).resolve()
+            if staging.resolve() not in target.parents:
+                raise PeerError(f"{wheel_file.name}: member {member!r} points outside the cache")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = zf.read(member)
+            target.write_bytes(data)
+            written += len(data)
+    (staging / MANIFEST).write_text(json.dumps({
+        "name": wheel.name, "package": wheel.package, "version": wheel.version, "wheel": wheel_file.name,
+        "sha256": wheel.sha256, "license": wheel.license, "files": list(wheel.files), "extracted": members,
+    }, indent=1) + "\n")
+    shutil.rmtree(root, ignore_errors=True)
+    staging.rename(root)
+    return written
+
+
+def fetch(name: str, wheel_file: str | os.PathLike | None = None) -> Path:
+    """Put peer `name` in the cache and return its root: nothing to do when it is cached; else
+    pip-download the pinned wheel (or take `wheel_file`, e.g. one downloaded elsewhere), check its
+    sha256, keep only PeerWheel.files and delete the downloaded wheel (a given one is left alone)."""
+    wheel = peer(name)
+    root = cache_dir() / wheel.dirname
+    if _manifest_ok(root, wheel):
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # One fetch at a time per peer (pytest-xdist workers, two shells): the second waits, then
+    # finds the files cached instead of extracting over the first one's staging folder.
+    with open(root.parent / f"{wheel.dirname}.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if _manifest_ok(root, wheel):
+            return root
+        return _fetch_locked(wheel, root, wheel_file)
+
+
+def _fetch_locked(wheel: PeerWheel, root: Path, wheel_file: str | os.PathLike | None) -> Path:
+    if wheel_file is not None:
+        path = Path(wheel_file)
+        if not path.is_file():
+            raise PeerError(f"no wheel file {str(path)!r}")
+        _extract(wheel, path, root)
+        return root
+    with tempfile.TemporaryDirectory(prefix=f"diffmoe-{wheel.name}-", dir=root.parent) as tmp:
+        downloaded = _download(wheel, Path(tmp))
+        try:
+            _extract(wheel, downloaded, root)
+        finally:
+            downloaded.unlink(missing_ok=True)  # the wheel goes whatever happened
+    return root
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe peers") -> int:
+    """`diffmoe peers fetch NAME [--wheel FILE]` / `diffmoe peers list`; returns the exit code
+    (0 done, 1 a fetch that failed, 2 usage). Messages go to stdout (results) and stderr (errors)."""
+    parser = argparse.ArgumentParser(prog=prog, description="Third-party MoE kernels judged by diffmoe, from their pinned wheels.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fetch", help="download the pinned wheel (no dependencies), verify it and keep the files the adapter loads")
+    f.add_argument("name", choices=sorted(PEERS))
+    f.add_argument("--wheel", metavar="FILE.whl", help="use this wheel file instead of downloading it (sha256 still checked)")
+    sub.add_parser("list", help="known peers, their pins and whether they are cached")
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:
+        return 0 if exc.code == 0 else 2
+    if args.command == "list":
+        print(f"cache: {cache_dir()} (${CACHE_ENV} overrides)")
+        for name, wheel in PEERS.items():
+            state = "cached" if is_cached(name) else f"not cached: {fetch_command(name)}"
+            print(f"{name:12} {wheel.requirement:17} sha256 {wheel.sha256[:16]}...  {state}")
+        return 0
+    try:
+        root = fetch(args.name, args.wheel)
+    except PeerError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{PEERS[args.name].requirement}: {root} ({_tree_bytes(root)} bytes, sha256 verified)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Findings and the Report: what every oracle returns and what the CLI, pytest and JSON show.
+
+A finding names the oracle, the stage, the buffers and (where relevant) the bytes, with a
+message a kernel engineer understands at a glance and the figures behind it. A Report is
+passed when it holds no finding.
+
+Owns the finding and report types, their rendering and replay commands. Must not run anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from diffmoe.problem.config import OPT_IN_FIELDS, MoEConfig
+from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES
+
+
+class Oracles:
+    """Oracle names, as they appear in findings and in `--oracles` selections."""
+
+    DIFFERENTIAL = "differential"  # every materialised buffer against the reference
+    TEACHER_FORCING = "teacher-forcing"  # one stage on the reference's inputs
+    METAMORPHIC = "metamorphic"  # fused vs unfused quanted_down_input
+    STATIC_ALIASING = "static-aliasing"  # the declared plan alone
+    RUNTIME_ALIASING = "runtime-aliasing"  # the views each launch really used
+    RACES = "races"  # per-program addresses under the interpreter
+    STORE_EXTENT = "store-extent"  # every stored byte inside the launch's declared write views (interpreter)
+    CALL_SEQUENCE = "call-sequence"  # a call does not depend on the calls before it on the same workspaces
+    SCHEDULE = "schedule"  # result depends on program order
+    POISON = "poison"  # result depends on workspace contents before the call
+    RED_ZONE = "red-zone"  # guard bytes around a workspace changed
+    CONTRACT = "contract"  # shapes, dtypes, declared buffers, input writes
+    CRASH = "crash"  # the implementation raised
+    TIMEOUT = "timeout"  # the example ran past its time limit
+
+
+# What `--impl` (diffmoe.check.runner.load_factory) can load: MODULE:FACTORY, one colon, a top-level
+# attribute of an importable module. Anything else (a lambda, a closure, a label) is a name only.
+_FACTORY_SPEC = re.compile(r"[^\s:<>()]+:[^\s:<>().]+")
+# The stand-in a replay command carries for an implementation no command can load.
+UNREPLAYABLE_IMPL = "MODULE:FACTORY"
+
+
+def is_factory_spec(implementation: str) -> bool:
+    """Whether a report's implementation name is one `--impl` can load: a MODULE:FACTORY spec (the
+    runner names a factory so only when `import_module(MODULE).FACTORY is factory`) or an alias
+    of one (contract.IMPLEMENTATION_ALIASES: `--impl vllm`)."""
+    return isinstance(implementation, str) and (
+        implementation in IMPLEMENTATION_ALIASES or _FACTORY_SPEC.fullmatch(implementation) is not None)
+
+
+def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME) -> str:
+    """The `diffmoe check` command line that rebuilds exactly this config and implementation.
+
+    The default implementation (DEFAULT_IMPLEMENTATION_NAME, or no name) needs no `--impl`; a
+    MODULE:FACTORY spec is passed as `--impl SPEC`. Any other name (a factory no module exports:
+    a lambda, a closure) cannot be loaded by a command: the line then carries
+    `--impl MODULE:FACTORY` and a shell comment saying so, so that pasting it fails with a
+    usage error instead of silently replaying the default implementation."""
+    c = config
+    parts = [
+        "diffmoe check",
+        f"--tokens {c.num_tokens} --experts {c.num_experts} --topk {c.topk}",
+        f"--hidden {c.hidden} --inter {c.inter} --quant {c.quant}",
+        "--fused" if c.fused else "--unfused",
+        f"--planner {c.planner} --output {c.output} --router-weight {c.router_weight} --skew {c.skew}",
+    ]
+    if c.expert_map is not None:
+        parts.append("--expert-map=" + ",".join(str(v) for v in c.expert_map))
+    parts.append(f"--seed {c.seed}")
+    # the opt-in inputs, only where set; zero rows wherever they differ from the one padding token
+    # the command line assumes (config.flag_zero_rows), so the command rebuilds exactly this config
+    shown = {name: value for name, value in c.opt_in_fields() if name != "zero_rows"}
+    if c.zero_rows != c.flag_zero_rows:
+        shown["zero_rows"] = c.zero_rows
+    for name in OPT_IN_FIELDS:  # declaration order
+        if name in shown:
+            flag = "--" + name.replace("_", "-")
+            parts.append(flag if shown[name] is True else f"{flag} {shown[name]}")
+    if implementation and implementation != DEFAULT_IMPLEMENTATION_NAME:
+        if is_factory_spec(implementation):
+            parts.append(f"--impl {shlex.quote(implementation)}")
+        else:
+            label = " ".join(str(implementation).split())
+            parts.append(
+                f"--impl {UNREPLAYABLE_IMPL}  # implementation {label} is not importable as {UNREPLAYABLE_IMPL}: "
+                "define its factory at module level and name it here, or pass it to run_differential"
+            )
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Bytes [start, end) of a workspace (ws1, ws2) or another named storage."""
+
+    region: str
+    start: int
+    end: int
+
+    def __str__(self) -> str:
+        return f"{self.region}[{self.start}:{self.end}]"
+
+
+@dataclass
+class Finding:
+    oracle: str
+    message: str
+    stage: str | None = None
+    buffers: list[str] = field(default_factory=list)
+    byte_ranges: list[ByteRange] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["byte_ranges"] = [asdict(b) for b in self.byte_ranges]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        return cls(
+            oracle=d["oracle"],
+            message=d["message"],
+            stage=d.get("stage"),
+            buffers=list(d.get("buffers", [])),
+            byte_ranges=[ByteRange(**b) for b in d.get("byte_ranges", [])],
+            figures=dict(d.get("figures", {})),
+        )
+
+    def headline(self) -> str:
+        where = f" at {self.stage}" if self.stage else ""
+        bufs = f" [{', '.join(self.buffers)}]" if self.buffers else ""
+        return f"{self.oracle}{where}{bufs}: {self.message}"
+
+
+@dataclass
+class Report:
+    config: MoEConfig
+    implementation: str
+    oracles: list[str]
+    schedules: list[str]
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+    # None: the inputs were generated from the config, and the replay command rebuilds them.
+    # Otherwise a note saying where they came from (run_differential's `problem=`).
+    inputs: str | None = None
+    # selected oracles that could not run on this check (name -> why), e.g. teacher forcing for an
+    # implementation without run_stage; a selection is only fully judged when this is empty
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.findings
+
+    def oracles_with_findings(self) -> list[str]:
+        return sorted({f.oracle for f in self.findings})
+
+    def first_divergent_stage(self) -> str | None:
+        for f in self.findings:
+            if f.stage:
+                return f.stage
+        return None
+
+    def replay_command(self) -> str:
+        """A copy-pasteable command that replays this config with this implementation
+        (`--impl SPEC` unless it is the default; see check_command for one no command loads)."""
+        return check_command(self.config, self.implementation)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "passed": self.passed,
+            "config": self.config.to_dict(),
+            "implementation": self.implementation,
+            "oracles": list(self.oracles),
+            "schedules": list(self.schedules),
+            "findings": [f.to_dict() for f in self.findings],
+            "seconds": round(self.seconds, 4),
+            "replay": self.replay_command(),
+        }
+        if self.inputs is not None:
+            d["inputs"] = self.inputs
+        if self.skipped:
+            d["skipped"] = dict(self.skipped)
+        return d
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=str)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Report:
+        return cls(
+            config=MoEConfig.from_dict(d["config"]),
+            implementation=d.get("implementation", ""),
+            oracles=list(d.get("oracles", [])),
+            schedules=list(d.get("schedules", [])),
+            findings=[Finding.from_dict(f) for f in d.get("findings", [])],
+            seconds=float(d.get("seconds", 0.0)),
+            inputs=d.get("inputs"),
+            skipped=dict(d.get("skipped") or {}),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        """The inverse of to_json (figures come back as JSON values: tuples as lists)."""
+        return cls.from_dict(json.loads(text))
+
+    def render(self, max_findings: int = 20) -> str:
+        """The readable text block: verdict, config, then one paragraph per finding."""
+        verdict = "PASS" if self.passed else f"FAIL ({len(self.findings)} finding{'s' if len(self.findings) != 1 else ''})"
+        lines = [
+            f"diffmoe {verdict}  {self.implementation or 'implementation'}  ({self.seconds:.2f} s)",
+            f"  config:    {self.config.short()}",
+            f"  oracles:   {', '.join(self.oracles)}",
+            f"  schedules: {', '.join(self.schedules)}",
+        ]
+        if self.inputs is not None:
+            lines.append(f"  inputs:    {self.inputs}")
+        for name, why in self.skipped.items():
+            lines.append(f"  skipped:   {name}: {why}")
+        for n, f in enumerate(self.findings[:max_findings], 1):
+            lines.append(f"  [{n}] {f.headline()}")
+            if f.byte_ranges:
+                lines.append(f"      bytes: {', '.join(str(b) for b in f.byte_ranges)}")
+            for key, value in f.figures.items():
+                lines.append(f"      {key}: {value}")
+        if len(self.findings) > max_findings:
+            lines.append(f"  ... {len(self.findings) - max_findings} more findings (use --json for all)")
+        if not self.passed:
+            lines.append(f"  replay: {self.replay_command()}")
+        return "\n".join(lines)

@@ -1,0 +1,391 @@
+"""`run_differential`: one problem, the reference, one implementation, every oracle, one Report.
+
+This module only orchestrates a check; it judges nothing. The oracles are modules under
+diffmoe/oracles/, registered in diffmoe/oracles/registry.py; the services they use to run
+the implementation (guarded calls, watchers, crash findings) are diffmoe/check/execution.py's; worker
+processes, time limits and signals are diffmoe/check/worker.py's. It reaches the implementation only
+through the plug-in contract (diffmoe/adapters/contract.py): a factory, by default the one
+DEFAULT_IMPLEMENTATION names.
+
+Order of work for a config:
+  0. resolve the config's numerics profile against the implementation (contract.judged_config:
+     numerics=None takes the profile the factory declares), so the report's config and its
+     replay line name the rounding the reference followed;
+  1. build the problem and run the reference (fresh tensor per stage);
+  2. build the implementation, ask for its plan and workspace shapes; `judge_plan` hooks
+     (static aliasing); a plan that does not fit the workspaces ends the check before any launch;
+  3. run the implementation once per program order inside guarded, poisoned workspaces,
+     recording every launch (views, snapshots of the intermediates, and under the interpreter
+     the per-program addresses when an active oracle records them); `judge_run` hooks after each;
+  4. `finish` hooks: oracles that compare runs or run the implementation again (call sequence,
+     schedule, poison, teacher forcing, the metamorphic sibling).
+See diffmoe/oracles/base.py for the hooks and the order findings come in.
+
+Robustness (diffmoe/check/execution.py): an exception from the implementation is a `crash` finding,
+a broken contract a `contract` finding; with `time_limit` the check runs in a worker process
+that is killed when the limit passes without progress (a `timeout` finding naming the phase and
+stage in flight, after every finding already made); a worker that dies is a `crash` finding.
+
+Inputs a caller may hand over (`problem=`) beyond what `make_problem` generates: a call with
+fewer tokens than the config's T, zero included (`make_problem(config, num_tokens=0)`; only
+the [0, H] output and the inputs are then judged, teacher forcing and the metamorphic run
+have nothing to look at), and NaN/Inf inputs, whose propagation reference/moe.py specifies
+and the NaN-aware compare judges.
+
+Must not judge: a verdict in this module belongs in an oracle module (tests/test_oracle_registry.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from diffmoe.interpreter import fast_path as interpreter_speed
+from diffmoe.problem.config import MoEConfig, quoted
+from diffmoe.adapters.contract import (
+    DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ConfigRefused, ImplementationFactory, Schedule,
+    judged_config, unsupported,
+)
+from diffmoe.check.execution import Check, Crash, ProgressCallback, default_device, interpreter_enabled
+from diffmoe.oracles.call_sequence import SMALL_CALL_DIVISOR, makes_last_order_run
+from diffmoe.oracles.differential import DERIVED_OUTPUT_REASON
+from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor
+from diffmoe.oracles.registry import ALL_ORACLES, active_oracles, resolve_oracles
+from diffmoe.oracles.static_aliasing import check_workspace_fit
+from diffmoe.problem.inputs import Problem
+from diffmoe.check.report import Finding, Report, is_factory_spec
+from diffmoe.problem.vocabulary import Buffers
+from diffmoe.check.worker import (  # noqa: F401 - part of this module's API since before worker.py existed
+    DEFAULT_INTERPRETER_TIME_LIMIT,
+    MAX_TIME_LIMIT,
+    WorkerError,
+    check_time_limit,
+    default_time_limit,
+    run_in_worker,
+    worker_start_method,
+)
+
+__all__ = [
+    "ALL_ORACLES", "DEFAULT_IMPLEMENTATION", "DEFAULT_INTERPRETER_TIME_LIMIT", "DERIVED_OUTPUT_REASON", "MAX_TIME_LIMIT",
+    "SMALL_CALL_DIVISOR", "DifferentialRun", "WorkerError", "check_time_limit", "default_device", "default_schedules",
+    "default_time_limit", "factory_name", "interpreter_enabled", "load_factory", "resolve_oracles", "resolve_schedules",
+    "run_differential",
+]
+
+FIXED_SCHEDULES = ("identity", "reversed")
+
+
+def default_schedules(config: MoEConfig) -> tuple[str, ...]:
+    """identity, reversed, then config.random_orders random orders seeded seed+1, seed+2, ...:
+    different configs of a fuzz campaign get different orders, one config always the same."""
+    return (*FIXED_SCHEDULES, *(f"random:{config.seed + 1 + i}" for i in range(config.random_orders)))
+
+
+def _import_impl_module(name: str):
+    """The module of an --impl spec: a file path ending in .py, loaded under a name unique to its
+    absolute path (once per process), or a module name, resolved from the current directory too
+    (appended to sys.path, after everything installed) so that `--impl mymodule:make` works from
+    the folder that holds mymodule.py without PYTHONPATH=."""
+    if name.endswith(".py"):
+        path = os.path.abspath(name)
+        if not os.path.isfile(path):
+            raise ImportError(f"no file {name!r} (from {os.getcwd()})")
+        unique = "diffmoe_impl_" + "".join(c if c.isalnum() else "_" for c in path)
+        if unique in sys.modules:
+            return sys.modules[unique]
+        spec = importlib.util.spec_from_file_location(unique, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[unique] = module  # dataclasses, pickling and a fork-started worker look it up there
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[unique]
+            raise
+        return module
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return importlib.import_module(name)
+
+
+def load_factory(spec: str) -> ImplementationFactory:
+    """'MODULE:FACTORY' or 'path/to/file.py:FACTORY' -> the factory callable; a clear ValueError
+    when it cannot be found. A module name is also looked up in the current directory.
+
+    Whatever importing the module raises (an ImportError, a SyntaxError, any exception of its
+    top-level code, even SystemExit; not KeyboardInterrupt) is that ValueError, naming the
+    module and the error: the CLI's usage error (exit 2), not a traceback or a silent exit."""
+    if isinstance(spec, str) and spec in IMPLEMENTATION_ALIASES:
+        spec = IMPLEMENTATION_ALIASES[spec]
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ValueError(f"--impl must be MODULE:FACTORY, path/to/file.py:FACTORY or a peer's name "
+                         f"({', '.join(IMPLEMENTATION_ALIASES)}) (e.g. {DEFAULT_IMPLEMENTATION}), got {spec!r}")
+    module_name, attr = spec.split(":")
+    try:
+        module = _import_impl_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--impl module {module_name!r} cannot be imported: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:
+        raise ValueError(f"--impl module {module_name!r} called sys.exit({quoted(exc.code)}) while being imported") from None
+    except BaseException as exc:  # noqa: BLE001 - a broken module is the caller's to fix, with its error named
+        # (a SyntaxError's text already names the file and line)
+        raise ValueError(f"--impl module {module_name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
+    try:
+        factory = getattr(module, attr, None)
+    except Exception as exc:  # noqa: BLE001 - a module __getattr__ that raises
+        raise ValueError(f"--impl {spec!r}: looking up {attr!r} raised {type(exc).__name__}: {exc}") from None
+    if not callable(factory):
+        raise ValueError(f"--impl {spec!r}: module {module_name!r} has no callable {attr!r}")
+    return factory
+
+
+def _is_default_factory(factory: object) -> bool:
+    """Whether `factory` is DEFAULT_IMPLEMENTATION's (asked without importing it: whoever holds
+    that factory has imported its module already)."""
+    module_name, _, attr = DEFAULT_IMPLEMENTATION.partition(":")
+    module = sys.modules.get(module_name)
+    return module is not None and getattr(module, attr, None) is factory
+
+
+def factory_name(factory: ImplementationFactory | None) -> str:
+    """What reports and replay lines call an implementation passed as a factory.
+
+    None (the default implementation) and the default factory itself: DEFAULT_IMPLEMENTATION_NAME.
+    A factory its module exports, `getattr(importlib.import_module(module), qualname) is factory`:
+    the spec `module:qualname`, which `--impl` loads, so the replay line reproduces it. Otherwise
+    (a lambda, a closure, a bound method, a factory defined in `__main__`): its `name` attribute
+    when it has a string one, else its qualified name or repr; the replay line then says no
+    command can load it (diffmoe.check.report.check_command)."""
+    if factory is None or _is_default_factory(factory):
+        return DEFAULT_IMPLEMENTATION_NAME
+    module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and module != "__main__":
+        spec = f"{module}:{qualname}"
+        try:
+            loaded = importlib.import_module(module)
+            exported = getattr(loaded, qualname, None) is factory
+        except Exception:  # noqa: BLE001 - any import failure only means "not importable by name"
+            loaded, exported = None, False
+        origin = getattr(loaded, "__file__", None)
+        if exported and module.startswith("diffmoe_impl_") and isinstance(origin, str):
+            spec = f"{origin}:{qualname}"  # loaded from a file by load_factory: replayed by its path
+        if exported and is_factory_spec(spec):
+            return spec
+    label = getattr(factory, "name", None)
+    if not isinstance(label, str) or not label.strip():
+        label = qualname if isinstance(qualname, str) else repr(factory)
+    label = " ".join(label.split())
+    return label if len(label) <= 200 else label[:197] + "..."
+
+
+def resolve_schedules(schedules: Sequence[Schedule | str] | None, config: MoEConfig | None = None) -> list[Schedule]:
+    """The schedules to run: the given ones, or default_schedules(config) (config=None: the
+    default config's)."""
+    items = default_schedules(config or MoEConfig()) if schedules is None else schedules
+    parsed = [s if isinstance(s, Schedule) else Schedule.parse(s) for s in items]
+    if not parsed:
+        raise ValueError("schedules must name at least one schedule")
+    return parsed
+
+
+class DifferentialRun(Check):
+    """One check: the phases of the module docstring, each oracle's hooks called in turn."""
+
+    def __init__(self, config: MoEConfig, factory: ImplementationFactory, oracles: list[str],
+                 schedules: list[Schedule], device: torch.device, name: str,
+                 problem: Problem | None = None, progress: ProgressCallback | None = None):
+        super().__init__(config, factory, oracles, schedules, device, name, problem, progress,
+                         active=active_oracles(oracles))
+
+    def run(self) -> None:
+        cfg = self.config
+        impl = self.impl = self.build(cfg)
+        t = self.problem.num_tokens
+        plan = self.plan = self.workspace_plan(impl, t)
+        # workspaces are allocated once for the largest batch, as an engine does; the plan is the call's
+        shapes = self.shapes = self.workspace_shapes(impl, cfg.num_tokens)
+        for oracle in self.active:
+            self.findings += oracle.judge_plan(self, plan)
+        fit = check_workspace_fit(plan, shapes)
+        if fit:
+            self.findings += fit  # an undersized workspace is reported before any launch
+            return
+        guarded = self.guarded = self.allocate(shapes, f"workspace_shapes({cfg.num_tokens})")
+        output = None
+        if cfg.output == "separate":
+            output = self.output = GuardedTensor((t, cfg.hidden), torch.bfloat16, self.device)
+        # With call-sequence running, the last order's run is made by that oracle, on a fresh
+        # instance right after a smaller call (oracles/call_sequence.py): one run serves both.
+        self.sequenced = makes_last_order_run(self)
+        merged = self.sequenced and len(self.schedules) >= 2
+        for index, schedule in enumerate(self.schedules[:-1] if merged else self.schedules):
+            # every order after the first on a fresh instance: state the first run left in a
+            # private buffer must not mask a wrong order in the next
+            instance = impl if index == 0 else self.build(cfg)
+            addresses = self._address_recorder() if index == 0 else None
+            if addresses is not None:
+                with addresses:
+                    run = self.execute(instance, guarded, output, schedule, POISON_PATTERNS[0], addresses,
+                                       attribute_input_writes=True)
+                run.addresses = addresses
+            else:
+                run = self.execute(instance, guarded, output, schedule, POISON_PATTERNS[0],
+                                   attribute_input_writes=index == 0)
+            self.runs.append(run)
+            self.findings += self.judge_run(run, first=index == 0)
+        for oracle in self.active:
+            self.findings += oracle.finish(self)
+
+    def _address_recorder(self):
+        """The interpreter's per-program address recorder, when an active oracle judges it."""
+        if not any(o.records_addresses for o in self.active):
+            return None
+        if "triton" not in sys.modules and not torch.cuda.is_available():
+            # no GPU and nothing imported Triton yet (a torch implementation, a peer not yet
+            # loaded): Triton here can only be the interpreter, and the recorder hooks it
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        from diffmoe.interpreter import address_recorder as interpreter_races  # imports triton: only when these oracles run
+
+        supported, why = interpreter_races.races_supported()
+        if not supported:
+            for o in self.active:
+                if o.records_addresses:
+                    self.skipped[o.name] = why
+            return None
+        ws1, ws2 = self.guarded.workspaces
+        named = {"ws1": ws1, "ws2": ws2, **({Buffers.OUTPUT: self.output.tensor} if self.output is not None else {})}
+        return interpreter_races.RaceRecorder(named)
+
+
+def _check_problem_argument(problem: object, config: MoEConfig) -> Problem:
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be None or a diffmoe.problem.inputs.Problem, got {type(problem).__name__}")
+    if problem.config != config:
+        raise ValueError(f"problem.config must be the config being checked ({config.short()}), got {problem.config.short()}")
+    if not 0 <= problem.num_tokens <= config.num_tokens:
+        raise ValueError(f"problem must have 0..{config.num_tokens} tokens (config.num_tokens), got {problem.num_tokens}")
+    return problem
+
+
+def _inputs_note(problem: Problem | None) -> str | None:
+    if problem is None:
+        return None
+    return f"given to run_differential (T={problem.num_tokens} of {problem.config.num_tokens}), not regenerated by the replay command"
+
+
+def run_differential(
+    config: MoEConfig,
+    implementation: ImplementationFactory | None = None,
+    *,
+    schedules: Sequence[Schedule | str] | None = None,
+    oracles: Collection[str] | None = None,
+    device: str | torch.device | None = None,
+    implementation_name: str | None = None,
+    problem: Problem | None = None,
+    time_limit: float | None = None,
+) -> Report:
+    """Run the reference and `implementation` (default: the optimized Triton MoE) on the
+    problem of `config` and judge them with the selected oracles.
+
+    config.numerics: None judges under the profile the implementation declares (its factory's
+        `numerics` attribute: contract.judged_config; the default implementation declares
+        none, diffmoe's profile); the report's config names the profile it resolved to.
+    problem: the inputs to judge instead of `make_problem(config)`; its config must be
+        `config` and it may hold 0..config.num_tokens tokens (`make_problem(config,
+        num_tokens=0)` is a zero-token call). The report says the inputs were given, since
+        its replay command rebuilds the generated ones.
+    implementation_name: what the report calls the implementation, and what its replay
+        command passes as `--impl` (a MODULE:FACTORY spec) unless it is the default's name.
+        None (default): `factory_name(implementation)`: "optimized" for the default, the
+        factory's `module:qualname` when its module exports it, else its `name` attribute or
+        qualified name, and then the replay line says no command can load it.
+    time_limit: None (default) runs the check in this process, so an implementation's state
+        and a debugger behave as usual. A number of seconds runs it in a worker process
+        (fork on a CPU device where the platform has it, spawn otherwise: a forked child
+        cannot use CUDA; under spawn the factory must be picklable), which is killed, with
+        everything it started, once the limit passes; the Report then has a `timeout`
+        finding naming the phase and stage in flight, after the findings made so far. The
+        limit bounds the silence between progress events (a phase or a launch starting), not
+        the whole check: a slow check that keeps launching is never a timeout, a launch that
+        runs `time_limit` seconds without finishing is. `default_time_limit()` is the limit
+        the CLI applies when none is given.
+    """
+    if not isinstance(config, MoEConfig):
+        raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}")
+    config.validate()
+    limit = check_time_limit(time_limit)
+    chosen = resolve_oracles(oracles)
+    parsed = resolve_schedules(schedules, config)
+    if problem is not None:
+        _check_problem_argument(problem, config)
+    if implementation is not None and not callable(implementation):
+        raise TypeError(f"implementation must be a factory callable (config -> implementation), got {implementation!r}")
+    config = judged_config(config, implementation)  # before the problem: the reference reads its profile there
+    if problem is not None and problem.config != config:
+        problem = dataclasses.replace(problem, config=config)  # same tensors: no input depends on numerics
+    if implementation_name is None:
+        implementation_name = factory_name(implementation)
+    elif not isinstance(implementation_name, str):
+        raise TypeError(f"implementation_name must be None or a string, got {implementation_name!r}")
+    refused = unsupported(implementation, config)
+    if refused is not None:  # its own `supports` says it does not run this config: nothing to judge
+        raise ConfigRefused(f"{implementation_name} does not run this config: {refused}")
+    dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if problem is not None and problem.device != dev:
+        problem = problem.to(dev)
+    job = _Job(config, implementation, chosen, parsed, dev, implementation_name, problem)
+    if limit is None:
+        return job.run()
+    if worker_start_method(dev) == "fork":
+        interpreter_speed.warm_rewrites()  # the forked worker starts from this process's rewritten kernels
+    return run_in_worker(job, limit)
+
+
+@dataclass
+class _Job:
+    """Everything one check needs; what a worker process receives."""
+
+    config: MoEConfig
+    implementation: ImplementationFactory | None
+    oracles: list[str]
+    schedules: list[Schedule]
+    device: torch.device
+    implementation_name: str
+    problem: Problem | None
+
+    def report(self, findings: list[Finding], seconds: float, skipped: dict[str, str] | None = None) -> Report:
+        return Report(
+            config=self.config,
+            implementation=self.implementation_name,
+            oracles=list(self.oracles),
+            schedules=[str(s) for s in self.schedules],
+            findings=findings,
+            seconds=seconds,
+            inputs=_inputs_note(self.problem),
+            skipped=dict(skipped or {}),
+        )
+
+    def run(self, progress: ProgressCallback | None = None) -> Report:
+        start = time.perf_counter()
+        factory = self.implementation or load_factory(DEFAULT_IMPLEMENTATION)
+        state = DifferentialRun(self.config, factory, self.oracles, self.schedules, self.device,
+                                self.implementation_name, self.problem, progress)
+        try:
+            state.run()
+        except Crash as crash:
+            state.findings.append(crash.finding)
+        return self.report(state.findings, time.perf_counter() - start, state.skipped)
+
+

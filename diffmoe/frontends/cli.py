@@ -1,0 +1,1065 @@
+"""The `diffmoe` command line: check one config, fuzz, show a workspace plan, run the demo.
+
+    diffmoe check [config options | --config FILE.json] [--impl MODULE:FACTORY] [--oracles a,b]
+                  [--time-limit S] [--json]
+    diffmoe fuzz  [--max-examples N] [--seed S | --database DIR] [--workers N] [--planner P] [--impl ...]
+                  [--max-tokens T] [--max-experts E] [--oracles a,b] [--time-limit S] [--json]
+                  [--save-failure FILE.json]
+    diffmoe plan  [config options | --config FILE.json] [--impl ...] [--png FILE]
+    diffmoe demo
+    diffmoe doctor [--device D] [--json]
+    diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
+    diffmoe museum [NAME ...] [--list] [--json]
+    diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
+                  [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
+                  [--jobs N] [--json]
+
+Exit codes (EXIT_*; they cannot lie: 0 is only ever a verdict):
+  0    every selected oracle ran and passed (for `plan`: no aliasing overlap);
+  1    findings: what the implementation did wrong, crashes, sys.exit() in its code, a worker
+       that died, broken contracts and timeouts included (for `plan`: an overlap);
+  2    usage errors: bad arguments, an invalid config, an --impl that cannot be imported
+       (its module's error named; one line on stderr, no traceback);
+  3    the harness could not judge: an internal error of diffmoe, or of its worker process
+       (`diffmoe: internal error: ...` and the traceback on stderr; no verdict either way);
+  130  interrupted (Ctrl-C or SIGTERM): a check stops its worker process group first; a fuzz
+       interrupted before it found anything (one that found a failure prints it, exit 1);
+  141  stdout closed by its reader (`diffmoe doctor --json | head -c 10`): quiet, no traceback,
+       the status a shell reports for a process ended by SIGPIPE.
+A --device this torch cannot use (cuda on a CPU-only build) is a usage error (2). Whatever the
+implementation under test prints goes to stderr (implementation_output_to_stderr), so stdout
+holds only the command's own output.
+A check run in process (--time-limit 0, or no limit on CUDA) says so on stderr: an
+implementation that calls os._exit() there ends diffmoe with its own status, and nothing in
+the process can outlive that, so trust an exit status of 0 only with the report printed
+(with --json: the one object on stdout). In a worker (the default on the interpreter) an
+os._exit() is a crash finding. compile-check: 0 every specialization compiled (and the
+--forbid-spills variants spilled nothing), 1 any failure, unsupported target or spill, 2 usage
+errors (an unknown arch, a Triton without the ahead-of-time API, nothing captured).
+
+--time-limit S bounds the silence of each check (each fuzz example): when no phase and no
+launch has started for S seconds the check's worker process is killed and the check reports a
+`timeout` finding; a slow check that keeps launching is never one. 0 turns the limit off; without the flag
+the limit is diffmoe.check.runner.default_time_limit(): 120 s on the Triton interpreter, none on
+CUDA. Ctrl-C or SIGTERM stops a fuzz at once: it prints the smallest failure found so far
+(exit 1) or that none was found (exit 130). --database DIR keeps Hypothesis's example
+database there: a failure found (even by an interrupted run) is replayed first by the next
+run with the same DIR. A seeded run replays nothing (Hypothesis's @seed turns the database
+off), so --seed and --database exclude each other. Without either, DIFFMOE_HYPOTHESIS_DB (the
+pytest profiles' shared database, diffmoe/fuzz/profiles.py) names the database; --seed
+still wins over it. --workers N (default: the cores this process may use) runs the execution
+tier in N processes sharing the database (diffmoe/fuzz/workers.py); the plan tier runs here.
+
+The runner, the implementation under test (reached only through diffmoe.adapters.contract) and
+matplotlib are imported inside the commands that need them, so `--help` and argument errors answer at once.
+
+Longer than 400 lines because it holds the argument parser and one handler per command (six),
+with the argument checks each needs; a handler only turns arguments into calls of the modules
+that do the work (runner, fuzzing, plan_view, conformance, compile_gate) and prints their
+result. It must not judge anything itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+import warnings
+from typing import Any, Sequence, TextIO
+
+from diffmoe.problem.config import (
+    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, NUMERICS_PROFILES,
+    OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
+)
+from diffmoe.problem.config import MAX_SHARED_EXPERTS, MAX_SWIGLU_LIMIT
+from diffmoe.adapters.contract import (
+    CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ConfigRefused, Schedule, WorkspacePlan,
+    factory_attribute, factory_plan,
+)
+from diffmoe.oracles import registry
+from diffmoe.check.report import Oracles, Report, check_command
+
+PROG = "diffmoe"
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# Printed on stderr before a check that runs in this process (no worker to outlive it).
+IN_PROCESS_NOTICE = (f"{PROG}: running in process (no time limit): an implementation that ends the process from "
+                     f"below Python (C's exit(), a signal) ends {PROG} with its status; trust exit 0 only with the "
+                     "report printed")
+EXIT_BROKEN_PIPE = 141  # stdout closed by its reader: 128 + SIGPIPE, as a shell reports it
+DEFAULT_FUZZ_EXAMPLES = 100  # execution-tier examples of a fuzz
+DEFAULT_FUZZ_WORKERS: int | None = None  # None: diffmoe.fuzz.workers.default_workers(), the usable cores
+DEFAULT_PLAN_EXAMPLES = 10_000  # plans of the static first phase: about a second (bench/bench_plan_tier.py)
+# --time-limit's upper bound, the same as diffmoe.check.runner.MAX_TIME_LIMIT (not imported: the
+# runner pulls in torch, and argument errors must answer at once).
+MAX_TIME_LIMIT_S = 7 * 24 * 3600
+# An error is one line on stderr; a message quoting a hostile value is cut to this length.
+MAX_ERROR_CHARS = 400
+
+# Config flags -> MoEConfig fields. Unset flags keep MoEConfig's defaults.
+CONFIG_FLAGS = {
+    "tokens": "num_tokens",
+    "experts": "num_experts",
+    "topk": "topk",
+    "hidden": "hidden",
+    "inter": "inter",
+    "quant": "quant",
+    "fused": "fused",
+    "planner": "planner",
+    "output": "output",
+    "router_weight": "router_weight",
+    "skew": "skew",
+    "expert_map": "expert_map",
+    "seed": "seed",
+    "call_tokens": "call_tokens",
+    "router": "router",
+    "renormalize": "renormalize",
+    "expert_scale_spread": "expert_scale_spread",
+    "zero_rows": "zero_rows",
+    "nan_rows": "nan_rows",
+    "inf_rows": "inf_rows",
+    "tie_heavy": "tie_heavy",
+    "random_orders": "random_orders",
+    "numerics": "numerics",
+    "swiglu_limit": "swiglu_limit",
+    "dropped_slots": "dropped_slots",
+    "shared_experts": "shared_experts",
+}
+
+# The one table of oracles (diffmoe/oracles/registry.py; its names cost no torch import).
+# crash and timeout are outcomes, not checks one can select.
+KNOWN_ORACLES = registry.ALL_ORACLES
+
+# The demo: small enough for the interpreter, with more routed rows (T*K = 48) than one
+# row block, so the legacy alias is visible to the race and schedule oracles as well as
+# to the static check.
+DEMO_CONFIG = MoEConfig(
+    num_tokens=24, num_experts=4, topk=2, hidden=128, inter=128, quant="fp8-token", fused=True, seed=0
+)
+
+
+class UsageError(Exception):
+    """Bad arguments or an invalid config: reported as one line, exit code 2."""
+
+
+class _Exit(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line (no usage block) and never calls sys.exit."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message)
+
+    def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
+        if message:
+            self._print_message(message, sys.stderr)
+        raise _Exit(status)
+
+
+# ---- argument helpers -------------------------------------------------------------------
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _time_limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value <= MAX_TIME_LIMIT_S:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_TIME_LIMIT_S}] seconds (0 turns the limit off), got {text}")
+    return value
+
+
+def time_limit_kwargs(runner, requested: float | None, device: str | None) -> dict[str, float]:
+    """run_differential's time_limit argument: {} for no limit. Without --time-limit, the
+    runner's documented default for the device (a stand-in runner without one: no limit)."""
+    if requested is None:
+        default = getattr(runner, "default_time_limit", None)
+        limit = default(device) if default is not None else None
+    else:
+        limit = requested or None  # 0 turns the limit off
+    return {} if limit is None else {"time_limit": limit}
+
+
+def _one_line(message: str) -> str:
+    line = " ".join(message.split())
+    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def parse_expert_map(text: str) -> tuple[int, ...]:
+    """'0,-1,1' -> (0, -1, 1)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--expert-map must be comma-separated integers such as 0,-1,1, got {text!r}") from None
+
+
+def parse_oracles(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = registry.names()
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--oracles must be a comma-separated list from {known}, got {text!r}")
+    return names
+
+
+def parse_schedules(texts: Sequence[str] | None) -> list[Schedule] | None:
+    if not texts:
+        return None
+    try:
+        return [Schedule.parse(t) for t in texts]
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _add_config_options(p: argparse.ArgumentParser) -> None:
+    d = MoEConfig()
+    g = p.add_argument_group("config (defaults are MoEConfig's; or give --config FILE.json)")
+    g.add_argument("--tokens", type=_int, metavar="T", help=f"tokens (default {d.num_tokens})")
+    g.add_argument("--experts", type=_int, metavar="E", help=f"experts (default {d.num_experts})")
+    g.add_argument("--topk", type=_int, metavar="K", help=f"experts per token (default {d.topk})")
+    g.add_argument("--hidden", type=_int, metavar="H", help=f"hidden size (default {d.hidden})")
+    g.add_argument("--inter", type=_int, metavar="I", help=f"intermediate size (default {d.inter})")
+    g.add_argument("--quant", choices=QUANT_SCHEMES, help=f"quant scheme (default {d.quant})")
+    fused = g.add_mutually_exclusive_group()
+    fused.add_argument("--fused", dest="fused", action="store_const", const=True, help="fused activation + FP8 quant")
+    fused.add_argument("--unfused", dest="fused", action="store_const", const=False, help="separate kernels (default)")
+    g.add_argument("--planner", choices=PLANNERS, help=f"workspace planner (default {d.planner})")
+    g.add_argument("--output", choices=OUTPUT_PLACEMENTS, help=f"final output placement (default {d.output})")
+    g.add_argument("--router-weight", choices=ROUTER_WEIGHT_PLACEMENTS, help=f"where the router weight applies (default {d.router_weight})")
+    g.add_argument("--skew", choices=ALL_ROUTING_SKEWS, help=f"routing distribution (default {d.skew})")
+    g.add_argument("--expert-map", metavar="A,B,...", help="global -> local expert map, -1 for remote (write --expert-map=0,-1,1)")
+    g.add_argument("--seed", type=_non_negative_int, metavar="S", help=f"problem seed (default {d.seed})")
+    i = p.add_argument_group("inputs (opt-in; each changes only its own part of the problem)")
+    i.add_argument("--call-tokens", type=_int, metavar="N", help="T of the call, 0..--tokens: workspaces are built for --tokens, the call carries N (default: --tokens)")
+    i.add_argument("--router", choices=ROUTERS, help=f"how router weights are made (default {d.router}; softmax-topk: softmax over all E, then top-K)")
+    i.add_argument("--renormalize", action="store_const", const=True, help="softmax-topk: divide the K weights by their sum")
+    i.add_argument("--expert-scale-spread", type=_int, metavar="OCTAVES", help=f"per-expert weight scale spread, 0..{MAX_EXPERT_SCALE_SPREAD} octaves (default 0)")
+    i.add_argument("--zero-rows", type=_int, metavar="N", help="all-zero (padding) tokens in the call (default 1 when the call keeps an ordinary token beside it, else 0)")
+    i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 0)")
+    i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")
+    i.add_argument("--tie-heavy", action="store_const", const=True, help="hidden states with many values on e4m3 rounding midpoints")
+    m = p.add_argument_group("MoE-model features (opt-in)")
+    m.add_argument("--swiglu-limit", type=_float, metavar="LIMIT", help=f"SwiGLU clamp: silu(min(gate, LIMIT)) * clamp(up, -LIMIT, LIMIT), LIMIT in (0, {MAX_SWIGLU_LIMIT:g}] (gpt-oss: 7.0)")
+    m.add_argument("--dropped-slots", type=_int, metavar="N", help="routed slots (of T*K) whose topk_ids entry is -1, contributing nothing (default 0)")
+    m.add_argument("--shared-experts", type=_int, metavar="S", help=f"the last S experts are shared, fused into every token's last S slots with weight 1, 0..min({MAX_SHARED_EXPERTS}, K-1) (default 0)")
+    g.add_argument("--random-orders", type=_int, metavar="N", help=f"random program orders beside identity and reversed, 0..{MAX_RANDOM_ORDERS} (default {d.random_orders}; seeds --seed+1..--seed+N)")
+    g.add_argument("--numerics", choices=NUMERICS_PROFILES, help="the rounding the reference follows (default: the one the "
+                                                                 "implementation declares, diffmoe's unless it names one; vllm's kernel declares vllm)")
+    g.add_argument("--config", metavar="FILE.json", help="read the whole config from a JSON file instead")
+
+
+def _add_impl_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
+                                                          "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers; "
+                                                          "vllm==0.28.0, vllm==0.30.0: those releases)")
+
+
+def config_from_args(args: argparse.Namespace) -> MoEConfig:
+    """The config the flags (or --config FILE) describe; UsageError with the config's own message."""
+    given = {flag: getattr(args, flag) for flag in CONFIG_FLAGS if getattr(args, flag, None) is not None}
+    if args.config is not None:
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            raise UsageError(f"--config cannot be combined with config flags ({flags})")
+        return config_from_file(args.config)
+    fields: dict[str, Any] = {CONFIG_FLAGS[flag]: value for flag, value in given.items()}
+    if "expert_map" in fields:
+        fields["expert_map"] = parse_expert_map(fields["expert_map"])
+    try:
+        config = MoEConfig(**fields)
+        # one padding token unless --zero-rows says otherwise (config.flag_zero_rows says why)
+        return config if "zero_rows" in fields else config.replace(zero_rows=config.flag_zero_rows)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def config_from_file(path: str) -> MoEConfig:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            # at most one character past the limit: enough to tell a too-large file without reading it
+            text = fh.read(MAX_CONFIG_JSON_CHARS + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"config file {path} is not UTF-8 text") from None
+    if len(text) > MAX_CONFIG_JSON_CHARS:
+        raise UsageError(f"config file {path} is larger than {MAX_CONFIG_JSON_CHARS} characters; a config is a short JSON object")
+    try:
+        return MoEConfig.from_json(text)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"invalid config in {path}: {exc}") from None
+
+
+def _runner():
+    # Imported on use: it pulls in the implementations; tests may stand a fake in its place.
+    return importlib.import_module("diffmoe.check.runner")
+
+
+def load_implementation(spec: str | None):
+    """(factory or None for the default, the name reports and replay commands use)."""
+    if spec is None:
+        return None, DEFAULT_IMPLEMENTATION_NAME
+    try:
+        return _runner().load_factory(spec), spec
+    except (ImportError, TypeError, ValueError) as exc:
+        message = str(exc)
+        raise UsageError(message if "--impl" in message else f"--impl {spec}: {message}") from None
+
+
+def parse_device(text: str | None) -> str | None:
+    """--device: a torch device this torch can use, else a UsageError (one line, exit 2), never a
+    traceback from the first tensor put there (e.g. cuda on a CPU-only build of torch)."""
+    if text is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device must be a torch device such as cpu or cuda:0, got {text!r}") from None
+    if device.type == "cpu":
+        return text
+    backend = getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", None)
+    try:
+        usable = bool(available()) if callable(available) else False
+        count = backend.device_count() if usable and hasattr(backend, "device_count") else None
+    except Exception:  # noqa: BLE001 - a backend that cannot even answer is not usable
+        usable, count = False, None
+    if not usable:
+        build = f"torch {torch.__version__}"
+        raise UsageError(f"--device {text}: {device.type} is not available with this torch ({build}); use --device cpu")
+    if device.index is not None and count is not None and device.index >= count:
+        raise UsageError(f"--device {text}: this machine has {count} {device.type} device{'s' if count != 1 else ''}")
+    return text
+
+
+def _print_json(obj: Any, stream: TextIO | None = None) -> None:
+    print(json.dumps(obj, default=str), file=stream or sys.stdout)
+
+
+@contextlib.contextmanager
+def implementation_output_to_stderr():
+    """Around every call that runs (or builds) the implementation under test: what it prints goes
+    to stderr, so stdout holds only what the CLI prints (with --json, exactly one JSON object).
+    Python-level prints through sys.stdout are redirected (contextlib.redirect_stdout), and where
+    stdout is a real file descriptor, fd 1 is pointed at stderr's too, for writes from C code and
+    from worker processes (forked or spawned, they inherit both)."""
+    saved_fd, out_fd, err_fd = None, 1, 2  # the process's descriptors, whatever sys.stdout is now
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+    try:
+        os.fstat(err_fd)
+        saved_fd = os.dup(out_fd)
+        os.dup2(err_fd, out_fd)
+    except OSError:  # no fd 1 or 2 (closed): Python level only
+        if saved_fd is not None:
+            os.close(saved_fd)
+        saved_fd = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved_fd is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved_fd, out_fd)
+            os.close(saved_fd)
+
+
+# ---- check ------------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    schedules = parse_schedules(args.schedule)
+    oracles = parse_oracles(args.oracles)
+    factory, name = load_implementation(args.impl)
+    runner = _runner()
+    device = parse_device(args.device)
+    limit = time_limit_kwargs(runner, args.time_limit, device)
+    if not limit:
+        print(IN_PROCESS_NOTICE, file=sys.stderr, flush=True)
+    # SIGTERM as Ctrl-C: KeyboardInterrupt in the waiting parent, whose run_in_worker stops and
+    # reaps the worker's process group on the way out (the worker has its own group, so the
+    # default SIGTERM would leave it running); main() then prints one line and returns 130.
+    try:
+        with _sigterm_interrupts(), implementation_output_to_stderr():
+            report = runner.run_differential(
+                config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name, **limit,
+            )
+    except ConfigRefused as exc:  # the implementation's `supports` said no: a usage error, one line
+        raise UsageError(f"{exc} (its `supports`; choose a config it runs)") from None
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.render())
+    if not report.passed:
+        return EXIT_FINDINGS
+    # an oracle named with --oracles that could not run: that part was not judged, so no 0
+    asked = [name for name in (oracles or ()) if name in report.skipped]
+    if asked:
+        print(f"{PROG}: not judged: " + "; ".join(f"{n} ({report.skipped[n]})" for n in asked), file=sys.stderr)
+        return EXIT_INTERNAL
+    return EXIT_OK
+
+
+# ---- fuzz -------------------------------------------------------------------------------
+
+
+class ProgressPrinter:
+    """Fuzz progress on stderr: one line rewritten in place on a terminal, otherwise a line
+    every `interval` seconds and at each phase change (logs stay short but alive)."""
+
+    def __init__(self, stream: TextIO, tty: bool | None = None, interval: float = 10.0) -> None:
+        self.stream = stream
+        self.tty = stream.isatty() if tty is None else tty
+        self.interval = interval
+        self._last_print = float("-inf")
+        self._last_phase: str | None = None
+        self._width = 0
+
+    def __call__(self, examples: int, phase: str, elapsed: float, config: str) -> None:
+        line = f"fuzz: {examples} example{'s' if examples != 1 else ''}  phase={phase}  {elapsed:6.1f} s  {config}"
+        if self.tty:
+            width = max(self._width, len(line))
+            self.stream.write("\r" + line.ljust(width))  # pad over the rest of a longer line
+            self._width = width
+            self.stream.flush()
+            return
+        now = time.monotonic()
+        if phase != self._last_phase or now - self._last_print >= self.interval:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            self._last_print, self._last_phase = now, phase
+
+    def finish(self) -> None:
+        if self.tty and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+
+
+def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - exercised via a signal
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt inside the block (as Ctrl-C does); restored afterwards.
+    SIGINT is left as the command found it: a SIGINT ignored on entry (nohup, a background job
+    of a non-interactive shell) stays ignored, and SIGTERM is then the way to stop (README,
+    "Started with SIGINT ignored")."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    except ValueError:  # not the main thread: Ctrl-C still works
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _plan_phase(args, factory, name, seed: int | None, printer):
+    """The static first phase of a fuzz (every tier; the whole fuzz with --tier plan): the plan
+    tier's outcome, or None when it does not run (--plan-examples 0, no cheap plan)."""
+    from diffmoe.adapters.contract import PLAN_WORKSPACES, factory_attribute
+    from diffmoe.fuzz.plan_tier import fuzz_plans
+
+    only = args.tier == "plan"
+    count = args.max_examples if only else args.plan_examples
+    if count == 0:
+        return None
+    if factory is not None and factory_attribute(factory, PLAN_WORKSPACES) is None:
+        if only:
+            raise UsageError(f"--tier plan: {name} declares no cheap plan (a {PLAN_WORKSPACES} attribute on its factory, "
+                             "see diffmoe/adapters/contract.py)")
+        print(f"{PROG}: fuzz: no plan tier for {name} (its factory has no {PLAN_WORKSPACES} attribute)", file=sys.stderr)
+        return None
+    plan_seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+    try:
+        return fuzz_plans(max_examples=count, seed=plan_seed, planner=args.planner, implementation=factory,
+                          implementation_name=name, progress=printer)
+    finally:
+        printer.finish()
+
+
+def _plan_decides(args, outcome) -> bool:
+    """Whether the plan tier's outcome ends the fuzz (a finding, an interrupt, --tier plan)."""
+    return outcome is not None and (args.tier == "plan" or outcome.report is not None or outcome.interrupted)
+
+
+def _finish_plan(args, outcome, name) -> int:
+    """Print the plan tier's outcome when it ended the fuzz; its exit code."""
+    report = outcome.report
+    if args.json:
+        data = {"tier": "plan", "plan_tier": outcome.to_dict()}
+        if report is not None:
+            data["config"] = report.config.to_dict()
+            data["replay"] = check_command(report.config, name)
+        _print_json(data)
+    else:
+        print(_plan_summary(outcome))
+        if report is not None:
+            print("minimal failing config:")
+            print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
+            print(report.render())
+    if report is not None:
+        return EXIT_USAGE if _save_failure(args, report) is not None else EXIT_FINDINGS
+    return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
+
+
+def _plan_summary(outcome) -> str:
+    rate = outcome.configs_per_second
+    head = (f"plan tier (seed {outcome.seed}): {outcome.generated_examples} config{'s' if outcome.generated_examples != 1 else ''}"
+            f" in {outcome.seconds:.2f} s" + (f" ({rate:,.0f} configs/s)" if rate else ""))
+    if outcome.report is None:
+        return head + (", interrupted, no finding so far" if outcome.interrupted else ", no finding")
+    return head + f"; first failure after {outcome.seconds_to_first_failure:.3f} s, shrunk in {outcome.shrink_examples} steps"
+
+
+def _save_failure(args, report) -> int | None:
+    """--save-failure: write the minimal failing config; EXIT_USAGE when the file cannot be written."""
+    if args.save_failure is None:
+        return None
+    try:
+        with open(args.save_failure, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(report.config.to_dict(), indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        sys.stdout.flush()
+        print(f"{PROG}: error: cannot write {args.save_failure}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.json:
+        print(f"saved to {args.save_failure} (replay with: {PROG} check --config {args.save_failure})")
+    return None
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from diffmoe.fuzz.workers import MAX_WORKERS, default_workers, fuzz_in_workers
+    from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT
+    from diffmoe.fuzz.profiles import SHARED_DATABASE_ENV, shared_database_path
+    from diffmoe.fuzz.plan_tier import MAX_PLAN_EXAMPLES
+    from diffmoe.fuzz.strategies import MAX_EXPERTS as FUZZ_MAX_EXPERTS
+
+    if args.max_examples is None:
+        args.max_examples = DEFAULT_PLAN_EXAMPLES * 10 if args.tier == "plan" else DEFAULT_FUZZ_EXAMPLES
+    # Checked here so a bad value is a usage error, before any example runs.
+    if args.tier == "plan" and args.max_examples > MAX_PLAN_EXAMPLES:
+        raise UsageError(f"--max-examples must be in [1, {MAX_PLAN_EXAMPLES}] with --tier plan, got {args.max_examples}")
+    if args.plan_examples > MAX_PLAN_EXAMPLES:
+        raise UsageError(f"--plan-examples must be in [0, {MAX_PLAN_EXAMPLES}], got {args.plan_examples}")
+    if args.tier != "plan" and args.max_examples > MAX_EXAMPLES_LIMIT:
+        raise UsageError(f"--max-examples must be in [1, {MAX_EXAMPLES_LIMIT}], got {args.max_examples}")
+    if args.max_tokens > MAX_TOKENS:
+        raise UsageError(f"--max-tokens must be in [1, {MAX_TOKENS}], got {args.max_tokens}")
+    if args.max_experts > FUZZ_MAX_EXPERTS:
+        raise UsageError(f"--max-experts must be in [1, {FUZZ_MAX_EXPERTS}], got {args.max_experts}")
+    if args.seed is not None and args.seed > MAX_SEED:
+        raise UsageError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
+    if args.workers is None:
+        args.workers = DEFAULT_FUZZ_WORKERS or default_workers()
+    if args.workers > MAX_WORKERS:
+        raise UsageError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
+    shared = shared_database_path()
+    if args.database is None and args.seed is None and shared:
+        args.database = shared  # as the pytest profiles use it; an explicit --seed or --database wins
+        print(f"{PROG}: fuzz: example database {shared} (from {SHARED_DATABASE_ENV})", file=sys.stderr)
+    if args.database is not None:
+        if args.seed is not None:
+            raise UsageError("--seed and --database cannot be combined: a seeded run is reproducible and replays no stored failure")
+        if os.path.exists(args.database) and not os.path.isdir(args.database):
+            raise UsageError(f"--database {args.database} exists and is not a folder")
+    oracles = parse_oracles(args.oracles)
+    factory, name = load_implementation(args.impl)
+    if args.save_failure is not None:
+        _check_writable(args.save_failure)  # before the first example, not after the whole fuzz
+    # A seed is always chosen and printed, so any run can be repeated exactly; except with a
+    # database, whose replays a seed would turn off.
+    if args.database is not None:
+        seed = None
+    else:
+        seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    device = parse_device(args.device)
+    limit = time_limit_kwargs(_runner(), args.time_limit, device).get("time_limit")
+    printer = ProgressPrinter(sys.stderr)
+    try:
+        with _sigterm_interrupts(), implementation_output_to_stderr():
+            plan_outcome = _plan_phase(args, factory, name, seed, printer)
+            outcome = None if _plan_decides(args, plan_outcome) else fuzz_in_workers(
+                workers=args.workers,
+                max_examples=args.max_examples,
+                seed=seed,
+                planner=args.planner,
+                implementation=factory,
+                implementation_name=name,
+                max_tokens=args.max_tokens,
+                max_experts=args.max_experts,
+                progress=printer,
+                oracles=oracles,
+                device=device,
+                database=args.database,
+                time_limit=limit,
+                **({} if args.special_rows else {"special_rows": False}),
+                **({"features": True} if args.model_features else {}),
+                **({"tier": args.tier} if args.tier != "run" else {}),
+                **({"shrink": False} if args.no_shrink else {}),
+            )
+    finally:
+        printer.finish()
+
+    if outcome is None:
+        return _finish_plan(args, plan_outcome, name)
+    if plan_outcome is not None and not args.json:
+        print(_plan_summary(plan_outcome))
+    report = outcome.report
+    if args.json:
+        data = {"tier": args.tier, **outcome.to_dict()}
+        if plan_outcome is not None:
+            data["plan_tier"] = plan_outcome.to_dict()
+        if report is not None:
+            data["config"] = report.config.to_dict()
+            data["replay"] = check_command(report.config, name)
+        _print_json(data)
+    else:
+        print(_fuzz_summary(outcome, args.max_examples, args.database))
+        if report is not None:
+            print("minimal failing config:")
+            print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
+            print(report.render())
+    # Written after the report is out: if the path broke during the fuzz, only the file is lost.
+    if report is not None and _save_failure(args, report) is not None:
+        return EXIT_USAGE
+    if report is not None:
+        # the smallest failure is the harness's own crash (run_differential raised): nothing was judged
+        if all(f.oracle == Oracles.CRASH and f.message.startswith("run_differential raised") for f in report.findings):
+            return EXIT_INTERNAL
+        return EXIT_FINDINGS
+    return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
+
+
+def _check_writable(path: str) -> None:
+    """A usage error unless `path` can be written (a file is created and removed to find out)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--save-failure {path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"--save-failure {path}: is a folder")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            os.remove(path)
+    except OSError as exc:
+        raise UsageError(f"--save-failure {path}: cannot write: {exc.strerror or exc}") from None
+
+
+def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> str:
+    origin = f"seed {outcome.seed}" if outcome.seed is not None else f"database {database}" if database else "unseeded"
+    # --max-examples counts the generated examples; shrinking runs and metamorphic siblings come on top
+    generated = outcome.examples - outcome.shrink_examples
+    head = f"fuzz ({origin}): {generated} example{'s' if generated != 1 else ''}"
+    if outcome.shrink_examples:
+        head += f" + {outcome.shrink_examples} shrinking run{'s' if outcome.shrink_examples != 1 else ''}"
+    siblings = getattr(outcome, "sibling_runs", 0)
+    if siblings:
+        head += f" + {siblings} metamorphic sibling run{'s' if siblings != 1 else ''}"
+    head += f" in {outcome.seconds:.1f} s"
+    if outcome.interrupted:
+        head += ", interrupted"
+    if outcome.report is None:
+        return head + (", no finding so far" if outcome.interrupted else f", no finding in up to {max_examples} examples")
+    parts = [head]
+    if outcome.seconds_to_first_failure is not None:
+        parts.append(f"first failure after {outcome.seconds_to_first_failure:.1f} s")
+    if outcome.seconds_shrinking is not None:
+        parts.append(f"shrunk in {outcome.seconds_shrinking:.1f} s")
+    if outcome.interrupted:
+        parts.append("the config below is the smallest failure found before the interrupt")
+    parts.extend(outcome.notes)
+    return "; ".join(parts)
+
+
+# ---- plan -------------------------------------------------------------------------------
+
+
+def default_factory():
+    """The default implementation's factory (contract.DEFAULT_IMPLEMENTATION), loaded on use."""
+    return _runner().load_factory(DEFAULT_IMPLEMENTATION)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    factory, _ = load_implementation(args.impl)  # an --impl that cannot be loaded: a usage error, exit 2
+    try:
+        with implementation_output_to_stderr():
+            # asked through the contract: the factory's cheap `plan_workspaces` where it has one, else built
+            plan = factory_plan(factory if factory is not None else default_factory(), config)
+    except Exception as exc:  # noqa: BLE001 - the implementation's fault, not the harness's: a finding
+        print(f"{PROG}: the implementation's plan failed: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_FINDINGS
+    if not isinstance(plan, WorkspacePlan):
+        print(f"{PROG}: the implementation's plan must be a diffmoe.adapters.contract.WorkspacePlan, got {type(plan).__name__}",
+              file=sys.stderr)
+        return EXIT_FINDINGS
+    from diffmoe.frontends.plan_view import draw_plan_png, render_plan
+    from diffmoe.oracles.static_aliasing import check_static_aliasing
+
+    findings = check_static_aliasing(plan)
+    print(f"config: {config.short()}")
+    print(render_plan(plan, findings))
+    if args.png is not None:
+        try:
+            draw_plan_png(plan, findings, args.png)
+        except OSError as exc:
+            raise UsageError(f"--png {args.png}: {exc.strerror or exc}") from None
+        print(f"picture: {args.png}")
+    return EXIT_FINDINGS if findings else EXIT_OK
+
+
+# ---- demo -------------------------------------------------------------------------------
+
+
+def demo_conclusion(fixed: Report, legacy: Report) -> str:
+    cfg = fixed.config
+    size = f"a fused {cfg.quant} MoE with T={cfg.num_tokens}, E={cfg.num_experts}, K={cfg.topk}, H={cfg.hidden}, I={cfg.inter}"
+    if fixed.passed and not legacy.passed:
+        buffers = sorted({b for f in legacy.findings for b in f.buffers})
+        return (
+            f"Conclusion: on {size}, the fixed workspace planner passes every oracle, while the legacy "
+            f"planner is caught by {', '.join(legacy.oracles_with_findings())}, naming {', '.join(buffers) or 'no buffer'}. "
+            "The legacy plan keeps a slot for activation_output, which the fused act+quant kernel never "
+            "writes; that flips the workspace parity so gate_up_output and quanted_down_input share bytes "
+            "while one kernel reads the first and writes the second. A GPU only shows this as an accuracy "
+            "drop under out-of-order scheduling; diffmoe shows it on a laptop, and the replay line above "
+            "rebuilds the failing case."
+        )
+    problems = []
+    if not fixed.passed:
+        problems.append(f"the fixed planner has findings ({', '.join(fixed.oracles_with_findings())})")
+    if legacy.passed:
+        problems.append("the legacy planner's alias went unnoticed")
+    return f"Conclusion: on {size}, the demo did not go as expected: {'; '.join(problems)}."
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    from diffmoe.adapters.peer_wheels import main as peers_main
+
+    return peers_main(args.rest, prog=f"{PROG} peers")
+
+
+def cmd_museum(args: argparse.Namespace) -> int:
+    from diffmoe.adapters.museum import run as museum_run
+
+    return museum_run(args, prog=f"{PROG} museum")
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    device = parse_device(args.device)
+    # The probes are the harness's; what the default implementation does about each primitive
+    # comes through the contract (its factory's `conformance_hooks`). Loading the factory first
+    # lets the implementation set up its backend (e.g. the interpreter when no GPU) before
+    # diffmoe.backend.conformance imports triton.
+    # The probes run under implementation_output_to_stderr: only the table (or JSON) is stdout.
+    with implementation_output_to_stderr():
+        hooks = factory_attribute(default_factory(), CONFORMANCE_HOOKS)
+        from diffmoe.backend.doctor import run_doctor
+
+        report = run_doctor(device, hooks() if hooks is not None else None)
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.render())
+    return report.exit_code
+
+
+# ---- compile-check ----------------------------------------------------------------------
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def cmd_compile_check(args: argparse.Namespace) -> int:
+    # Real compiles need the kernels decorated as JITFunctions: no interpreter, before any import
+    # of triton (nothing on the way here imported it).
+    os.environ["TRITON_INTERPRET"] = "0"
+    archs = [a for text in (args.arch or ["sm_90"]) for a in _csv(text) or []]
+    from diffmoe.backend import compile_gate as gate
+
+    for arch in archs:
+        try:
+            gate.parse_arch(arch)
+        except ValueError as exc:
+            raise UsageError(f"--arch: {exc}") from None
+    given = [flag for flag in CONFIG_FLAGS if getattr(args, flag, None) is not None]
+    if args.sweep and (given or args.config is not None):
+        raise UsageError("--sweep cannot be combined with a config (flags or --config)")
+    if given or args.config is not None:
+        configs = [config_from_args(args)]
+    else:
+        configs = gate.sweep_configs() if args.sweep else gate.representative_configs()
+    classes = _csv(args.tile_class)
+    if classes is not None:
+        unknown = [c for c in classes if c not in gate.TILE_CLASSES]
+        if unknown or not classes:
+            raise UsageError(f"--tile-class must be a comma-separated list from {list(gate.TILE_CLASSES)}, got {args.tile_class!r}")
+        configs = [c for c in configs if gate.tile_class(c) in classes]
+        if not configs:
+            raise UsageError(f"no config of this run falls in tile class {', '.join(classes)}")
+    factory, _ = load_implementation(args.impl)
+    if factory is None:
+        factory = default_factory()
+    progress = None
+    if not args.json:
+        def progress(done: int, total: int, result) -> None:
+            print(f"compile-check: {done}/{total} {result.kernel} {result.arch} {result.variant}: {result.status}",
+                  file=sys.stderr, flush=True)
+    try:
+        with implementation_output_to_stderr():
+            report = gate.run_gate(factory, configs, archs, variants=_csv(args.variant), jobs=args.jobs,
+                                   forbid_spills=_csv(args.forbid_spills) or (), progress=progress)
+    except gate.CompileGateError as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.render())
+    return EXIT_OK if report.exit_code == 0 else EXIT_FINDINGS
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    run = _runner().run_differential
+    device = parse_device(args.device)  # before anything is printed
+    reports = []
+    for planner in ("fixed", "legacy"):
+        config = DEMO_CONFIG.replace(planner=planner)
+        print(f"== {planner} planner: {check_command(config)}")
+        with implementation_output_to_stderr():
+            report = run(config, None, device=device)
+        print(report.render())
+        print()
+        reports.append(report)
+    fixed, legacy = reports
+    print(demo_conclusion(fixed, legacy))
+    return EXIT_OK if fixed.passed and not legacy.passed else EXIT_FINDINGS
+
+
+# ---- parser and entry point -------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum}")
+
+    check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
+    _add_config_options(check)
+    _add_impl_option(check)
+    check.add_argument("--schedule", action="append", metavar="identity|reversed|random:SEED", help="program order (repeatable; default identity, reversed and --random-orders random ones)")
+    check.add_argument("--oracles", metavar="A,B", help=f"oracles to run (default all available): {', '.join(KNOWN_ORACLES)}")
+    check.add_argument("--device", help="torch device (default: the implementation's)")
+    check.add_argument("--time-limit", type=_time_limit, metavar="S",
+                       help="stop the check with a timeout finding when it makes no progress (no launch) for S seconds (0: no limit; default 120 on the interpreter, none on CUDA)")
+    check.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    check.set_defaults(handler=cmd_check)
+
+    fz = sub.add_parser("fuzz", help="draw configs until one fails, then shrink it", description="Draw configs until one fails, then shrink it.")
+    fz.add_argument("--max-examples", type=_positive_int, default=None, metavar="N",
+                    help=f"configs drawn in the generate phase (default {DEFAULT_FUZZ_EXAMPLES}; with --tier plan, plans, default {DEFAULT_PLAN_EXAMPLES * 10}); the shrinking runs after a failure, a database replay and metamorphic sibling runs are not counted in N")
+    fz.add_argument("--tier", choices=("run", "full", "plan"), default="run",
+                    help="run (default): most examples judged by a cheap oracle set, every 8th, every failure and the shrinking by all; full: every oracle on every example; plan: only the static plan tier (no execution). run and full start with --plan-examples plans")
+    fz.add_argument("--plan-examples", type=_non_negative_int, default=DEFAULT_PLAN_EXAMPLES, metavar="N",
+                    help=f"plans the static first phase judges before any execution (default {DEFAULT_PLAN_EXAMPLES}, about a second; 0: none)")
+    fz.add_argument("--no-shrink", action="store_true", help="report the first failing example as found, unshrunk")
+    fz.add_argument("--seed", type=_non_negative_int, metavar="S", help="fuzzing seed (default: a fresh one, printed)")
+    fz.add_argument("--planner", choices=PLANNERS, default="fixed", help="planner of every drawn config (default fixed)")
+    _add_impl_option(fz)
+    fz.add_argument("--max-tokens", type=_positive_int, default=96, metavar="T", help="largest T drawn (default 96)")
+    fz.add_argument("--max-experts", type=_positive_int, default=64, metavar="E", help="largest E drawn (default 64)")
+    fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default all available)")
+    fz.add_argument("--special-rows", action=argparse.BooleanOptionalAction, default=True,
+                    help="draw all-zero (padding), NaN and Inf token rows (default: zero rows in about half the examples, NaN and Inf in an eighth each)")
+    fz.add_argument("--model-features", action="store_true", help="also draw the SwiGLU limit, dropped slots (-1 ids) and shared experts")
+    fz.add_argument("--device", help="torch device (default: the implementation's)")
+    fz.add_argument("--time-limit", type=_time_limit, metavar="S",
+                    help="per-example limit on seconds without progress (no launch), past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
+    fz.add_argument("--database", metavar="DIR",
+                    help="Hypothesis example database: failures are saved there and replayed first next time (not with --seed; default $DIFFMOE_HYPOTHESIS_DB when set and no --seed is given)")
+    fz.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                    help="processes running the execution tier, sharing the database and splitting --max-examples (default: the usable cores; 1: this process)")
+    fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
+    fz.add_argument("--save-failure", metavar="FILE.json", help="write the minimal failing config here (replay with check --config)")
+    fz.set_defaults(handler=cmd_fuzz)
+
+    plan = sub.add_parser("plan", help="show the workspace plan and its overlaps", description="Show the workspace plan and its overlaps.")
+    _add_config_options(plan)
+    _add_impl_option(plan)
+    plan.add_argument("--png", metavar="FILE", help="also draw the two workspaces to a PNG file")
+    plan.set_defaults(handler=cmd_plan)
+
+    demo = sub.add_parser("demo", help="fixed vs legacy planner on a small fused FP8 config", description="Check a small fused FP8 config with the fixed and the legacy planner.")
+    demo.add_argument("--device", help="torch device (default: the implementation's)")
+    demo.set_defaults(handler=cmd_demo)
+
+    doctor = sub.add_parser(
+        "doctor", help="check the Triton backend's primitives the optimized kernels rely on",
+        description="Run small conformance kernels on the active Triton backend (interpreter or CUDA) and report, "
+                    "per primitive, whether it is right and which workaround the optimized path applies.")
+    doctor.add_argument("--device", help="torch device (default: the implementation's)")
+    doctor.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    doctor.set_defaults(handler=cmd_doctor)
+
+    peers = sub.add_parser(
+        "peers", help="fetch and list the peers' pinned wheels (third-party kernels run behind the contract)",
+        description="diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list (diffmoe/adapters/peer_wheels.py)", add_help=False)
+    peers.add_argument("rest", nargs=argparse.REMAINDER, help="fetch NAME [--wheel FILE.whl], or list")
+    peers.set_defaults(handler=cmd_peers)
+
+    from diffmoe.adapters import museum as museum_module  # the exhibit table names the arguments
+
+    museum = sub.add_parser(
+        "museum", help="real vLLM bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/adapters/museum.py)",
+        description=museum_module.DESCRIPTION)
+    museum_module.add_arguments(museum)
+    museum.set_defaults(handler=cmd_museum)
+
+    cc = sub.add_parser(
+        "compile-check", help="compile every kernel specialization for a GPU, no GPU needed",
+        description="Run the implementation on CPU tensors with every Triton launch intercepted, then compile each "
+                    "distinct specialization ahead of time for the target GPU(s) and report registers, spills, shared "
+                    "memory and the matrix instruction. Without a config: the CI subset (every scheme x fused flag x "
+                    "tile class, both order-table settings).")
+    cc.add_argument("--arch", action="append", metavar="sm_90",
+                    help="target, repeatable or comma-separated: sm_80, sm_89, sm_90 (default), sm_100")
+    _add_impl_option(cc)
+    cc.add_argument("--variant", metavar="V,...", help="the implementation's compile variants to build (default all it declares; "
+                                                       "the optimized MoE: native, safe)")
+    cc.add_argument("--tile-class", metavar="C,...", help="only configs of these CUDA tile classes: decode, mid, prefill")
+    _add_config_options(cc)
+    cc.add_argument("--sweep", action="store_true", help="the full sweep instead of the CI subset")
+    cc.add_argument("--forbid-spills", metavar="V,...", help="variants whose register spills are failures (CI: native)")
+    cc.add_argument("--jobs", type=_positive_int, metavar="N", help="compiler processes (default: the machine's cores)")
+    cc.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    cc.set_defaults(handler=cmd_compile_check)
+    return parser
+
+
+REFERENCE_WIDTH = 100  # columns of the README's CLI reference, whatever the terminal
+
+
+def reference_text() -> str:
+    """Every subcommand's usage, from build_parser(), at a fixed width: the README's block between
+    `<!-- cli-reference:start -->` and `<!-- cli-reference:end -->` (tests/test_cli_reference.py
+    holds it to this; `python tests/test_cli_reference.py --write` regenerates it)."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    usages = []
+    for command in sub.choices.values():
+        formatter = command.formatter_class(prog=command.prog, width=REFERENCE_WIDTH)
+        formatter.add_usage(command.usage, command._actions, command._mutually_exclusive_groups, prefix="")
+        usages.append(formatter.format_help().rstrip())
+    return "\n".join(usages) + "\n"
+
+
+def _stdout_closed() -> int:
+    """stdout's reader went away (`diffmoe check ... | head -1`): exit quietly with 141, what a
+    shell reports for a process ended by SIGPIPE, as `yes | head -1` does. stdout is pointed at
+    devnull, so the interpreter's last flush at exit finds no broken pipe to complain about."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Workspaces are poisoned on purpose, so a kernel that reads stale bytes computes on NaN
+    # and huge values; numpy (under the Triton interpreter) warns about each. The oracles
+    # report what matters, the warnings would only bury it.
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers or museum (see diffmoe --help)")
+        status = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
+    except UsageError as exc:
+        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    except _Exit as exc:
+        return exc.status
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a harness bug is no verdict: never 0, never 1
+        return _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """A failure of diffmoe itself (or its worker process, WorkerError; or a SystemExit that
+    escaped a command): one line saying so, then the traceback, and EXIT_INTERNAL. The
+    implementation's own failures never come here: they are findings (exit 1)."""
+    import traceback
+
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    what = f"SystemExit({quoted(exc.code)}) escaped the command" if isinstance(exc, SystemExit) else \
+        f"{type(exc).__name__}: {first}"
+    with contextlib.suppress(Exception):
+        print(f"{PROG}: internal error: {_one_line(what)} (the harness could not judge; exit {EXIT_INTERNAL})",
+              file=sys.stderr)
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

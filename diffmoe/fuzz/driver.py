@@ -1,0 +1,385 @@
+"""Fuzzing driven from code: Hypothesis draws configs, `run_differential` judges each one.
+
+`fuzz()` wraps one property, "this config has no findings", in a Hypothesis test and runs
+it. The first config with findings makes the property raise `FailingReport`, which carries
+the Report; Hypothesis then stops generating and shrinks. Each failing example it executes
+while shrinking is smaller than the one before, and once done it replays the minimal one
+and re-raises its exception, so the Report that comes out is the minimal failing one.
+
+Ctrl-C (and SIGTERM, which the CLI turns into KeyboardInterrupt) stops the search at once;
+the outcome then carries the smallest failure seen so far, if any, and `interrupted=True`.
+With a database, every failing example Hypothesis meets is saved as it is met (an atomic
+file rename), so an interrupted run leaves a consistent database and the next run replays
+its failure first.
+
+A metamorphic finding compares two runs, the drawn config and its sibling under the other
+`fused` flag, and two runs cannot tell whose bits are wrong; the finding names the sibling
+(`figures["sibling_config"]`). Rule: when every finding of an example comes from the sibling
+run (metamorphic findings, or a crash of the sibling, both carrying `sibling_config`), the
+sibling is judged too, by `run_differential` like any example. If it fails on its own (a
+finding of another oracle, not merely its own metamorphic disagreement), the failure of the
+example is the sibling's report: that is what the property raises, so the config reported,
+saved and replayed is the one the other oracles catch, and the shrinker keeps only examples
+whose sibling still fails that way. Otherwise (the usual symmetric disagreement) the drawn
+config's report stands. The extra runs are counted in `FuzzOutcome.sibling_runs` and a note
+says when the reported config is a sibling. Hypothesis still shrinks the drawn config, so the
+reported sibling is the sibling of the smallest drawn config whose metamorphic finding still
+shows; a smaller config of the sibling's own shape may exist below it.
+
+max_examples bounds the configs drawn in the generate phase only (Hypothesis's meaning):
+shrinking runs, a database replay and sibling runs come on top and are counted apart.
+
+A database replay resumes shrinking (diffmoe/fuzz/database.py: `ResumingDatabase`).
+
+Crashes, timeouts and contract violations of the implementation are findings of the report
+(diffmoe.check.runner), so they shrink like any other failure. A crash of the harness itself on
+some config (an exception out of `run_differential`) is treated as a failure too, reported
+under the crash oracle. `time_limit` bounds every example (a `timeout` finding past it), so
+a hanging implementation cannot stall the search.
+
+Owns driving Hypothesis and shrinking. Must not judge: every verdict is run_differential's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+import traceback
+import unittest
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Sequence
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+from diffmoe.problem.config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
+from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
+from diffmoe.fuzz.database import ResumingDatabase
+from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
+from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.fuzz.strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
+
+PHASE_GENERATE = "generate"
+PHASE_SHRINK = "shrink"
+MAX_EXAMPLES_LIMIT = 1_000_000
+
+ProgressCallback = Callable[[int, str, float, str], None]
+"""progress(examples_run_so_far, phase, elapsed_seconds, config.short())"""
+
+
+class FailingReport(AssertionError):
+    """Raised inside the property when a config has findings; carries the Report."""
+
+    def __init__(self, report: Report, drawn: MoEConfig | None = None) -> None:
+        super().__init__(report.render())
+        self.report = report
+        self.drawn = report.config if drawn is None else drawn  # differs when the report is the sibling's
+
+
+@dataclass
+class FuzzOutcome:
+    """What a fuzzing session found.
+
+    examples counts every drawn config run (generation, shrinking and the final replay);
+    shrink_examples the ones after the first failure, so generated_examples (examples minus
+    shrink_examples) is what max_examples bounds; sibling_runs the metamorphic siblings
+    judged on top (not in examples). Seconds are wall clock;
+    seconds_to_first_failure and seconds_shrinking are None when nothing failed.
+    """
+
+    examples: int = 0
+    shrink_examples: int = 0
+    full_examples: int = 0  # examples judged by every oracle (diffmoe/fuzz/tiers.py); the rest by the cheap set
+    escalations: int = 0  # cheap checks that failed and were judged again by every oracle (counted in full_examples)
+    sibling_runs: int = 0
+    seconds: float = 0.0
+    seconds_to_first_failure: float | None = None
+    seconds_shrinking: float | None = None
+    report: Report | None = None  # the minimal failing report (smallest so far if interrupted)
+    interrupted: bool = False
+    seed: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.report is None
+
+    @property
+    def generated_examples(self) -> int:
+        """Configs run in the generate phase (a database replay included): what max_examples bounds."""
+        return self.examples - self.shrink_examples
+
+    @property
+    def failing_config(self) -> MoEConfig | None:
+        return None if self.report is None else self.report.config
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "interrupted": self.interrupted,
+            "examples": self.examples,
+            "generated_examples": self.generated_examples,
+            "shrink_examples": self.shrink_examples,
+            "full_examples": self.full_examples,
+            "escalations": self.escalations,
+            "sibling_runs": self.sibling_runs,
+            "seconds": round(self.seconds, 4),
+            "seconds_to_first_failure": None if self.seconds_to_first_failure is None else round(self.seconds_to_first_failure, 4),
+            "seconds_shrinking": None if self.seconds_shrinking is None else round(self.seconds_shrinking, 4),
+            "seed": self.seed,
+            "notes": list(self.notes),
+            "report": None if self.report is None else self.report.to_dict(),
+        }
+
+
+def _database(database: ExampleDatabase | str | os.PathLike | None) -> ExampleDatabase | None:
+    if database is None or isinstance(database, ExampleDatabase):
+        return database
+    if isinstance(database, (str, os.PathLike)):
+        return DirectoryBasedExampleDatabase(os.fspath(database))
+    raise TypeError(f"database must be None, a directory path or a hypothesis ExampleDatabase, got {database!r}")
+
+
+def _sibling_of(report: Report) -> MoEConfig | None:
+    """The sibling config when every finding comes from the metamorphic sibling run, else None."""
+    siblings = []
+    for f in report.findings:
+        named = (f.figures or {}).get("sibling_config")
+        if named is None and f.oracle != Oracles.METAMORPHIC:
+            return None
+        sibling = report.config.replace(fused=not report.config.fused) if named is None else MoEConfig.from_dict(named)
+        if sibling not in siblings:
+            siblings.append(sibling)
+    return siblings[0] if len(siblings) == 1 else None
+
+
+def _fails_on_its_own(report: Report) -> bool:
+    """A finding that is not merely a disagreement with (or a crash of) its own sibling."""
+    return any((f.figures or {}).get("sibling_config") is None and f.oracle != Oracles.METAMORPHIC for f in report.findings)
+
+
+def _crash_report(
+    config: MoEConfig, exc: Exception, implementation_name: str, oracles: Collection[str] | None, schedules
+) -> Report:
+    frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return Report(
+        config=config,
+        implementation=implementation_name,
+        oracles=sorted(oracles) if oracles else [Oracles.CRASH],
+        schedules=[str(s) for s in schedules] if schedules else [],
+        findings=[
+            Finding(
+                oracle=Oracles.CRASH,
+                message=f"run_differential raised {type(exc).__name__}: {exc}",
+                figures={"traceback": "".join(frames[-3:]).strip()},
+            )
+        ],
+    )
+
+
+def fuzz(
+    *,
+    max_examples: int,
+    seed: int | None,
+    planner: str | None = "fixed",
+    implementation: ImplementationFactory | None = None,
+    implementation_name: str | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_experts: int = MAX_EXPERTS,
+    database: ExampleDatabase | str | os.PathLike | None = None,
+    progress: ProgressCallback | None = None,
+    oracles: Collection[str] | None = None,
+    schedules: Sequence[Schedule | str] | None = None,
+    device: str | None = None,
+    time_limit: float | None = None,
+    special_rows: bool = True,
+    features: bool = False,
+    tier: str = TIER_RUN,
+    full_every: int = FULL_EVERY,
+    full_offset: int | None = None,
+    shrink: bool = True,
+) -> FuzzOutcome:
+    """Draw up to `max_examples` configs; stop at the first failure and shrink it.
+
+    max_examples counts the configs of the generate phase; the shrinking runs (and a database
+    replay, and metamorphic siblings judged on top, see the module doc) are not counted in it.
+
+    seed: an int makes the run reproducible (Hypothesis's @seed); None draws a fresh one.
+    planner: pins the planner of every config ("legacy" to watch the known bug get caught;
+    None draws both). max_tokens, max_experts: bound T and E of the drawn configs (the
+    interpreter's cost grows with both). database: None (nothing stored), a directory, or an ExampleDatabase:
+    failures are stored there and replayed first on the next run. A seeded run replays
+    nothing by design (Hypothesis's @seed turns the database off), so seed and database
+    are exclusive. special_rows: draw all-zero, NaN and Inf rows at the default shares
+    (diffmoe.fuzz.strategies; False: never). features: also draw the MoE-model features
+    (swiglu_limit, dropped_slots, shared_experts; `moe_configs(features=True)`). oracles, schedules, device, time_limit: passed to `run_differential`
+    unchanged (None: its defaults; time_limit None runs each example in this process).
+    tier: "run" (default) judges most generated examples with the cheap oracle set and every
+    `full_every`-th, every failing one, every shrinking run and every database replay with all
+    of them; "full" judges every example with every oracle (diffmoe/fuzz/tiers.py). full_offset:
+    the full set's first generated example is the (full_offset + 1)-th; None: the seed's phase,
+    `full_phase(seed)` (seed % full_every; 0 unseeded). Naming
+    `oracles` or `schedules` turns the tiers off. shrink: False reports the first failing
+    example as found, unshrunk (Hypothesis's shrink phase off).
+    """
+    check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)
+    if seed is not None:
+        check_int("seed", seed, 0, MAX_SEED)
+    if planner is not None and planner not in PLANNERS:
+        raise ValueError(f"planner must be None or one of {list(PLANNERS)}, got {planner!r}")
+    check_int("max_tokens", max_tokens, 1, MAX_TOKENS)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable or None, got {progress!r}")
+    if time_limit is not None and (
+        isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit < float("inf")
+    ):
+        raise ValueError(f"time_limit must be None or a number of seconds > 0, got {time_limit!r}")
+    db = _database(database)
+    if db is not None:
+        db = ResumingDatabase(db)
+    if seed is not None and db is not None:
+        raise ValueError("seed and database are exclusive: a seeded run is reproducible and replays no stored failure")
+    for flag, value in (("special_rows", special_rows), ("features", features), ("shrink", shrink)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, got {value!r}")
+    if full_offset is None:
+        full_offset = full_phase(seed, full_every) if isinstance(full_every, int) and full_every >= 1 else 0
+    policy = TierPolicy(tier, oracles, schedules, full_every, full_offset)
+    strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts, special_rows=special_rows,
+                           features=features)
+    # Imported here, not at module import: tests replace the module, and importing the
+    # runner pulls in the optimized implementation only when a fuzz actually starts.
+    runner = importlib.import_module("diffmoe.check.runner")
+    # Bad oracle or schedule names would otherwise fail every example as a "crash".
+    if oracles is not None and hasattr(runner, "resolve_oracles"):
+        runner.resolve_oracles(oracles)
+    if schedules is not None and hasattr(runner, "resolve_schedules"):
+        runner.resolve_schedules(schedules)
+    if time_limit is not None and hasattr(runner, "check_time_limit"):
+        runner.check_time_limit(time_limit)  # its upper bound too, before the first example
+
+    outcome = FuzzOutcome(seed=seed)
+    start = time.perf_counter()
+    first_failure_at: list[float] = []
+    smallest: list[FailingReport] = []
+
+    def judge(config: MoEConfig, how: Judging) -> Report:
+        try:
+            report = runner.run_differential(
+                config,
+                implementation,
+                schedules=how.schedules,
+                oracles=how.oracles,
+                device=device,
+                # None: run_differential names the factory (module:qualname)
+                **({} if implementation_name is None else {"implementation_name": implementation_name}),
+                # only when set: a stand-in runner need not know the argument
+                **({} if time_limit is None else {"time_limit": time_limit}),
+            )
+        except Exception as exc:  # a harness crash is a finding to shrink, not the end of the search
+            name = implementation_name
+            if name is None:  # as run_differential names it
+                namer = getattr(runner, "factory_name", None)
+                name = namer(implementation) if namer is not None else DEFAULT_IMPLEMENTATION_NAME
+            report = _crash_report(config, exc, name, how.oracles, how.schedules)
+        return report
+
+    replaying = [False]  # inside the database-replay pass (see below)
+
+    def run_one(config: MoEConfig) -> None:
+        if unsupported(implementation, config) is not None:
+            reject()  # the implementation's own `supports` refuses it: not an example (contract.SUPPORTS)
+        config = judged_config(config, implementation)  # as run_differential resolves it: drawn == reported
+        outcome.examples += 1
+        phase = PHASE_SHRINK if first_failure_at else PHASE_GENERATE
+        if first_failure_at:
+            outcome.shrink_examples += 1
+        how = policy.judging(config, failed_before=bool(first_failure_at), replaying=replaying[0])
+        label = config.short() if how.full or not policy.tiered else f"{config.short()} (cheap oracle set)"
+        if progress is not None:
+            progress(outcome.examples, phase, time.perf_counter() - start, label)
+        report = judge(config, how)
+        if not report.passed and not how.full and policy.tiered:  # escalate: the full set's report
+            how = policy.full_judging()
+            outcome.escalations += 1
+            full_report = judge(config, how)
+            report = full_report if not full_report.passed else report
+        outcome.full_examples += how.full
+        sibling = None if report.passed else _sibling_of(report)
+        if sibling is not None:  # only the metamorphic oracle saw it: judge the sibling too
+            outcome.sibling_runs += 1
+            if progress is not None:
+                progress(outcome.examples, phase, time.perf_counter() - start, f"{sibling.short()} (metamorphic sibling)")
+            sibling_report = judge(sibling, how)
+            if _fails_on_its_own(sibling_report):
+                report = sibling_report
+        if not report.passed:
+            if not first_failure_at:
+                first_failure_at.append(time.perf_counter())
+            failure = FailingReport(report, drawn=config)
+            smallest[:] = [failure]  # the shrinker only tries smaller examples
+            raise failure
+
+    shrinking = [Phase.shrink] if shrink else []
+
+    def hypothesis_test(phases: list):
+        test = settings(
+            max_examples=max_examples,
+            derandomize=False,
+            database=db,
+            deadline=None,
+            phases=phases,
+            verbosity=Verbosity.quiet,  # the outcome is the report; nothing goes to stdout
+            report_multiple_bugs=False,
+            print_blob=False,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example,
+                                   HealthCheck.filter_too_much],  # an implementation refusing much of the domain
+        )(given(strategy)(run_one))
+        return test if seed is None else hypothesis_seed(seed)(test)
+
+    def search() -> None:
+        # A database's failures are replayed in a pass of their own, every oracle judging them
+        # (one may have been stored by a full check the cheap set cannot repeat), then the search.
+        if db is not None:
+            replaying[0] = True
+            try:
+                hypothesis_test([Phase.reuse, *shrinking])()
+            except unittest.SkipTest:  # nothing stored: Hypothesis says it was told to run nothing
+                pass
+            replaying[0] = False
+        hypothesis_test([Phase.generate, *shrinking])()
+
+    final: FailingReport | None = None
+    try:
+        search()
+        if db is not None:
+            db.mark_shrunk()
+    except FailingReport as exc:
+        final = exc
+        if db is not None:
+            db.mark_shrunk()  # the shrink completed: what the database holds is minimal
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        final = smallest[0] if smallest else None
+    except Exception as exc:
+        # Hypothesis reports a failure it could not replay (a flaky implementation) as its own
+        # error; the failures seen are still real, so keep the smallest and say so.
+        if not smallest:
+            raise
+        final = smallest[0]
+        outcome.notes.append(f"the minimal example did not fail again on replay ({type(exc).__name__}): flaky")
+    if final is not None:
+        outcome.report = final.report
+        if final.drawn != final.report.config:
+            outcome.notes.append(
+                f"the drawn config {final.drawn.short()} failed only the metamorphic oracle; its sibling "
+                f"(fused={final.report.config.fused}) fails other oracles on its own and is the config reported"
+            )
+    end = time.perf_counter()
+    outcome.seconds = end - start
+    if first_failure_at:
+        outcome.seconds_to_first_failure = first_failure_at[0] - start
+        outcome.seconds_shrinking = end - first_failure_at[0]
+    return outcome

@@ -1,0 +1,10 @@
+"""The Triton interpreter, made trustworthy and observable (`TRITON_INTERPRET=1`).
+
+`fixes` (its numeric defects fixed once, at the interpreter), `fast_path` (jit helpers skip
+re-patching, same bits), `grid_order` (program instances in any `Schedule`), `address_recorder`
+(which bytes each program instance touches, for the races and store-extent oracles) and
+`triton_pin` (the Triton release these hooks were written for).
+
+Owns every hook into Triton's interpreter internals. Must not judge (the oracles read what the
+recorder saw) and must not import Triton before a hook is installed.
+"""

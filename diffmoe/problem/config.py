@@ -1,0 +1,498 @@
+"""The one description of a MoE problem: `MoEConfig`.
+
+A config is everything needed to rebuild a failing case bit for bit: sizes, quantisation
+scheme, the optimized path's switches and the seed. It is frozen, validated with messages
+that name the field and its allowed range, and round-trips through JSON exactly, because
+reproducers are stored as JSON. Must not import Triton or an implementation.
+Longer than 400 lines because every field's validation message lives beside its field, in
+one class, so the rules a user reads in an error are the ones the constructor applies.
+
+Dimension letters (used everywhere in diffmoe): T tokens, E experts, K top-k, H hidden
+size, I intermediate size (the gate-up projection has 2*I columns), TK = T*K routed rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+QUANT_SCHEMES = ("bf16", "fp8-tensor", "fp8-token", "fp8-block")
+ACTIVATIONS = ("silu",)
+ROUTER_WEIGHT_PLACEMENTS = ("down", "input")
+PLANNERS = ("fixed", "legacy")
+OUTPUT_PLACEMENTS = ("workspace", "separate")
+# The skews the fuzzing strategies draw (diffmoe.fuzz.strategies samples this tuple).
+ROUTING_SKEWS = ("uniform", "one-expert", "empty-experts")
+# Every skew a config may name. all-remote, a labelled edge case rather than a drawn
+# distribution: each token's experts come first from those the expert map sends elsewhere
+# (-1), so with at least K remote experts every token is routed away from this rank and the
+# output is exactly zero; with fewer, the remaining picks fall on local experts; without a
+# map it is the uniform draw. It is valid for every config.
+ALL_ROUTING_SKEWS = (*ROUTING_SKEWS, "all-remote")
+# How the router weights are made. random-k: K logits per token, softmaxed over those K (rows
+# sum to 1; at K = 1 the weight is exactly 1.0). softmax-topk: as serving engines route, E
+# logits per token, a softmax over all E, the K largest probabilities kept (each below 1,
+# at K = 1 too), divided by their sum when `renormalize` is set.
+ROUTERS = ("random-k", "softmax-topk")
+# Per-expert weight scale spread, in octaves: each local expert's w1 and w2 are multiplied by
+# 2^u, u uniform in [-spread, spread], so per-tensor weight scales differ across experts (with
+# equal amaxes, using one expert's scale for all of them is invisible). 4 octaves keep every
+# intermediate far from bf16 overflow (weights at most 16x their unscaled bound).
+MAX_EXPERT_SCALE_SPREAD = 4
+# Random program orders a check runs beside identity and reversed (each one more run of the
+# implementation, judged bitwise against the first). Two by default: one random order found
+# every program-order mutant of the bug zoo, a second one is cheap insurance for races that
+# need two particular programs swapped.
+DEFAULT_RANDOM_ORDERS = 2
+MAX_RANDOM_ORDERS = 16
+
+# Whose rounding the reference follows: diffmoe's own (DESIGN.md's numerics, reference/moe.py),
+# vLLM 0.33.0's rounding points (reference/numerics.py), Liger-Kernel 0.8.5's
+# (reference/numerics_liger.py) or lmdeploy 0.18.0's (reference/numerics_lmdeploy.py, fp8-block
+# only: the one scheme its pipeline runs). A config's numerics=None means
+# the profile the implementation under test declares (diffmoe.adapters.contract.NUMERICS), diffmoe's
+# when it declares none.
+NUMERICS_PROFILES = ("diffmoe", "vllm", "liger", "lmdeploy")
+DEFAULT_NUMERICS = NUMERICS_PROFILES[0]
+
+# fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.
+QUANT_BLOCK = 128
+
+# Upper bounds, checked before anything is allocated: a hostile or mistyped config must not
+# exhaust memory. MAX_ROUTED_ROWS * MAX_HIDDEN * 2 bytes (bf16) is 4 GiB, about what one
+# accelerator-sized check needs; a CPU check stays far below it in practice.
+MAX_TOKENS = 65536
+MAX_EXPERTS = 512
+MAX_HIDDEN = 16384
+MAX_INTER = 16384
+MAX_ROUTED_ROWS = 131072
+MAX_SEED = 2**63 - 1
+# The per-field bounds still allow absurd totals (512 experts of 16384 x 16384 weights are
+# petabytes), so the total is bounded too: `estimated_bytes` counts every weight and routed
+# activation once, as float32 (the unit the reference computes in). A check's peak memory is
+# a small multiple of it (masters, FP8 codes, dequantised copies, both implementations'
+# intermediates). 8 GiB lets one accelerator-sized check through and stops a hostile or
+# mistyped config before the first allocation.
+MAX_PROBLEM_BYTES = 8 * 2**30
+# ---- the MoE-model features (swiglu_limit, dropped_slots, shared_experts) --------------------
+# SwiGLU clamp limit bounds: above every gate-up value the clamp is the plain activation. The
+# generator's gate-up values stay below 16*sqrt(H) <= 2048 (|x| <= 4, |w| <= 4/sqrt(H)), so
+# 2^16 leaves a wide margin; gpt-oss uses 7.0 (vLLM's gemm1_clamp_limit).
+MAX_SWIGLU_LIMIT = 2.0**16
+# Shared experts fused into the routed set: DeepSeek-V3 and Qwen2-MoE have 1 or 2; 8 is a margin.
+MAX_SHARED_EXPERTS = 8
+# Weight of a shared expert's slot: models add the shared expert's output unweighted.
+SHARED_EXPERT_WEIGHT = 1.0
+
+# A config file is a few hundred bytes; anything past this is not a config.
+MAX_CONFIG_JSON_CHARS = 2**20
+# Longest integer literal a config JSON may hold (MAX_SEED has 19 digits): Python would
+# otherwise parse a million-digit literal before any bound is checked.
+MAX_JSON_INT_DIGITS = 32
+# Values quoted in error messages are cut to this many characters, so that an error caused
+# by a hostile value stays one readable line.
+MAX_QUOTED_CHARS = 60
+
+
+def problem_bytes(num_tokens: int, topk: int, hidden: int, inter: int, local_experts: int) -> int:
+    """Every local weight (L*2I*H + L*H*I) and activation (T*H + TK*(2I + I + H)) once, at 4 bytes
+    (float32, as the reference dequantises): what a problem of these sizes costs to build."""
+    weights = local_experts * 3 * inter * hidden
+    activations = num_tokens * hidden + num_tokens * topk * (3 * inter + hidden)
+    return 4 * (weights + activations)
+
+
+def flag_zero_rows(call_tokens: int, nan_rows: int = 0, inf_rows: int = 0) -> int:
+    """The all-zero (padding) tokens a config built from command-line flags holds unless
+    `--zero-rows` says otherwise: one, when the call keeps at least one ordinary token beside it
+    and its NaN and Inf rows, else none. Serving engines pad decode batches to a CUDA-graph size
+    with zero tokens and run the MoE on them every step, and a kernel that divides by a zero
+    token's amax (a scale without its floor: 0 / 0) passes every check without one. `MoEConfig`'s
+    own default stays 0: a config from Python or a JSON file says exactly what it holds; the
+    replay command (diffmoe.check.report.check_command) names --zero-rows wherever it differs from this."""
+    return 1 if call_tokens - nan_rows - inf_rows >= 2 else 0
+
+
+def check_int(name: str, value: Any, lo: int, hi: int, hi_text: str | None = None) -> int:
+    """`value` as an int in [lo, hi]; TypeError/ValueError naming `name` and the range otherwise
+    (the upper bound shown as `hi_text = hi` when it is derived from other fields)."""
+    shown = f"[{lo}, {hi}]" if hi_text is None else f"[{lo}, {hi_text} = {hi}]"
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int in {shown}, got {type(value).__name__} {quoted(value)}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in {shown}, got {value}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def quoted(value: Any, limit: int = MAX_QUOTED_CHARS) -> str:
+    """repr(value), cut to `limit` characters: error messages quote values that may be huge."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {quoted(key)}")
+        seen[key] = value
+    return seen
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (NaN and Infinity literals are not accepted)")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"an integer literal of {len(text)} digits is out of range (at most {MAX_JSON_INT_DIGITS})")
+    return int(text)
+
+
+# Fields beyond the problem's core description, named in summaries and commands only when set.
+OPT_IN_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "zero_rows", "nan_rows", "inf_rows",
+                  "tie_heavy", "random_orders", "numerics", "swiglu_limit", "dropped_slots", "shared_experts")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """One MoE problem and the optimized path's switches.
+
+    Fields:
+        num_tokens: T, tokens in the batch (1..MAX_TOKENS).
+        num_experts: E, global experts (1..MAX_EXPERTS).
+        topk: K, experts per token (1..E), distinct per token.
+        hidden: H, model width (multiple of 128 for fp8-block).
+        inter: I, expert intermediate width (multiple of 128 for fp8-block).
+        quant: one of QUANT_SCHEMES.
+        fused: SiLU-and-mul fused with the FP8 quantisation of the down input (fp8 only).
+        activation: one of ACTIVATIONS.
+        router_weight: "down" multiplies the down GEMM output by the router weight,
+            "input" scales the hidden states before the gate-up GEMM (needs K == 1, as in vLLM).
+        planner: "fixed" or "legacy" (the known-bad workspace plan, kept to prove it is caught).
+        output: "workspace" carves the final output from ws1 (upstream's non-batched path),
+            "separate" writes a caller-supplied tensor.
+        expert_map: optional tuple of length E mapping global expert -> local index or -1
+            (expert parallelism); the local indices must be exactly 0..L-1.
+        skew: routing distribution, one of ALL_ROUTING_SKEWS ("all-remote" routes every token
+            away from this rank when the expert map has at least K remote experts).
+        call_tokens: T of the call, 0..num_tokens, or None for num_tokens: the workspaces and
+            the implementation are built for num_tokens (the largest batch), the call carries
+            the first call_tokens tokens, as an engine's smaller batches do.
+        router: one of ROUTERS (see there); renormalize divides softmax-topk's K weights by
+            their sum (softmax-topk only).
+        expert_scale_spread: octaves of per-expert weight scale spread, 0..MAX_EXPERT_SCALE_SPREAD.
+        zero_rows, nan_rows, inf_rows: tokens of the call made all-zero, holding one NaN, or
+            holding one +-Inf (distinct tokens, together at most the call's T); opt-in inputs
+            whose propagation reference/moe.py specifies.
+        tie_heavy: hidden states with 4 significant bits and an amax of 3.5 = 448 * 2^-7 in
+            every row and every 128-group, so the activation scale is exactly 2^-7 and about
+            half the values land on e4m3 rounding midpoints (ties): a rounding-mode bug shows
+            on every seed.
+        seed: problem seed; the same config gives bitwise the same problem.
+        random_orders: random program orders the schedule oracle runs beside identity and
+            reversed, 0..MAX_RANDOM_ORDERS; their seeds are seed+1 .. seed+random_orders.
+        numerics: the reference's rounding, one of NUMERICS_PROFILES, or None for the profile
+            the implementation declares (the harness resolves it before building the problem).
+        swiglu_limit: None, or the SwiGLU clamp limit in (0, MAX_SWIGLU_LIMIT]: the activation is
+            silu(min(gate, limit)) * clamp(up, -limit, limit) (gpt-oss; vLLM's gemm1_clamp_limit).
+        dropped_slots: routed slots (of the config's T*K) whose topk_ids entry is -1, 0..T*K:
+            slots the router or the expert-parallel dispatch leaves unrouted; they keep their
+            router weight and contribute nothing.
+        shared_experts: S, 0..min(MAX_SHARED_EXPERTS, K-1): the last S of the E experts are
+            shared experts fused into the routed set, every token's last S slots pick them in
+            order with weight SHARED_EXPERT_WEIGHT; the first K-S slots route among the first E-S.
+    """
+
+    num_tokens: int = 8
+    num_experts: int = 4
+    topk: int = 2
+    hidden: int = 256
+    inter: int = 256
+    quant: str = "fp8-token"
+    fused: bool = False
+    activation: str = "silu"
+    router_weight: str = "down"
+    planner: str = "fixed"
+    output: str = "separate"
+    expert_map: tuple[int, ...] | None = None
+    skew: str = "uniform"
+    seed: int = 0
+    call_tokens: int | None = None
+    router: str = "random-k"
+    renormalize: bool = False
+    expert_scale_spread: int = 0
+    zero_rows: int = 0
+    nan_rows: int = 0
+    inf_rows: int = 0
+    tie_heavy: bool = False
+    random_orders: int = DEFAULT_RANDOM_ORDERS
+    numerics: str | None = None
+    swiglu_limit: float | None = None
+    dropped_slots: int = 0
+    shared_experts: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.expert_map, list):  # accept a list from callers; store the hashable tuple
+            object.__setattr__(self, "expert_map", tuple(self.expert_map))
+        if _is_int(self.swiglu_limit):  # 7 and 7.0 are one limit; store the float (JSON writes 7.0)
+            object.__setattr__(self, "swiglu_limit", float(self.swiglu_limit))
+        self.validate()
+
+    # ---- derived sizes -------------------------------------------------------------
+    @property
+    def routed_rows(self) -> int:
+        """TK: rows after routing (each token once per chosen expert)."""
+        return self.num_tokens * self.topk
+
+    @property
+    def call_num_tokens(self) -> int:
+        """T of the call: call_tokens, or num_tokens when it is None."""
+        return self.num_tokens if self.call_tokens is None else self.call_tokens
+
+    @property
+    def special_rows(self) -> int:
+        """Tokens of the call that are all-zero, NaN or Inf rows."""
+        return self.zero_rows + self.nan_rows + self.inf_rows
+
+    @property
+    def estimated_bytes(self) -> int:
+        """The size `validate` bounds by MAX_PROBLEM_BYTES (see `problem_bytes`)."""
+        return problem_bytes(self.num_tokens, self.topk, self.hidden, self.inter, self.num_local_experts)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.quant != "bf16"
+
+    @property
+    def numerics_profile(self) -> str:
+        """The profile the reference follows: numerics, or DEFAULT_NUMERICS when it is None."""
+        return DEFAULT_NUMERICS if self.numerics is None else self.numerics
+
+    @property
+    def num_local_experts(self) -> int:
+        """L: experts whose weights this rank holds (E without an expert map)."""
+        if self.expert_map is None:
+            return self.num_experts
+        return sum(1 for v in self.expert_map if v >= 0)
+
+    @classmethod
+    def unchecked(cls, **fields: Any) -> MoEConfig:
+        """A config built without `validate()`, for a sampler whose draws are valid by construction.
+
+        diffmoe.fuzz.plan_tier draws tens of thousands of configs a second; validate() was a quarter
+        of its time (profiled, 20,000 plans). Its meta-test validates every draw, so a sampler bug
+        still fails loudly. Anyone else: use the constructor.
+        """
+        self = object.__new__(cls)
+        self.__dict__.update(_FIELD_DEFAULTS)  # a frozen dataclass blocks setattr, not its __dict__
+        self.__dict__.update(fields)
+        return self
+
+    def replace(self, **changes: Any) -> MoEConfig:
+        """A copy with some fields changed, validated."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- validation ----------------------------------------------------------------
+    def validate(self) -> MoEConfig:
+        """Raise TypeError/ValueError naming the field and its allowed range; return self."""
+        int_fields = {
+            "num_tokens": (1, MAX_TOKENS),
+            "num_experts": (1, MAX_EXPERTS),
+            "topk": (1, MAX_EXPERTS),
+            "hidden": (1, MAX_HIDDEN),
+            "inter": (1, MAX_INTER),
+            "seed": (0, MAX_SEED),
+        }
+        for name, (lo, hi) in int_fields.items():
+            check_int(name, getattr(self, name), lo, hi)
+        if self.topk > self.num_experts:
+            raise ValueError(f"topk must be in [1, num_experts={self.num_experts}], got {self.topk}")
+        if self.routed_rows > MAX_ROUTED_ROWS:
+            raise ValueError(
+                f"num_tokens * topk must be at most {MAX_ROUTED_ROWS}, got {self.num_tokens} * {self.topk}"
+            )
+        choices = {
+            "quant": QUANT_SCHEMES,
+            "activation": ACTIVATIONS,
+            "router_weight": ROUTER_WEIGHT_PLACEMENTS,
+            "planner": PLANNERS,
+            "output": OUTPUT_PLACEMENTS,
+            "skew": ALL_ROUTING_SKEWS,
+            "router": ROUTERS,
+        }
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a string, one of {list(allowed)}, got {quoted(value)}")
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {quoted(value)}")
+        for name in ("fused", "renormalize", "tie_heavy"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {quoted(getattr(self, name))}")
+        if self.fused and not self.is_fp8:
+            raise ValueError("fused must be false for quant='bf16': fusion joins the activation with an FP8 quantisation")
+        if self.quant == "fp8-block":
+            for name in ("hidden", "inter"):
+                if getattr(self, name) % QUANT_BLOCK:
+                    raise ValueError(
+                        f"{name} must be a multiple of {QUANT_BLOCK} for quant='fp8-block', got {getattr(self, name)}"
+                    )
+        if self.router_weight == "input" and self.topk != 1:
+            raise ValueError(f"topk must be 1 when router_weight='input' (the weight scales the token itself), got {self.topk}")
+        self._validate_expert_map()
+        self._validate_inputs()
+        if self.numerics is not None and self.numerics not in NUMERICS_PROFILES:
+            error = ValueError if isinstance(self.numerics, str) else TypeError
+            raise error(f"numerics must be None or one of {list(NUMERICS_PROFILES)}, got {quoted(self.numerics)}")
+        if self.numerics == "lmdeploy" and self.quant != "fp8-block":
+            raise ValueError(f"numerics='lmdeploy' needs quant='fp8-block' (lmdeploy's blocked-FP8 pipeline is the "
+                             f"profile), got quant={quoted(self.quant)}")
+        self._validate_model_features()
+        if self.estimated_bytes > MAX_PROBLEM_BYTES:
+            raise ValueError(
+                f"num_tokens, num_experts, topk, hidden and inter describe {self.estimated_bytes / 2**30:.1f} GiB of float32 "
+                f"weights and activations (L*3*I*H + T*H + T*K*(3*I + H) elements); at most "
+                f"{MAX_PROBLEM_BYTES // 2**30} GiB (MAX_PROBLEM_BYTES) is allowed"
+            )
+        return self
+
+    def _validate_inputs(self) -> None:
+        if self.call_tokens is not None:
+            check_int("call_tokens", self.call_tokens, 0, self.num_tokens)
+        if self.renormalize and self.router != "softmax-topk":
+            raise ValueError(f"renormalize applies to router='softmax-topk' only, got router={quoted(self.router)}")
+        check_int("expert_scale_spread", self.expert_scale_spread, 0, MAX_EXPERT_SCALE_SPREAD)
+        check_int("random_orders", self.random_orders, 0, MAX_RANDOM_ORDERS)
+        t = self.call_num_tokens
+        for name in ("zero_rows", "nan_rows", "inf_rows"):
+            check_int(name, getattr(self, name), 0, t)
+        if self.special_rows > t:
+            raise ValueError(
+                f"zero_rows + nan_rows + inf_rows must be at most the call's tokens ({t}), got "
+                f"{self.zero_rows} + {self.nan_rows} + {self.inf_rows}"
+            )
+
+    def _validate_model_features(self) -> None:
+        limit = self.swiglu_limit
+        if limit is not None:
+            if not isinstance(limit, float):
+                raise TypeError(f"swiglu_limit must be None or a float in (0, {MAX_SWIGLU_LIMIT:g}], got {quoted(limit)}")
+            if not 0.0 < limit <= MAX_SWIGLU_LIMIT:  # False for NaN too
+                raise ValueError(f"swiglu_limit must be finite and in (0, {MAX_SWIGLU_LIMIT:g}], got {limit!r}")
+        check_int("dropped_slots", self.dropped_slots, 0, self.routed_rows, "num_tokens * topk")
+        # topk - 1: at least one slot of every token is routed
+        check_int("shared_experts", self.shared_experts, 0, min(MAX_SHARED_EXPERTS, self.topk - 1),
+                  f"min({MAX_SHARED_EXPERTS}, topk - 1)")
+        if limit is not None and self.numerics in ("liger", "lmdeploy"):
+            raise ValueError(f"swiglu_limit must be None with numerics={quoted(self.numerics)}: that profile has no "
+                             f"clamp (neither Liger 0.8.5 nor lmdeploy 0.18 clamps), got {limit!r}")
+
+    def _validate_expert_map(self) -> None:
+        m = self.expert_map
+        if m is None:
+            return
+        if not isinstance(m, tuple) or not all(_is_int(v) for v in m):
+            raise TypeError(f"expert_map must be a tuple of ints or None, got {quoted(m)}")
+        if len(m) != self.num_experts:
+            raise ValueError(f"expert_map must have length num_experts={self.num_experts}, got {len(m)}")
+        local = sorted(v for v in m if v != -1)
+        if any(v < -1 for v in m) or local != list(range(len(local))):
+            raise ValueError(
+                f"expert_map entries must be -1 or local indices 0..L-1 each used once, got {quoted(list(m))}"
+            )
+        if not local:
+            raise ValueError("expert_map must keep at least one local expert (all entries are -1)")
+
+    # ---- JSON ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["expert_map"] = None if self.expert_map is None else list(self.expert_map)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> MoEConfig:
+        if not isinstance(data, dict):
+            raise TypeError(f"config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known, key=str)
+        if unknown:
+            shown = quoted(unknown, 200)
+            raise ValueError(f"unknown config field(s) {shown}; allowed: {sorted(known)}")
+        data = dict(data)
+        em = data.get("expert_map")
+        if em is not None:
+            if not isinstance(em, list):
+                raise TypeError(f"expert_map must be a list of ints or null, got {quoted(em)}")
+            if len(em) > MAX_EXPERTS:  # before a tuple of a hostile length is built
+                raise ValueError(f"expert_map must have at most {MAX_EXPERTS} entries (num_experts), got {len(em)}")
+            data["expert_map"] = tuple(em)
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> MoEConfig:
+        """Parse a config file's text. Beyond JSON itself this refuses, with a one-line
+        ValueError: more than MAX_CONFIG_JSON_CHARS characters, duplicate keys (JSON keeps the
+        last silently), NaN/Infinity literals, integer literals longer than
+        MAX_JSON_INT_DIGITS digits, and nesting deeper than Python's recursion limit."""
+        if not isinstance(text, str):
+            raise TypeError(f"config JSON must be a str, got {type(text).__name__}")
+        if len(text) > MAX_CONFIG_JSON_CHARS:
+            raise ValueError(f"config JSON must be at most {MAX_CONFIG_JSON_CHARS} characters, got {len(text)}")
+        try:
+            data = json.loads(
+                text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant, parse_int=_bounded_int
+            )
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        except RecursionError:
+            raise ValueError("config is not valid JSON: nested too deeply") from None
+        except ValueError as exc:  # raised by the hooks above
+            raise ValueError(f"config is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @property
+    def flag_zero_rows(self) -> int:
+        """The zero rows the command line gives this config's other fields by default (`flag_zero_rows`)."""
+        return flag_zero_rows(self.call_num_tokens, self.nan_rows, self.inf_rows)
+
+    def opt_in_fields(self) -> list[tuple[str, Any]]:
+        """(field, value) of every opt-in input and the schedule count that differs from its
+        default, in declaration order (True for a switch that is on): what a summary or a
+        replay command must add to the always-present fields."""
+        defaults = MoEConfig.__dataclass_fields__
+        return [
+            (name, getattr(self, name)) for name in OPT_IN_FIELDS
+            if getattr(self, name) != defaults[name].default
+        ]
+
+    def short(self) -> str:
+        """A one-line human summary, e.g. for progress output."""
+        parts = [
+            f"T={self.num_tokens} E={self.num_experts} K={self.topk} H={self.hidden} I={self.inter}",
+            self.quant,
+            "fused" if self.fused else "unfused",
+            f"planner={self.planner}",
+            f"output={self.output}",
+        ]
+        if self.router_weight != "down":
+            parts.append(f"router_weight={self.router_weight}")
+        if self.expert_map is not None:
+            parts.append(f"expert_map={list(self.expert_map)}")
+        if self.skew != "uniform":
+            parts.append(f"skew={self.skew}")
+        parts += [name if value is True else f"{name}={value}" for name, value in self.opt_in_fields()]
+        parts.append(f"seed={self.seed}")
+        return " ".join(parts)
+
+
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(MoEConfig)}
