@@ -1,5 +1,5 @@
 """Which Triton release is importable: for the modules that hook the interpreter's internals
-(interpreter_races, interpreter_fixes), which are pinned to the release they were written for.
+(address_recorder, fixes), which are pinned to the release they were written for.
 
 Owns reading the version only; it imports Triton when asked, never at import.
 """

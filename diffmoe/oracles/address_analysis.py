@@ -3,7 +3,7 @@
 Owns the pure analysis behind the races and store-extent oracles: byte intervals per program,
 the order-free sweep for conflicts between programs of one launch, stores outside the views a
 launch declared, and the findings that name them. It touches no Triton and no tensor memory;
-the recording is interpreter_races.py's (it feeds `_Run` as programs access memory).
+the recording is diffmoe/interpreter/address_recorder.py's (it feeds `_Run` as programs access memory).
 
 Why intervals and not byte sets: a block of 64 rows x 256 elements is 64 contiguous runs,
 so each access is reduced to sorted, merged `[start, end)` intervals right away (np.unique

@@ -1,6 +1,6 @@
 """The races oracle: a byte stored by one program instance and touched by another of the same launch.
 
-Owns the verdict on the first run's address record; the recording is interpreter_races.py's
+Owns the verdict on the first run's address record; the recording is diffmoe/interpreter/address_recorder.py's
 (the one module that hooks the interpreter's loads and stores).
 
 Must not hook the interpreter itself.

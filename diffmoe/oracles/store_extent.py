@@ -1,6 +1,6 @@
 """The store-extent oracle: every byte a launch stores lies inside a view it declared it writes.
 
-Owns the verdict on the first run's store addresses; the recording is interpreter_races.py's.
+Owns the verdict on the first run's store addresses; the recording is diffmoe/interpreter/address_recorder.py's.
 
 Must not hook the interpreter itself.
 """
