@@ -175,7 +175,7 @@ class ProblemCache:
         )
 
 
-# ---- README sections --------------------------------------------------------------------------
+# ---- docs/ sections ---------------------------------------------------------------------------
 
 
 EXIT_MARKERS = 2  # exit code of a script asked to --write into a file without its markers

@@ -1,7 +1,7 @@
 """The full compile sweep: every specialization of the optimized MoE compiled for sm_90 and sm_100,
-native and software-fallback traits, summarised as the README's compile tables.
+native and software-fallback traits, summarised as the compile tables of docs/gpu.md.
 
-    TRITON_INTERPRET=0 .venv/bin/python bench/compile_sweep.py [--write README.md] [--json OUT.json]
+    TRITON_INTERPRET=0 .venv/bin/python bench/compile_sweep.py [--write docs/gpu.md] [--json OUT.json]
 
 No GPU needed (diffmoe/backend/compile_gate.py). Rows group specializations by stage, scheme and (for the
 GEMMs, whose BLOCK_M follows it) tile class; each cell is the worst over the group: the most
@@ -67,7 +67,7 @@ def table(results: list[gate.CompileResult], variant: str) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", metavar="README.md", help="replace the compile-sweep section of this file")
+    ap.add_argument("--write", metavar="docs/gpu.md", help="replace the compile-sweep section of this file")
     ap.add_argument("--json", metavar="OUT.json", help="also write every specialization's result")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--from-json", metavar="OUT.json", help="render the tables from an earlier --json run instead")
@@ -97,7 +97,7 @@ def main() -> int:
         f"{__import__('triton').__version__}): {len(report.results)} specializations from {len(configs)} configs, "
         f"{', '.join(ARCHS)}, both trait sets, compiled in {seconds:.0f} s with 2 compiler processes on a machine "
         f"shared with other work; "
-        f"{len(failures)} not compiled. Command: `TRITON_INTERPRET=0 .venv/bin/python bench/compile_sweep.py --write README.md`.",
+        f"{len(failures)} not compiled. Command: `TRITON_INTERPRET=0 .venv/bin/python bench/compile_sweep.py --write docs/gpu.md`.",
         "",
         "Native traits (what a GPU whose probes pass runs). Each cell: registers | spill bytes (stores + loads) | "
         "shared memory KiB | matrix instruction; the worst over the group (order table on and off, fused or not, "

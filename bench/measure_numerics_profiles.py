@@ -4,9 +4,9 @@ For each config, vLLM's kernel (peers/vllm_0_33.py, from the peer cache) runs on
 launch recorded; each stage of the reference then runs on vLLM's own inputs to that stage
 (as the differential oracle does), under numerics "diffmoe" and "vllm", and the elements of
 each buffer whose bits differ are counted (any NaN equals any NaN, as the compare holds). It
-prints the README's per-stage table ("Testing vLLM's kernel").
+prints the per-stage table of docs/peers.md ("Testing vLLM's kernel").
 
-    python bench/measure_numerics_profiles.py [--write README.md]
+    python bench/measure_numerics_profiles.py [--write docs/peers.md]
 
 With --write it replaces the text between `<!-- numerics-profiles:start -->` and
 `<!-- numerics-profiles:end -->` in the given file.
@@ -104,7 +104,7 @@ def table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", metavar="README.md", help="replace the numerics-profiles section of this file")
+    parser.add_argument("--write", metavar="docs/peers.md", help="replace the numerics-profiles section of this file")
     args = parser.parse_args(argv)
     text = table()
     print(text)

@@ -2,11 +2,11 @@
 
 The tolerance table (diffmoe/tolerance/table.py) states bounds with reasons; this script measures
 the differences those bounds must cover, end to end and teacher-forced, over the labelled
-edge cases plus seeded random configs, and prints the README's "Tolerances" table: for each
+edge cases plus seeded random configs, and prints the table of docs/tolerances.md: for each
 row the worst measured max ULP, max |diff|, fraction of differing elements, and whether the
 rule held everywhere.
 
-    python bench/measure_tolerances.py [--seeds N] [--write README.md]
+    python bench/measure_tolerances.py [--seeds N] [--write docs/tolerances.md]
 
 With --write it replaces the text between `<!-- tolerances:start -->` and
 `<!-- tolerances:end -->` in the given file.
@@ -142,7 +142,7 @@ def render(table: dict[tuple[str, str, str], Worst], configs: int, seconds: floa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=6, help="random configs per scheme and fused flag")
-    parser.add_argument("--write", metavar="README", help="replace the tolerances section of this file")
+    parser.add_argument("--write", metavar="docs/tolerances.md", help="replace the tolerances section of this file")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     configs = []

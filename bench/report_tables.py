@@ -1,7 +1,7 @@
-"""Turn a pytest-benchmark JSON into the README's benchmark tables (and a plot).
+"""Turn a pytest-benchmark JSON into the benchmark tables of docs/performance.md (and a plot).
 
     python -m pytest bench/ --benchmark-only --benchmark-json BENCH.json
-    python bench/report_tables.py BENCH.json [--png plot.png] [--write README.md] [--stat median]
+    python bench/report_tables.py BENCH.json [--png plot.png] [--write docs/performance.md] [--stat median]
 
 Tables, all from the one JSON, so every ratio compares figures measured in the same run:
 
@@ -267,15 +267,15 @@ def render(data: dict, stat: str) -> str:
     parts = split(data)
     lines = [*_header(data, stat), ""]
     if parts.get("throughput"):
-        lines += ["#### Throughput", "", *throughput_tables(parts["throughput"], stat)]
+        lines += ["## Throughput", "", *throughput_tables(parts["throughput"], stat)]
     if parts.get("oracle overhead"):
-        lines += ["#### Oracle overhead", "", *oracle_table(parts["oracle overhead"], stat), ""]
+        lines += ["## Oracle overhead", "", *oracle_table(parts["oracle overhead"], stat), ""]
     if parts.get("static aliasing"):
         lines += [*static_table(parts["static aliasing"], stat), ""]
     if parts.get("fuzz"):
-        lines += ["#### Fuzzing", "", *fuzz_table(parts["fuzz"], stat)]
+        lines += ["## Fuzzing", "", *fuzz_table(parts["fuzz"], stat)]
     if parts.get("peer cost"):
-        lines += ["#### Peer check cost", "", *peer_table(parts["peer cost"], stat), ""]
+        lines += ["## Peer check cost", "", *peer_table(parts["peer cost"], stat), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -17,7 +17,7 @@ Every buffer is linear in T and none depends on E, so the ratios do not depend o
 three FP8 schemes have the same buffers (only their scales differ). The script checks this
 rather than assuming it: configs are merged into one row only when their ratios agree.
 
-    python bench/workspace_memory.py [--png bench/workspace_memory.png] [--write README.md] [--full]
+    python bench/workspace_memory.py [--png docs/images/workspace_memory.png] [--write docs/performance.md] [--full]
 
 --write replaces the text between `<!-- workspace-memory:start -->` and
 `<!-- workspace-memory:end -->` in the given file (exit status 2 when the markers are missing).

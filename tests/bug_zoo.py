@@ -843,7 +843,7 @@ make_vllm_cache2_in_ws2.supports = vllm_0_33.make.supports
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    what_it_breaks: str  # one line, for the README table
+    what_it_breaks: str  # one line, for the bug-zoo table (docs/bug-zoo.md)
     factory: Callable[[MoEConfig], object]  # run_differential's `implementation`
     config: MoEConfig  # the smallest config that shows it
     expected_oracles: frozenset[str]  # each must report at least one finding

@@ -1,4 +1,4 @@
-"""The README's CLI reference is generated from the argument parser, so it cannot drift:
+"""The CLI reference (docs/cli.md) is generated from the argument parser, so it cannot drift:
 `diffmoe.frontends.cli.reference_text()` (every subcommand's usage) must be the block between the
 markers. Regenerate it with `python tests/test_cli_reference.py --write`."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from diffmoe.frontends.cli import reference_text
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CLI_PAGE = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 START, END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->"
 
 
@@ -17,17 +17,17 @@ def block(text: str) -> str:
     return "```\n" + text + "```"
 
 
-def readme_block(readme: str) -> str:
-    assert readme.count(START) == 1 and readme.count(END) == 1, "README needs one cli-reference block"
-    return readme.split(START, 1)[1].split(END, 1)[0].strip("\n")
+def page_block(page: str) -> str:
+    assert page.count(START) == 1 and page.count(END) == 1, "docs/cli.md needs one cli-reference block"
+    return page.split(START, 1)[1].split(END, 1)[0].strip("\n")
 
 
-def test_readme_cli_reference_matches_the_parser():
-    assert readme_block(README.read_text()) == block(reference_text()), (
-        "README's CLI reference is stale: run `python tests/test_cli_reference.py --write`")
+def test_the_documented_cli_reference_matches_the_parser():
+    assert page_block(CLI_PAGE.read_text()) == block(reference_text()), (
+        "docs/cli.md's CLI reference is stale: run `python tests/test_cli_reference.py --write`")
 
 
-def test_reference_names_every_subcommand_and_option_the_readme_promises():
+def test_reference_names_every_subcommand_and_option_the_docs_promise():
     text = reference_text()
     for needle in ("diffmoe check", "diffmoe fuzz", "diffmoe plan", "diffmoe demo", "diffmoe doctor",
                    "diffmoe compile-check", "--device", "--max-experts", "all-remote", "--png"):
@@ -35,10 +35,10 @@ def test_reference_names_every_subcommand_and_option_the_readme_promises():
 
 
 def write() -> None:
-    readme = README.read_text()
-    head, rest = readme.split(START, 1)
+    page = CLI_PAGE.read_text()
+    head, rest = page.split(START, 1)
     _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{START}\n{block(reference_text())}\n{END}{tail}")
+    CLI_PAGE.write_text(f"{head}{START}\n{block(reference_text())}\n{END}{tail}")
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:

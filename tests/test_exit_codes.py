@@ -304,7 +304,7 @@ def test_a_signal_stops_the_check_and_reaps_its_worker_group(tmp_path, signum):
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
 def test_a_check_started_with_sigint_ignored_keeps_ignoring_it_and_stops_on_sigterm(tmp_path):
-    """The documented choice (README, "Started with SIGINT ignored"): a SIGINT ignored on entry
+    """The documented choice (docs/robustness.md, "Started with SIGINT ignored"): a SIGINT ignored on entry
     stays ignored, the check and its worker run on; SIGTERM then stops both cleanly."""
     with _sleeping_check(tmp_path, "ignored") as (proc, worker, out, err):
         proc.send_signal(signal.SIGINT)

@@ -1,7 +1,7 @@
 """The false-alarm campaign, reduced for the suite: the profile covers what it promises, the
 cost cap holds, the same seed draws the same configs, a correct implementation raises nothing
 on a sample of them, and the campaign does report a broken one (so a quiet campaign means
-something). The full campaign is bench/false_alarm_campaign.py (README, "False alarms")."""
+something). The full campaign is bench/false_alarm_campaign.py (docs/false-alarms.md)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 68 KB, is reused: diffmoe/adapters/peer_wheels.py); without network and cache the module skips naming
 the fetch command.
 
-What is asserted is what diffmoe measures of Liger's kernels on this machine (README,
+What is asserted is what diffmoe measures of Liger's kernels on this machine (docs/peers.md,
 "Testing Liger's kernel"): which oracles stay quiet, and which report a real difference of
 Liger's numerics, each for its stated reason.
 """

@@ -3,7 +3,7 @@
 leaves, 93 KB, is reused: diffmoe/adapters/peer_wheels.py); without network and cache the module skips
 naming the fetch command.
 
-What is asserted is what diffmoe measures of lmdeploy's kernels on this machine (README,
+What is asserted is what diffmoe measures of lmdeploy's kernels on this machine (docs/peers.md,
 "Testing lmdeploy's kernel"): which oracles stay quiet, and which report a real difference of
 lmdeploy's numerics or a limit of the adapter, each for its stated reason.
 """

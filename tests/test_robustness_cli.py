@@ -173,7 +173,7 @@ def test_interrupted_before_any_failure_exits_130(tmp_path):
 
 @pytest.mark.slow
 def test_a_fuzz_started_with_sigint_ignored_keeps_ignoring_it_and_stops_on_sigterm(tmp_path):
-    """The documented choice (README, "Started with SIGINT ignored"): a fuzz run with nohup or in
+    """The documented choice (docs/robustness.md, "Started with SIGINT ignored"): a fuzz run with nohup or in
     the background ignores SIGINT, even one sent to its whole process group (the fuzz and its
     workers), and keeps shrinking; SIGTERM then stops it with what it found.
 

@@ -1,0 +1,134 @@
+"""The documentation holds together: README.md is a front page of at most 300 lines, the MkDocs
+site (mkdocs.yml, docs/) lists every page once and no page it lacks, every relative link in the
+README and the pages reaches an existing file and heading, the pages link only to pages (a file
+outside docs/ is named as code, which MkDocs leaves alone), and the README's own-kernel example
+runs. With the docs extra installed (`pip install -e '.[docs]'`) the site also builds with
+`mkdocs build --strict`, as .ci/run builds it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MKDOCS_YML = ROOT / "mkdocs.yml"
+MAX_README_LINES = 300
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`]*`")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
+
+
+def pages() -> list[Path]:
+    return sorted(DOCS.rglob("*.md"))
+
+
+def nav_pages() -> list[str]:
+    """The .md files mkdocs.yml's nav names (`- Title: page.md` lines), in order."""
+    text = MKDOCS_YML.read_text()
+    nav = text[text.index("\nnav:"):]
+    return re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?(\S+\.md)\s*$", nav, re.M)
+
+
+def prose(text: str) -> str:
+    """The text without fenced blocks and code spans: what a renderer would read links from."""
+    return CODE_SPAN.sub("", FENCE.sub("", text))
+
+
+def slugs(heading: str) -> set[str]:
+    """The anchors a heading gets: Python-Markdown's toc (MkDocs) and GitHub's (the README)."""
+    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip()
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    toc = re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", ascii_text).strip().lower())
+    github = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+    return {toc, github}
+
+
+def anchors(path: Path) -> set[str]:
+    found = set()
+    for heading in HEADING.findall(FENCE.sub("", path.read_text())):
+        found |= slugs(heading)
+    return found
+
+
+def links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(path.read_text())) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def test_the_readme_is_a_front_page_of_at_most_300_lines():
+    lines = len(README.read_text().splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines: move the detail to a page in docs/"
+
+
+def test_the_readme_keeps_the_two_quick_start_commands_ci_and_the_demo_read():
+    text = README.read_text()
+    after_marker = text.split("<!-- test-command -->\n", 1)[1]
+    assert after_marker.startswith("```bash\n") and "-m pytest" in after_marker.split("```", 2)[1]
+    bash_lines = [line for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
+                  for line in block.splitlines()]
+    demo = next(line for line in bash_lines if line.rstrip().endswith("diffmoe demo"))
+    assert demo.startswith("[ -x .venv/bin/python ] ||"), demo
+
+
+def test_every_nav_page_exists_and_every_page_is_in_the_nav():
+    nav = nav_pages()
+    assert nav, "mkdocs.yml has no nav"
+    assert len(nav) == len(set(nav)), f"pages listed twice in the nav: {sorted({p for p in nav if nav.count(p) > 1})}"
+    missing = [p for p in nav if not (DOCS / p).is_file()]
+    assert not missing, f"mkdocs.yml's nav lists pages docs/ does not have: {missing}"
+    unlisted = [str(p.relative_to(DOCS)) for p in pages() if str(p.relative_to(DOCS)) not in nav]
+    assert not unlisted, f"pages in docs/ that mkdocs.yml's nav does not list: {unlisted}"
+
+
+@pytest.mark.parametrize("path", [README, *pages()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_reaches_a_file_and_a_heading(path):
+    broken = []
+    for target in links(path):
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading with that anchor in {dest.relative_to(ROOT)}")
+    assert not broken, f"{path.relative_to(ROOT)}: {broken}"
+
+
+@pytest.mark.parametrize("path", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_pages_link_only_inside_docs(path):
+    """A link to a repository file outside docs/ is a broken link on the built site: name such a
+    file as code (`tests/bug_zoo.py`) instead."""
+    outside = [t for t in links(path)
+               if t.partition("#")[0] and DOCS.resolve() not in (path.parent / t.partition("#")[0]).resolve().parents]
+    assert not outside, f"{path.relative_to(ROOT)} links outside docs/: {outside}"
+
+
+def test_the_readme_own_kernel_example_runs(monkeypatch):
+    """The pytest example under "Testing your own kernel", run as the README says: from the root."""
+    section = README.read_text().split("## Testing your own kernel", 1)[1]
+    code = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
+    monkeypatch.chdir(ROOT)
+    namespace: dict = {"__name__": "readme_example"}
+    exec(compile(code, "README.md (Testing your own kernel)", "exec"), namespace)
+    tests = [f for name, f in namespace.items() if name.startswith("test_") and callable(f)]
+    assert tests, "the README's own-kernel example defines no test"
+    for test in tests:
+        test()
+
+
+def test_the_site_builds_strictly(tmp_path):
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
+        pytest.importorskip(module, reason=f"the docs extra is not installed ({module}): "
+                                           "pip install -e '.[docs]' to build the site here")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
