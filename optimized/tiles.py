@@ -36,7 +36,7 @@ class Tiles:
     # fp8 tl.dot(max_num_imprecise_acc=...): 0 asks for full float32 accumulation, which Triton
     # grants on sm_90 only by widening fp8 to fp16 for mma.sync; QUANT_BLOCK (one 128-wide K step
     # per dot) lets wgmma accumulate one K block in the tensor core, then promotes to float32 (see
-    # tile table in README, "Compiling for a GPU you don't have"; tolerance row "cuda fp8 GEMM")
+    # tile table in docs/gpu.md, "Compiling for a GPU you don't have"; tolerance row "cuda fp8 GEMM")
     fp8_imprecise_acc: int
 
 

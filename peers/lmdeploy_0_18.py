@@ -25,7 +25,7 @@ rows in place to route order and puts them back, bit for bit, before lmdeploy go
 down output (cache2, route order) is the product *before* the router weight, which lmdeploy
 applies in moe_reduce: reported as `down_output`, it differs from the vocabulary's (weighted
 for router_weight='down') by that placement, and the differential oracle says so at
-down_gemm (README, "Testing lmdeploy's kernel").
+down_gemm (docs/peers.md, "Testing lmdeploy's kernel").
 
 Workspaces: every buffer lmdeploy uses is a fresh allocation (torch.empty in
 _make_intermediate, quant_fp8, silu_and_mul, moe_reduce); the declared plan says so: no

@@ -106,7 +106,7 @@ def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, ex
     map sends to -1, the others counted under their local id; each expert's slots are padded to
     a multiple of block_size, one expert id per block; the blocks past the total hold 0. (The
     revision of that file read tests only `expert_id >= num_experts` in its count and sort
-    loops; the skip of ids below 0 is the stated fact of the museum's exhibit, README "A museum
+    loops; the skip of ids below 0 is the stated fact of the museum's exhibit, docs/museum.md, "A museum
     of real vLLM bugs".)"""
     if scatter_idx is not None:
         raise NotImplementedError("moe_align_block_size stand-in: scatter_idx is not supported")

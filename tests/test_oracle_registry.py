@@ -23,8 +23,8 @@ def test_the_documented_oracle_table_is_the_registry():
     text = ORACLES_PAGE.read_text()
     start = text.index("| oracle | what it checks | how |")
     shown = text[start:text.index("\n\n", start)]
-    assert shown == registry.readme_table(), (
-        "regenerate docs/oracles.md's oracle table from diffmoe.oracles.registry.readme_table()")
+    assert shown == registry.docs_table(), (
+        "regenerate docs/oracles.md's oracle table from diffmoe.oracles.registry.docs_table()")
 
 
 def test_every_selectable_name_is_registered_once_with_its_own_module():

@@ -192,7 +192,7 @@ class RunResult:
 
 @runtime_checkable
 class MoEImplementation(Protocol):
-    """The contract. See the module docstring and README, section "Plugging in an implementation"."""
+    """The contract. See the module docstring and docs/plugging-in.md."""
 
     config: MoEConfig
 

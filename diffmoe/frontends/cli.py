@@ -490,7 +490,7 @@ def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - exercised vi
 def _sigterm_interrupts():
     """SIGTERM raises KeyboardInterrupt inside the block (as Ctrl-C does); restored afterwards.
     SIGINT is left as the command found it: a SIGINT ignored on entry (nohup, a background job
-    of a non-interactive shell) stays ignored, and SIGTERM is then the way to stop (README,
+    of a non-interactive shell) stays ignored, and SIGTERM is then the way to stop (docs/robustness.md,
     "Started with SIGINT ignored")."""
     try:
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -989,11 +989,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-REFERENCE_WIDTH = 100  # columns of the README's CLI reference, whatever the terminal
+REFERENCE_WIDTH = 100  # columns of the CLI reference (docs/cli.md), whatever the terminal
 
 
 def reference_text() -> str:
-    """Every subcommand's usage, from build_parser(), at a fixed width: the README's block between
+    """Every subcommand's usage, from build_parser(), at a fixed width: the block of docs/cli.md between
     `<!-- cli-reference:start -->` and `<!-- cli-reference:end -->` (tests/test_cli_reference.py
     holds it to this; `python tests/test_cli_reference.py --write` regenerates it)."""
     parser = build_parser()

@@ -1,7 +1,7 @@
 """The one interface every oracle implements, and the order a check calls it in.
 
 An oracle is a class with a `name` (as findings and `--oracles` spell it), a line for the
-README table (`checks`, `how`) and the hooks it takes part in. Each hook receives the check
+oracle table (docs/oracles.md) (`checks`, `how`) and the hooks it takes part in. Each hook receives the check
 (`diffmoe.check.execution.Check`: the config, the problem, the reference's results, the first
 instance and its workspaces, and the services to build and run the implementation again) and
 returns its findings. A check calls the hooks in this order:
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
 class Oracle:
     name: ClassVar[str]
-    checks: ClassVar[str]  # README: what it checks, a few words
-    how: ClassVar[str]  # README: how
+    checks: ClassVar[str]  # docs/oracles.md: what it checks, a few words
+    how: ClassVar[str]  # docs/oracles.md: how
     rank: ClassVar[int]  # order of findings within one hook (see the module docstring)
     records_addresses: ClassVar[bool] = False  # needs the interpreter's address recorder on the first run
 

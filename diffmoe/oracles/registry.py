@@ -1,9 +1,9 @@
-"""The one table of oracles: what `--oracles` accepts, the order reports list them, the README's
-oracle table and the bug zoo's columns. Imports no torch until an oracle is loaded.
+"""The one table of oracles: what `--oracles` accepts, the order reports list them, the oracle
+table of docs/oracles.md and the bug zoo's columns. Imports no torch until an oracle is loaded.
 
 Adding an oracle: write its module under diffmoe/oracles/ (one `Oracle` subclass, base.py),
 add its name to `diffmoe.check.report.Oracles` and one row here; `tests/test_oracle_registry.py`
-then holds the README table to it.
+then holds the docs table to it.
 
 Owns the table and its order. Must not hold an oracle's logic.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from diffmoe.oracles.base import Oracle
 
-# (name, "module:class"), in the order users see them: `--oracles`, reports, the README table.
+# (name, "module:class"), in the order users see them: `--oracles`, reports, the docs table.
 # The classes are imported on first use, so the names cost nothing (the CLI answers a bad
 # `--oracles` before torch is imported).
 REGISTRY: tuple[tuple[str, str], ...] = (
@@ -57,7 +57,7 @@ def oracle(name: str) -> Oracle:
 
 
 # Outcomes that are not oracles (the harness reports them whatever the selection), as the
-# README table lists them: (name, what it means, what the finding holds).
+# docs table (docs/oracles.md) lists them: (name, what it means, what the finding holds).
 OUTCOME_ROWS = (
     ("crash", "the implementation raised", "exception type, message and the stage in flight"),
 )
@@ -83,8 +83,8 @@ def active_oracles(selected: Collection[str]) -> list[Oracle]:
     return sorted((oracle(name) for name in resolve_oracles(selected)), key=lambda o: o.rank)
 
 
-def readme_table() -> str:
-    """The README's oracle table, generated from the registry."""
+def docs_table() -> str:
+    """The oracle table of docs/oracles.md, generated from the registry."""
     rows = ["| oracle | what it checks | how |", "|---|---|---|"]
     rows += [f"| `{o.name}` | {o.checks} | {o.how} |" for o in map(oracle, names())]
     rows += [f"| `{name}` | {checks} | {how} |" for name, checks, how in OUTCOME_ROWS]

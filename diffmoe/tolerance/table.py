@@ -17,7 +17,7 @@ by at most the half step, 2^-4); a bf16 rounding moves a value by at most 2^-8 r
 (half an ulp), and one bf16 ulp is at most 2^-7 relative; float32 accumulation over an
 n-long dot product moves a sum by about sqrt(n) * 2^-24 relative. The bounds are checked
 against the differences measured between the reference and the optimized path on each
-backend; figures: see README, section Tolerances.
+backend; figures: see docs/tolerances.md.
 
 A backend whose arithmetic differs by design gets its own rows (BACKEND_ROWS), each with its
 reason: on CUDA the FP8 GEMMs of prefill tiles accumulate in Hopper's FP8 tensor cores.
