@@ -3,7 +3,8 @@ native and software-fallback traits, summarised as the compile tables of docs/gp
 
     TRITON_INTERPRET=0 .venv/bin/python bench/compile_sweep.py [--write docs/gpu.md] [--json OUT.json]
 
-No GPU needed (diffmoe/backend/compile_gate.py). Rows group specializations by stage, scheme and (for the
+No GPU needed (diffmoe/backend/compile_gate.py). Progress on stderr as `diffmoe compile-check --sweep`
+shows it (diffmoe/frontends/progress.py). Rows group specializations by stage, scheme and (for the
 GEMMs, whose BLOCK_M follows it) tile class; each cell is the worst over the group: the most
 registers, spill bytes and shared memory, and every matrix instruction seen.
 """
@@ -83,10 +84,15 @@ def main() -> int:
     else:
         from optimized import make_implementation
 
+        from diffmoe.frontends.cli import GateProgress
+
         start = time.perf_counter()
-        report = gate.run_gate(make_implementation, configs, ARCHS, jobs=args.jobs,
-                               progress=lambda done, total, r: print(f"{done}/{total} {r.kernel} {r.arch} {r.variant} {r.status}",
-                                                                     file=sys.stderr, flush=True))
+        progress = GateProgress(sys.stderr, len(configs), label="compile sweep")  # a bar on a terminal, else lines
+        try:
+            report = gate.run_gate(make_implementation, configs, ARCHS, jobs=args.jobs, progress=progress.compiled,
+                                   capture_progress=progress.captured)
+        finally:
+            progress.close()
         seconds = time.perf_counter() - start
     if args.json:
         with open(args.json, "w") as fh:

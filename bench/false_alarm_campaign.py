@@ -7,7 +7,9 @@ false alarm; the exit status is 1 if there is any.
 
 One line per config as it finishes (index, seconds, PASS or the findings and a replay
 command), then a summary: configs run, false alarms, wall time, and how far each axis of the
-profile was covered. A reduced campaign runs in the test suite (tests/test_false_alarm_campaign.py).
+profile was covered. Progress (configs done, rate, time left) goes to stderr: a bar on a
+terminal, a line per config otherwise (diffmoe/frontends/progress.py). A reduced campaign runs
+in the test suite (tests/test_false_alarm_campaign.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diffmoe.fuzz.campaign import DEFAULT_COST_CAP, CampaignResult, corner_configs, cost_units, run_campaign, sampled_configs  # noqa: E402
+from diffmoe.frontends.progress import Progress  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402
 
 
@@ -102,17 +105,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     results: list[CampaignResult] = []
+    alarms_so_far = 0
     ctx = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
-    with ctx.Pool(max(1, args.jobs)) as pool:
+    # progress on stderr (a bar on a terminal, else a line per config); the results stay on stdout
+    with Progress(sys.stderr, "false-alarm campaign", total=len(configs), unit="config") as progress, \
+            ctx.Pool(max(1, args.jobs)) as pool:
         for index, result in enumerate(pool.imap(_one, configs)):
             results.append(result)
+            alarms_so_far += not result.passed
             status = "PASS" if result.passed else f"FALSE ALARM ({len(result.findings)} findings)"
-            print(f"[{index + 1}/{len(configs)}] {result.seconds:6.1f} s  {status}  {result.config.short()}  "
-                  f"({cost_units(result.config)} units)", flush=True)
+            progress.write(f"[{index + 1}/{len(configs)}] {result.seconds:6.1f} s  {status}  {result.config.short()}  "
+                           f"({cost_units(result.config)} units)", file=sys.stdout)
             for line in result.findings[:5]:
-                print(f"    {line[:300]}", flush=True)
+                progress.write(f"    {line[:300]}", file=sys.stdout)
             if result.findings:
-                print(f"    replay: {result.replay}", flush=True)
+                progress.write(f"    replay: {result.replay}", file=sys.stdout)
+            progress.update(index + 1, detail=f"{alarms_so_far} false alarm{'s' if alarms_so_far != 1 else ''}")
     wall = time.perf_counter() - start
     alarms = [r for r in results if not r.passed]
     summary = {

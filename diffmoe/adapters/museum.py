@@ -11,7 +11,9 @@ same adapter core (peers/vllm_core.py) runs every release; only the release's ow
     diffmoe museum [NAME ...] [--list] [--json]
 
 exits 0 only when every selected exhibit behaved as recorded, 1 when one did not, 2 for usage
-errors (an unknown exhibit; a release not in the peer cache names its fetch command).
+errors (an unknown exhibit; a release not in the peer cache names its fetch command). While the
+releases run, their progress goes to stderr (diffmoe/frontends/progress.py: a bar on a terminal,
+a line per release run otherwise); stdout holds only the verdicts.
 
 Routing an exhibit needs beyond what MoEConfig draws: `unrouted_slots`, the routed slots
 (row t*K + k) whose topk_ids entry is -1 (what vLLM's EP dispatch hands TritonExperts for slots
@@ -31,7 +33,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import Stages
@@ -158,8 +160,10 @@ def exhibit_problem(exhibit: Exhibit):
     return dataclasses.replace(problem, topk_ids=ids)
 
 
-def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None) -> ExhibitResult:
-    """Every buggy release must fail with (exhibit.oracle, exhibit.stage); the fixed one must pass."""
+def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None,
+                on_verdict: Callable[[Exhibit, Verdict], None] | None = None) -> ExhibitResult:
+    """Every buggy release must fail with (exhibit.oracle, exhibit.stage); the fixed one must pass.
+    `on_verdict(exhibit, verdict)` after each release's run."""
     from diffmoe.oracles.registry import ALL_ORACLES
     from diffmoe.check.report import Oracles
     from diffmoe.adapters.contract import unsupported
@@ -182,7 +186,14 @@ def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None) -> Exhib
         found = [(f.oracle, f.stage) for f in report.findings]
         ok = (exhibit.oracle, exhibit.stage) in found if expected == "fail" else report.passed
         result.verdicts.append(Verdict(release, expected, found, time.perf_counter() - start, ok))
+        if on_verdict is not None:
+            on_verdict(exhibit, result.verdicts[-1])
     return result
+
+
+def runs_of(exhibits: Sequence[Exhibit]) -> int:
+    """Release runs the exhibits make: each runnable one's buggy releases and its fixed one."""
+    return sum(len(e.buggy) + 1 for e in exhibits if e.pending is None)
 
 
 def missing_releases(exhibits: Sequence[Exhibit]) -> list[str]:
@@ -245,8 +256,16 @@ def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
     if missing:  # before any run: each would be a crash finding, "NOT AS RECORDED" for no bug at all
         print(f"{prog}: {not_cached_message(missing, cache_dir())}", file=sys.stderr)
         return EXIT_USAGE
+    from diffmoe.frontends.progress import Progress
+
     try:
-        results = [run_exhibit(e) for e in chosen]
+        # on stderr: a bar on a terminal, else a line per release run (diffmoe/frontends/progress.py)
+        with Progress(sys.stderr, "museum", total=runs_of(chosen), unit="release") as progress:
+            def on_verdict(exhibit: Exhibit, verdict: Verdict) -> None:
+                got = "as recorded" if verdict.as_recorded else "NOT AS RECORDED"
+                progress.advance(detail=f"{exhibit.name} {verdict.release} (expected {verdict.expected}): {got}")
+
+            results = [run_exhibit(e, on_verdict=on_verdict) for e in chosen]
     except PeerError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -250,9 +250,11 @@ def capture_specializations(
     configs: Iterable[MoEConfig],
     archs: Sequence[int],
     variants: Sequence[str] | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> list[Specialization]:
     """Build and run the implementation for each config, target and variant with launches
-    intercepted; the distinct specializations, in first-seen order."""
+    intercepted; the distinct specializations, in first-seen order. `progress(configs done,
+    configs, specializations so far)` after each config."""
     triton, GPUTarget, _, make_backend, _, create_function_from_signature = _require_aot_api()
     from triton import knobs
 
@@ -261,7 +263,7 @@ def capture_specializations(
     configs = list(configs)
     backends = {arch: make_backend(GPUTarget("cuda", arch, WARP_SIZE)) for arch in archs}
     plan = [(arch, variant) for arch in archs for variant in _variants(factory, configs, arch, variants)]
-    for config in configs:
+    for done, config in enumerate(configs, 1):
         problem = make_problem(config, "cpu")  # once per config: the inputs do not depend on the target
         for arch, variant in plan:
             backend = backends[arch]
@@ -290,6 +292,8 @@ def capture_specializations(
                 workspaces = tuple(torch.empty(int(n), dtype=torch.uint8) for n in shapes)
                 for schedule in CAPTURE_SCHEDULES:
                     impl.run(problem, workspaces, schedule=schedule, recorder=tracker)
+        if progress:
+            progress(done, len(configs), len(found))
     return list(found.values())
 
 
@@ -568,12 +572,15 @@ def run_gate(
     jobs: int | None = None,
     forbid_spills: Sequence[str] = (),
     progress: Callable[[int, int, CompileResult], None] | None = None,
+    capture_progress: Callable[[int, int, int], None] | None = None,
 ) -> GateReport:
     """Capture and compile; the report's exit_code is 0 only when every specialization compiled
-    (and, for the variants in `forbid_spills`, spilled nothing)."""
+    (and, for the variants in `forbid_spills`, spilled nothing). `capture_progress(configs done,
+    configs, specializations so far)` after each config is captured, `progress(specializations
+    done, specializations, result)` after each is compiled."""
     start = time.perf_counter()
     arch_ids = [parse_arch(a) for a in archs]
-    specs = capture_specializations(factory, configs, arch_ids, variants)
+    specs = capture_specializations(factory, configs, arch_ids, variants, capture_progress)
     if configs and not specs:
         raise CompileGateError("no Triton launch was captured: the implementation launches no @triton.jit kernel "
                                "(or its kernels were imported under the interpreter), so there is nothing to compile")

@@ -50,13 +50,17 @@ pytest profiles' shared database, diffmoe/fuzz/profiles.py) names the database; 
 still wins over it. --workers N (default: the cores this process may use) runs the execution
 tier in N processes sharing the database (diffmoe/fuzz/workers.py); the plan tier runs here.
 
+Long runs (fuzz, compile-check and its --sweep, museum) report progress on stderr through
+diffmoe/frontends/progress.py: a live bar (counts, rate, time left) on a terminal, plain lines
+otherwise; stdout and the results are untouched.
+
 The runner, the implementation under test (reached only through diffmoe.adapters.contract) and
 matplotlib are imported inside the commands that need them, so `--help` and argument errors answer at once.
 
 Longer than 400 lines because it holds the argument parser and one handler per command (six),
-with the argument checks each needs; a handler only turns arguments into calls of the modules
-that do the work (runner, fuzzing, plan_view, conformance, compile_gate) and prints their
-result. It must not judge anything itself.
+with the argument checks each needs and the progress adapters of fuzz and compile-check; a
+handler only turns arguments into calls of the modules that do the work (runner, fuzzing,
+plan_view, conformance, compile_gate) and prints their result. It must not judge anything itself.
 """
 
 from __future__ import annotations
@@ -451,35 +455,36 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 class ProgressPrinter:
-    """Fuzz progress on stderr: one line rewritten in place on a terminal, otherwise a line
-    every `interval` seconds and at each phase change (logs stay short but alive)."""
+    """Fuzz progress on stderr (diffmoe/frontends/progress.py). On a terminal a live bar per phase:
+    the generate phase counts examples against `total` (--max-examples: rate and time left), the
+    shrink phase has no total (count and rate). Otherwise the plain line
+    "fuzz: N examples  phase=P  S s  <config>" at each phase change and every `interval` seconds
+    (logs stay short but alive; tests/test_robustness_cli.py reads it). A callable as the fuzz's
+    `progress` (examples started so far, phase, seconds, the config under way)."""
 
-    def __init__(self, stream: TextIO, tty: bool | None = None, interval: float = 10.0) -> None:
-        self.stream = stream
-        self.tty = stream.isatty() if tty is None else tty
-        self.interval = interval
-        self._last_print = float("-inf")
-        self._last_phase: str | None = None
-        self._width = 0
+    def __init__(self, stream: TextIO, tty: bool | None = None, interval: float = 10.0, *,
+                 total: int | None = None, label: str = "fuzz") -> None:
+        self.stream, self.tty, self.interval, self.total, self.label = stream, tty, interval, total, label
+        self._progress = None
+        self._examples = 0
 
     def __call__(self, examples: int, phase: str, elapsed: float, config: str) -> None:
-        line = f"fuzz: {examples} example{'s' if examples != 1 else ''}  phase={phase}  {elapsed:6.1f} s  {config}"
-        if self.tty:
-            width = max(self._width, len(line))
-            self.stream.write("\r" + line.ljust(width))  # pad over the rest of a longer line
-            self._width = width
-            self.stream.flush()
-            return
-        now = time.monotonic()
-        if phase != self._last_phase or now - self._last_print >= self.interval:
-            self.stream.write(line + "\n")
-            self.stream.flush()
-            self._last_print, self._last_phase = now, phase
+        from diffmoe.frontends.progress import Progress
 
-    def finish(self) -> None:
-        if self.tty and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
+        line = f"fuzz: {examples} example{'s' if examples != 1 else ''}  phase={phase}  {elapsed:6.1f} s  {config}"
+        if self._progress is None:
+            self._progress = Progress(self.stream, self.label, total=self.total, unit="example", each=False,
+                                      interval=self.interval, live=self.tty)
+        self._examples = examples
+        # `examples` counts the one starting now: one fewer have finished (a new phase counts its own)
+        self._progress.update(max(0, examples - 1), phase=phase, detail=config, line=line,
+                              total=self.total if phase == "generate" else None)
+
+    def finish(self, examples: int | None = None) -> None:
+        """The run is over, after `examples` in all (default: every example started has finished)."""
+        if self._progress is not None:
+            self._progress.close(done=self._examples if examples is None else examples)
+            self._progress = None
 
 
 def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - exercised via a signal
@@ -503,7 +508,7 @@ def _sigterm_interrupts():
             signal.signal(signal.SIGTERM, previous)
 
 
-def _plan_phase(args, factory, name, seed: int | None, printer):
+def _plan_phase(args, factory, name, seed: int | None):
     """The static first phase of a fuzz (every tier; the whole fuzz with --tier plan): the plan
     tier's outcome, or None when it does not run (--plan-examples 0, no cheap plan)."""
     from diffmoe.adapters.contract import PLAN_WORKSPACES, factory_attribute
@@ -520,11 +525,14 @@ def _plan_phase(args, factory, name, seed: int | None, printer):
         print(f"{PROG}: fuzz: no plan tier for {name} (its factory has no {PLAN_WORKSPACES} attribute)", file=sys.stderr)
         return None
     plan_seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+    printer = ProgressPrinter(sys.stderr, total=count, label="fuzz plans")
+    outcome = None
     try:
-        return fuzz_plans(max_examples=count, seed=plan_seed, planner=args.planner, implementation=factory,
-                          implementation_name=name, progress=printer)
+        outcome = fuzz_plans(max_examples=count, seed=plan_seed, planner=args.planner, implementation=factory,
+                             implementation_name=name, progress=printer)
+        return outcome
     finally:
-        printer.finish()
+        printer.finish(None if outcome is None else outcome.examples)
 
 
 def _plan_decides(args, outcome) -> bool:
@@ -624,10 +632,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     device = parse_device(args.device)
     limit = time_limit_kwargs(_runner(), args.time_limit, device).get("time_limit")
-    printer = ProgressPrinter(sys.stderr)
+    printer = ProgressPrinter(sys.stderr, total=args.max_examples)  # the execution tier's
+    outcome = None
     try:
         with _sigterm_interrupts(), implementation_output_to_stderr():
-            plan_outcome = _plan_phase(args, factory, name, seed, printer)
+            plan_outcome = _plan_phase(args, factory, name, seed)
             outcome = None if _plan_decides(args, plan_outcome) else fuzz_in_workers(
                 workers=args.workers,
                 max_examples=args.max_examples,
@@ -648,7 +657,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 **({"shrink": False} if args.no_shrink else {}),
             )
     finally:
-        printer.finish()
+        printer.finish(None if outcome is None else outcome.examples)
 
     if outcome is None:
         return _finish_plan(args, plan_outcome, name)
@@ -823,6 +832,48 @@ def _csv(text: str | None) -> list[str] | None:
     return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
 
+class GateProgress:
+    """The compile gate's progress on stderr (diffmoe/frontends/progress.py), `compile-check` and
+    `--sweep` (and bench/compile_sweep.py): first the capture, the configs run with every launch
+    intercepted (on a terminal a bar of configs; otherwise a line at most every PLAIN_INTERVAL_S
+    seconds, none for the last config, which the compile lines follow at once), then the compile,
+    a bar of specializations, or one plain line each: "compile-check: 3/48 KERNEL sm_90 native: ok"."""
+
+    def __init__(self, stream: TextIO, configs: int, *, label: str = "compile-check", live: bool | None = None,
+                 clock=time.monotonic) -> None:
+        self.stream, self.label, self.live, self.clock = stream, label, live, clock
+        self.capture = self._progress(f"{label} capture", configs, "config", each=False)
+        self.compile = None
+
+    def _progress(self, label: str, total: int, unit: str, each: bool):
+        from diffmoe.frontends.progress import Progress
+
+        return Progress(self.stream, label, total=total, unit=unit, each=each, live=self.live, clock=self.clock)
+
+    def captured(self, done: int, total: int, found: int) -> None:
+        """capture_progress of diffmoe.backend.compile_gate.run_gate."""
+        detail = f"{found} specialization{'s' if found != 1 else ''} so far"
+        if done < total:
+            self.capture.update(done, detail=detail)
+            return
+        self.capture.close(done=done, detail=detail)
+        if found:
+            self.compile = self._progress(self.label, found, "specialization", each=True)
+
+    def compiled(self, done: int, total: int, result) -> None:
+        """progress of diffmoe.backend.compile_gate.run_gate."""
+        if self.compile is None:
+            self.capture.close()
+            self.compile = self._progress(self.label, total, "specialization", each=True)
+        what = f"{result.kernel} {result.arch} {result.variant}: {result.status}"
+        self.compile.update(done, total=total, detail=what, line=f"{self.label}: {done}/{total} {what}")
+
+    def close(self) -> None:
+        self.capture.close()
+        if self.compile is not None:
+            self.compile.close()
+
+
 def cmd_compile_check(args: argparse.Namespace) -> int:
     # Real compiles need the kernels decorated as JITFunctions: no interpreter, before any import
     # of triton (nothing on the way here imported it).
@@ -853,19 +904,18 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
     factory, _ = load_implementation(args.impl)
     if factory is None:
         factory = default_factory()
-    progress = None
-    if not args.json:
-        def progress(done: int, total: int, result) -> None:
-            print(f"compile-check: {done}/{total} {result.kernel} {result.arch} {result.variant}: {result.status}",
-                  file=sys.stderr, flush=True)
+    progress = GateProgress(sys.stderr, len(configs))
     try:
         with implementation_output_to_stderr():
             report = gate.run_gate(factory, configs, archs, variants=_csv(args.variant), jobs=args.jobs,
-                                   forbid_spills=_csv(args.forbid_spills) or (), progress=progress)
+                                   forbid_spills=_csv(args.forbid_spills) or (), progress=progress.compiled,
+                                   capture_progress=progress.captured)
     except gate.CompileGateError as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    finally:
+        progress.close()
     if args.json:
         _print_json(report.to_dict())
     else:
