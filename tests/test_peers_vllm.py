@@ -31,7 +31,7 @@ from diffmoe.oracles.static_aliasing import check_static_aliasing
 from diffmoe.problem.inputs import make_problem
 from diffmoe.check.report import Oracles
 from diffmoe.check.runner import factory_name, run_differential
-from diffmoe.problem.vocabulary import Buffers as B
+from diffmoe.problem.vocabulary import Buffers as B, pipeline_stages
 from diffmoe.problem.vocabulary import Stages
 
 SMALL = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128)
@@ -190,20 +190,26 @@ def test_the_factory_declares_the_vllm_profile_and_reports_carry_it():
     assert report.config.numerics == "vllm" and report.replay_command().endswith("--numerics vllm --impl peers.vllm_0_33:make")
 
 
-# Where vLLM's rounding differs from diffmoe's: (config changes, the stages diffmoe's profile flags,
-# each the first divergent stage). Measured (bench/measure_numerics_profiles.py): K=3 bf16
+# Where vLLM's rounding differs from diffmoe's: (config changes, every stage diffmoe's profile
+# flags, each its own finding: the first listed is the earliest divergent stage, the point itself;
+# later ones are the same point's consequences judged on vLLM's own inputs, or a second point). Measured (bench/measure_numerics_profiles.py): K=3 bf16
 # 206 of 1024 outputs one bf16 ulp of the larger partial sum apart; one NaN token: its 128 codes
 # (+448 for the NaN, the rest scaled by the other values' amax); K=1 input weight with softmax
 # weights: 22 of 1024 codes.
 PROFILE_DIFFERENCES = {
     "moe_sum-bf16-k3": (dict(quant="bf16", topk=3), {(Oracles.DIFFERENTIAL, Stages.REDUCE)}),
     "nan-dropped-fp8-token": (dict(quant="fp8-token", nan_rows=1), {(Oracles.DIFFERENTIAL, Stages.QUANT_INPUT)}),
-    "nan-dropped-fp8-block": (dict(quant="fp8-block", nan_rows=1), {(Oracles.DIFFERENTIAL, Stages.QUANT_INPUT)}),
+    # and the fused float32 activation's point below (fp8-block runs it)
+    "nan-dropped-fp8-block": (dict(quant="fp8-block", nan_rows=1), {(Oracles.DIFFERENTIAL, Stages.QUANT_INPUT),
+                                                                   (Oracles.DIFFERENTIAL, Stages.ACT_QUANT)}),
     "input-weight-in-bf16": (dict(quant="fp8-token", topk=1, router_weight="input", router="softmax-topk"),
                              {(Oracles.DIFFERENTIAL, Stages.QUANT_INPUT)}),
     # an Inf token: vLLM's scale is Inf and its codes 0 and +448 (Inf / Inf is NaN, clamped); the
-    # GEMM scales its dot by Inf (Inf, not diffmoe's 0 * Inf = NaN per code)
-    "inf-scaled-after-the-dot": (dict(quant="fp8-token", inf_rows=1), {(Oracles.DIFFERENTIAL, Stages.QUANT_INPUT)}),
+    # GEMM scales its dot by Inf (Inf, not diffmoe's 0 * Inf = NaN per code), in both GEMMs, and
+    # the down input's quant of those rows follows
+    "inf-scaled-after-the-dot": (dict(quant="fp8-token", inf_rows=1), {
+        (Oracles.DIFFERENTIAL, Stages.QUANT_INPUT), (Oracles.DIFFERENTIAL, Stages.GATE_UP_GEMM),
+        (Oracles.DIFFERENTIAL, Stages.QUANT_DOWN_INPUT), (Oracles.DIFFERENTIAL, Stages.DOWN_GEMM)}),
     # an all-zero token: the fused op floors the scale at 1 / (448 * 512), the group quant's amax at 1e-10
     "fused-block-floor": (dict(quant="fp8-block", zero_rows=1), {(Oracles.DIFFERENTIAL, Stages.ACT_QUANT)}),
     # the fused silu + 128-block quant quantises the float32 activation, never rounded to bf16: its
@@ -238,6 +244,8 @@ def test_vllms_rounding_is_flagged_under_diffmoes_profile(changes, flagged):
     report = run_differential(c, vllm_factory(), oracles=[Oracles.DIFFERENTIAL])
     assert report.config.numerics == "diffmoe" and "--numerics diffmoe" in report.replay_command()
     assert {(f.oracle, f.stage) for f in report.findings} == flagged, report.render()
+    earliest = next(st.name for st in pipeline_stages(report.config) if st.name in {stage for _, stage in flagged})
+    assert all(f.figures["earliest_divergent_stage"] == earliest for f in report.findings), report.render()
 
 
 def test_the_schedule_permutes_the_programs_of_each_triton_launch(monkeypatch):

@@ -88,7 +88,8 @@ _DOWN_INPUTS = {Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES, B
 
 class Differential(Oracle):
     name = Oracles.DIFFERENTIAL
-    checks = "every stage, pipeline order, on the candidate's own inputs; names the first divergent stage; then the output end to end"
+    checks = ("every stage, pipeline order, on the candidate's own inputs; one finding per divergent stage, the largest "
+              "departure first; then the output end to end")
     how = ("each stage's writes against the reference stage run on the very buffers the candidate's stage read, with the "
            "tight per-stage (`forced`) rules, so legitimate one-ulp differences never carry into a later verdict; the "
            "output against the reference's own within a bound derived per check: the reference's down GEMM and reduce "
@@ -142,11 +143,32 @@ class Differential(Oracle):
                 return []
             failed.append((Stages.REDUCE, c))
             extra["judged_against"] = "the reference's own output"
-        stage, first_failure = failed[0]
-        figures = {"schedule": str(run.schedule), "judged_on": "the candidate's own inputs", **first_failure.figures(), **extra}
-        if len(failed) > 1:
-            figures["also_divergent"] = [c.name for _, c in failed[1:]]
-        return [Finding(
-            oracle=Oracles.DIFFERENTIAL, stage=stage, buffers=[first_failure.name],
-            message=f"first divergent stage is {stage}: {first_failure.summary()}", figures=figures,
-        )]
+        return stage_findings(Oracles.DIFFERENTIAL, failed,
+                              {"schedule": str(run.schedule), "judged_on": "the candidate's own inputs", **extra})
+
+
+def stage_findings(oracle: str, failed: list[tuple[str, Comparison]], common: dict[str, Any]) -> list[Finding]:
+    """One finding per divergent stage, the largest departure first (issue 27).
+
+    `failed`: (stage, comparison) in pipeline order. A stage's buffers share its finding, headed
+    by its worst buffer. Stages are ordered by departure (the largest error relative to the
+    buffer's own scale, Comparison.departure), so a quantisation's one-code flip never heads a
+    report whose GEMM is off by a factor; ties keep pipeline order. Each finding names its place
+    in the pipeline and the earliest divergent stage, which is where a reader starts to debug."""
+    by_stage: dict[str, list[Comparison]] = {}
+    for stage, c in failed:
+        by_stage.setdefault(stage, []).append(c)
+    order = list(by_stage)  # pipeline order
+    ranked = sorted(order, key=lambda st: -max(c.departure for c in by_stage[st]))
+    findings = []
+    for stage in ranked:
+        worst = max(by_stage[stage], key=lambda c: c.departure)
+        figures = {**common, **worst.figures(), "pipeline_position": order.index(stage) + 1,
+                   "divergent_stages": len(order), "earliest_divergent_stage": order[0]}
+        where = "the earliest divergent stage" if stage == order[0] else f"divergent stage {order.index(stage) + 1} of {len(order)}"
+        findings.append(Finding(
+            oracle=oracle, stage=stage, buffers=[c.name for c in by_stage[stage]],
+            message=f"{stage} diverges on {common.get('judged_on', 'its inputs')} ({where}): {worst.summary()}",
+            figures=figures,
+        ))
+    return findings

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from diffmoe.tolerance.compare import Comparison
 from diffmoe.tolerance.gemm_interval import compare_stage
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.tolerance.table import FORCED, rule_for
 from diffmoe.problem.vocabulary import Stages, pipeline_stages
 from diffmoe.oracles.base import Oracle
+from diffmoe.oracles.differential import stage_findings
 
 if TYPE_CHECKING:
     from diffmoe.check.execution import Check
@@ -36,6 +38,7 @@ class TeacherForcing(Oracle):
             check.skipped[self.name] = "the implementation has no run_stage (diffmoe/adapters/contract.py)"
             return []
         found: list[Finding] = []
+        failed: list[tuple[str, Comparison]] = []
         ref = check.reference.intermediates
         check.enter("teacher forcing")
         for stage in pipeline_stages(check.config):
@@ -69,9 +72,6 @@ class TeacherForcing(Oracle):
                                 backend=check.tolerance_backend, numerics=check.config.numerics_profile)
                 c = compare_stage(name, ref[name], outputs[name], rule, {n: ref[n] for n in stage.reads if n in ref}, check.problem)
                 if not c.ok:
-                    found.append(Finding(
-                        oracle=Oracles.TEACHER_FORCING, stage=stage.name, buffers=[name],
-                        message=f"stage {stage.name} on the reference's inputs: {c.summary()}",
-                        figures=c.figures(),
-                    ))
-        return found
+                    failed.append((stage.name, c))
+        # the stage verdicts after the contract and crash findings, the largest departure first
+        return found + stage_findings(Oracles.TEACHER_FORCING, failed, {"judged_on": "the reference's own inputs"})

@@ -148,6 +148,9 @@ class Comparison:
     infinity facing anything but the same infinity. first: up to five failing elements as
     (index, reference value, candidate value), in row-major order. problem: set instead of
     the figures when the tensors cannot be compared (shape, dtype, rule not applicable).
+    scale: the buffer's own scale, max |reference| over the elements max_abs is taken on; it
+    makes `departure` comparable across stages (issue 27: a one-code flip in a quantisation,
+    about 1/16 of its scale at most, must not head a report whose GEMM is off by a factor).
     """
 
     name: str
@@ -161,6 +164,18 @@ class Comparison:
     differing: int = 0
     nonfinite_mismatches: int = 0
     problem: str | None = None
+    scale: float = 0.0
+
+    @property
+    def departure(self) -> float:
+        """How far the candidate departs, relative to the buffer's scale: max_abs / scale; inf
+        when the tensors cannot be compared or a NaN/infinity faces anything else, and inf for
+        a difference on an all-zero reference. 0 when the comparison passed bit for bit."""
+        if self.problem or self.nonfinite_mismatches:
+            return math.inf
+        if self.max_abs == 0:
+            return 0.0
+        return self.max_abs / self.scale if self.scale > 0 else math.inf
 
     def summary(self) -> str:
         """One line for a finding message."""
@@ -187,6 +202,7 @@ class Comparison:
             "differing": self.differing,
             "max_ulp": self.max_ulp,
             "max_abs": self.max_abs,
+            "departure": self.departure if math.isfinite(self.departure) else "inf",  # JSON has no inf
             "first": [f"{index}: {ref!r} vs {cand!r}" for index, ref, cand in self.first],
         }
         if self.nonfinite_mismatches:
@@ -370,6 +386,7 @@ def compare(name: str, reference: torch.Tensor, candidate: torch.Tensor, rule: R
         total=total,
         max_ulp=int(distance.max()),
         max_abs=float(abs_diff.max()),
+        scale=float(torch.where(finite, ref_values.abs(), 0.0).max()),
         first=_first_failures(fail, ref_values, cand_values, integral) if mismatches else [],
         differing=int((~same_bits).sum()),
         nonfinite_mismatches=int(nonfinite_bad.sum()),
