@@ -97,8 +97,9 @@ class Differential(Oracle):
     rank = 50
 
     def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]:
-        """Every stage judged on the candidate's own inputs, pipeline order, the first divergent
-        stage named; then the output against the reference's, within the derived bound.
+        """Every stage judged on the candidate's own inputs, pipeline order, each divergent stage
+        its own finding (stage_findings: the largest departure first); then, when no stage
+        diverges, the output against the reference's, within the derived bound.
 
         Each stage's writes are compared with the reference stage run on the very buffers the
         candidate's stage read (its snapshots), under the tight per-stage rules of the tolerance
