@@ -2,7 +2,8 @@
 site (mkdocs.yml, docs/) lists every page once and no page it lacks, every relative link in the
 README and the pages reaches an existing file and heading, the pages link only to pages (a file
 outside docs/ is named as code, which MkDocs leaves alone), and the README's own-kernel example
-runs. With the docs extra installed (`pip install -e '.[docs]'`) the site also builds with
+runs, and every documented `.venv/bin/diffmoe` / `.venv/bin/python` command parses or names files
+that exist. With the docs extra installed (`pip install -e '.[docs]'`) the site also builds with
 `mkdocs build --strict`, as .ci/run builds it."""
 
 from __future__ import annotations
@@ -132,3 +133,61 @@ def test_the_site_builds_strictly(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=240,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- every documented command is one this repository runs -------------------------------------
+
+COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(\.venv/bin/(?:diffmoe|python)\b.*)$")
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(page, command) for every line of a code block in README.md and docs/ that runs
+    `.venv/bin/diffmoe` or `.venv/bin/python` (after optional VAR=value assignments), the
+    README's install lines included (from their last `&&` on), comments and usage lines aside."""
+    found = []
+    for path in [README, *pages()]:
+        for block in re.findall(r"^```[^\n]*\n(.*?)^```", path.read_text(), re.S | re.M):
+            for line in block.splitlines():
+                line = line.split("  #", 1)[0].split(" # ", 1)[0].strip()
+                line = line.rsplit("&& ", 1)[-1].strip()
+                m = COMMAND_START.match(line)
+                if m:
+                    found.append((str(path.relative_to(ROOT)), m.group(1)))
+    return found
+
+
+def test_the_docs_show_commands():
+    """The extraction below finds the documented commands (it would pass vacuously otherwise)."""
+    commands = [c for _, c in documented_commands()]
+    assert any(c.startswith(".venv/bin/diffmoe check ") for c in commands)
+    assert any(c.startswith(".venv/bin/python bench/") for c in commands)
+    assert len(commands) >= 30, commands
+
+
+@pytest.mark.parametrize(("page", "command"), documented_commands(), ids=lambda v: v[:80])
+def test_every_documented_command_is_one_this_repository_runs(page, command):
+    """`.venv/bin/diffmoe ...` parses with the CLI's own parser (flags, choices, subcommands);
+    `.venv/bin/python SCRIPT` and `-m pytest PATH` name files that exist. Running them all would
+    take hours (campaigns, benchmarks); what breaks silently when code moves is the text."""
+    import shlex
+
+    from diffmoe.frontends.cli import build_parser
+
+    argv = shlex.split(command)
+    if argv[0] == ".venv/bin/diffmoe":
+        if argv[1:2] == ["peers"]:  # its own small parser: `peers fetch NAME` / `peers list`
+            assert argv[2] in ("fetch", "list"), command
+            return
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit as exc:
+            pytest.fail(f"{page}: `{command}` does not parse (exit {exc.code})")
+        return
+    rest = argv[1:]
+    if rest[:2] == ["-m", "pytest"]:
+        paths = [a for a in rest[2:] if not a.startswith("-") and ("/" in a or a.endswith(".py"))]
+        paths = [p for p in paths if not p.upper().endswith(".JSON")]
+    else:
+        paths = rest[:1]
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"{page}: `{command}` names files that do not exist: {missing}"
