@@ -538,5 +538,10 @@ def attach(make, release: Release):
     # the compiled ops it follows (quant, silu_and_mul, moe_sum) round alike in 0.28.0 to 0.33.0, so
     # the museum's buggy and fixed releases meet the same reference
     make.numerics = "vllm"
+    # diffmoe.adapters.contract.BATCH_INVARIANT: not claimed. The 0.33.0 wheel's fused_moe.py,
+    # get_default_config, takes `block_k = 128 if dtype == "fp8_w8a8" or M <= 64 else 64`: a bf16
+    # row is summed in other K tiles once the batch passes 64 tokens; a fixed config is returned
+    # only under VLLM_BATCH_INVARIANT, vLLM's own batch-invariant mode, which this adapter does not run
+    make.batch_invariant = False
     make.release = release
     return make

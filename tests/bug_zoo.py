@@ -40,6 +40,7 @@ from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
 from diffmoe.adapters.contract import RunResult
 from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.oracles.registry import ALL_ORACLES, OPT_IN
 from diffmoe.problem.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
 import optimized.act_quant as act_quant_module  # noqa: E402
 import optimized.kernels.act_quant_kernel as act_quant_kernel_module  # noqa: E402
@@ -392,6 +393,25 @@ class InputRouterWeightDropped(TritonFP8MoE):
     def _gemm(self, stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, **kwargs):
         super()._gemm(stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights,
                       **{**kwargs, "router_weight_on_a": False})
+
+
+class TileFromBatchSize(TritonFP8MoE):
+    """Both GEMMs step over K in 16-wide tiles for a call of one or two tokens (a decode-sized
+    tile choice) and 128-wide otherwise: a row's dot is then summed in eight float32 partial sums
+    instead of one, so its bits depend on the batch it is in. Every value stays within any float32
+    summation order's interval (the differential's derived rule), each batch size is consistent
+    with itself (schedule, call-sequence, teacher forcing): only batch invariance sees it. Rarely:
+    the bf16 output hides most float32 reorderings (at H=I=256 no element of seed 0 moves; at 512,
+    1 of the lone token's 2048 gate/up elements, one ulp)."""
+
+    def _gemm(self, stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, **kwargs):
+        tiles = self.tiles
+        if problem.num_tokens <= 2:
+            self.tiles = dataclasses.replace(tiles, block_k=16)
+        try:
+            super()._gemm(stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, **kwargs)
+        finally:
+            self.tiles = tiles
 
 
 @triton.jit
@@ -775,6 +795,10 @@ def make_plan_drifts_from_carving(config: MoEConfig) -> TritonFP8MoE:
     return PlanDriftsFromCarving(config)
 
 
+def make_tile_from_batch_size(config: MoEConfig) -> TritonFP8MoE:
+    return TileFromBatchSize(config)
+
+
 def make_in_place_activation(config: MoEConfig) -> TritonFP8MoE:
     return InPlaceActivation(config)
 
@@ -861,6 +885,12 @@ class Mutant:
     def impl(self) -> str:
         """The `--impl MODULE:FACTORY` spec that replays this mutant."""
         return "optimized" if self.factory is make_legacy_planner else f"bug_zoo:{self.factory.__name__}"
+
+    @property
+    def oracles(self) -> list[str]:
+        """What its check selects: a check's default, plus the opt-in oracles it is expected to be
+        caught by (registry.OPT_IN: batch invariance runs only where a mutant claims it)."""
+        return [o for o in ALL_ORACLES if o not in OPT_IN or o in self.expected_oracles]
 
     @property
     def control_config(self) -> MoEConfig:
@@ -1035,6 +1065,16 @@ MUTANTS: dict[str, Mutant] = {
             expected_name=B.OUTPUT,
         ),
         # ---- the opt-in input classes: each mutant is invisible without its input ----
+        Mutant(
+            name="tile-from-batch-size",
+            what_it_breaks="both GEMMs take 16-wide K tiles for a call of 1-2 tokens: a token's bits depend on its batch",
+            factory=make_tile_from_batch_size,
+            # T=4: its own calls use 128-wide tiles, the token alone 16-wide; bf16: no scale
+            # between the partial sums; H=I=512: the smallest size where seed 0 shows it
+            config=_cfg(num_tokens=4, hidden=512, inter=512, quant="bf16", fused=False),
+            expected_oracles=frozenset({O.BATCH_INVARIANCE}),
+            expected_name=Stages.GATE_UP_GEMM,
+        ),
         Mutant(
             name="expert-zero-weight-scale",
             what_it_breaks="both GEMMs dequantise every expert with expert 0's per-tensor weight scale",

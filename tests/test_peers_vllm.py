@@ -26,7 +26,7 @@ from bug_zoo import make_vllm_cache2_in_ws2  # the planted carve bug, a bug-zoo 
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
 from diffmoe.adapters.contract import Schedule, factory_numerics, factory_plan
-from diffmoe.oracles.registry import ALL_ORACLES
+from diffmoe.oracles.registry import DEFAULT_ORACLES
 from diffmoe.oracles.static_aliasing import check_static_aliasing
 from diffmoe.problem.inputs import make_problem
 from diffmoe.check.report import Oracles
@@ -37,7 +37,7 @@ from diffmoe.problem.vocabulary import Stages
 SMALL = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128)
 QUANTS = ("bf16", "fp8-tensor", "fp8-token", "fp8-block")
 # metamorphic builds the other `fused` flag's sibling, which vLLM does not have (peers/vllm_0_33.py)
-CHECK_ORACLES = [o for o in ALL_ORACLES if o != Oracles.METAMORPHIC]
+CHECK_ORACLES = [o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -18,12 +18,12 @@ import torch
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
 from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES
-from diffmoe.oracles.registry import ALL_ORACLES
+from diffmoe.oracles.registry import DEFAULT_ORACLES
 from diffmoe.check.report import Oracles
 from diffmoe.check.runner import load_factory, run_differential
 
 SPECS = ("vllm==0.28.0", "vllm==0.30.0", "vllm==0.33.0")
-CHECK_ORACLES = [o for o in ALL_ORACLES if o != Oracles.METAMORPHIC]  # vLLM has no fused/unfused sibling
+CHECK_ORACLES = [o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC]  # vLLM has no fused/unfused sibling
 SMALL = dict(num_tokens=4, num_experts=4, topk=2, hidden=128, inter=128)
 
 

@@ -49,6 +49,11 @@ implementation (building one may probe its backend or import Triton):
   None. `judged_config` resolves it before the problem is built, so reports and replay lines
   carry it; without the attribute the profile is diffmoe's and the config keeps None.
 
+A factory may also say `batch_invariant = False` (a bool): its implementation does not claim that a
+token's results are independent of the batch it is computed in (a tile or split chosen from the
+batch size), so the opt-in batch-invariance oracle skips it with that reason instead of reporting
+the design as a bug. Without the attribute, or with True, the oracle judges it when selected.
+
 An implementation (the built object, not its factory) may set `orders_programs = True` when its
 `run` applies the schedule itself, as the shipped kernels do with an order table they read. Without
 it the harness runs `run` inside diffmoe.interpreter.grid_order's control, which reorders every launch made
@@ -231,6 +236,8 @@ CONFORMANCE_HOOKS = "conformance_hooks"
 SUPPORTS = "supports"
 NUMERICS = "numerics"
 FACTORY_ATTRIBUTES = (PLAN_WORKSPACES, CONFORMANCE_HOOKS, SUPPORTS, NUMERICS)
+# The factory's optional claim (module docstring): False when its results depend on the batch.
+BATCH_INVARIANT = "batch_invariant"
 # The implementation's optional attribute (module docstring): its run applies the schedule itself.
 ORDERS_PROGRAMS = "orders_programs"
 
@@ -260,6 +267,15 @@ def factory_numerics(factory: Callable | None) -> str | None:
     if declared is not None and (not isinstance(declared, str) or declared not in NUMERICS_PROFILES):
         raise ValueError(f"the factory's {NUMERICS} attribute must be one of {list(NUMERICS_PROFILES)}, "
                          f"got {quoted(declared)}")
+    return declared
+
+
+def factory_batch_invariant(factory: Callable | None) -> bool | None:
+    """The factory's BATCH_INVARIANT claim: True, False, or None when it makes none; a TypeError
+    naming the attribute for anything but a bool."""
+    declared = getattr(factory, BATCH_INVARIANT, None) if factory is not None else None
+    if declared is not None and not isinstance(declared, bool):
+        raise TypeError(f"the factory's {BATCH_INVARIANT} attribute must be a bool, got {quoted(declared)}")
     return declared
 
 

@@ -164,7 +164,7 @@ def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None,
                 on_verdict: Callable[[Exhibit, Verdict], None] | None = None) -> ExhibitResult:
     """Every buggy release must fail with (exhibit.oracle, exhibit.stage); the fixed one must pass.
     `on_verdict(exhibit, verdict)` after each release's run."""
-    from diffmoe.oracles.registry import ALL_ORACLES
+    from diffmoe.oracles.registry import DEFAULT_ORACLES
     from diffmoe.check.report import Oracles
     from diffmoe.adapters.contract import unsupported
     from diffmoe.check.runner import load_factory, run_differential
@@ -172,7 +172,7 @@ def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None,
     result = ExhibitResult(exhibit, pending=exhibit.pending)
     if result.pending is not None:
         return result
-    chosen = list(oracles) if oracles is not None else [o for o in ALL_ORACLES if o != Oracles.METAMORPHIC]
+    chosen = list(oracles) if oracles is not None else [o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC]
     problem = exhibit_problem(exhibit)
     for release, expected in [*((r, "fail") for r in exhibit.buggy), (exhibit.fixed, "pass")]:
         start = time.perf_counter()

@@ -15,6 +15,8 @@ from collections.abc import Collection
 from functools import cache
 from typing import TYPE_CHECKING
 
+from diffmoe.check.report import OPT_IN_ORACLES
+
 if TYPE_CHECKING:
     from diffmoe.oracles.base import Oracle
 
@@ -34,9 +36,12 @@ REGISTRY: tuple[tuple[str, str], ...] = (
     ("call-sequence", "diffmoe.oracles.call_sequence:CallSequence"),
     ("red-zone", "diffmoe.oracles.red_zone:RedZone"),
     ("contract", "diffmoe.oracles.contract:Contract"),
+    ("batch-invariance", "diffmoe.oracles.batch_invariance:BatchInvariance"),
 )
+OPT_IN: frozenset[str] = OPT_IN_ORACLES  # run only when named (diffmoe.check.report.OPT_IN_ORACLES)
 
 ALL_ORACLES: tuple[str, ...] = tuple(name for name, _ in REGISTRY)  # as shipped; the functions read REGISTRY
+DEFAULT_ORACLES: tuple[str, ...] = tuple(name for name in ALL_ORACLES if name not in OPT_IN)  # a check's default
 
 
 @cache
@@ -68,10 +73,11 @@ def names() -> list[str]:
 
 
 def resolve_oracles(oracles: Collection[str] | None) -> list[str]:
-    """The selection in registry order; a ValueError naming the unknown ones."""
+    """The selection in registry order (None: every oracle but the opt-in ones); a ValueError
+    naming the unknown ones."""
     known = names()
     if oracles is None:
-        return known
+        return [o for o in known if o not in OPT_IN]
     unknown = sorted(set(oracles) - set(known))
     if unknown:
         raise ValueError(f"oracles must be among {known}, got unknown {unknown}")

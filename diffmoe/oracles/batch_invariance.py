@@ -1,0 +1,137 @@
+"""The batch-invariance oracle: a token's results must not depend on the batch it is computed in.
+
+Owns two extra calls and their judgement, bitwise, per token, against the first order's run (the
+T call): one token alone (T = 1, on a fresh instance built for this config), and the whole batch
+at other positions of a larger batch (2T + 1 tokens: T + 1 tokens drawn from the same
+distribution first, then the T tokens, on an instance built for that capacity). Compared per
+token: the output row, the per-token stage results (the quantised input and its scales) and the
+token's computed routed rows (ROUTED_ROW_BUFFERS: gate/up, activation, quantised down input and
+scales, down rows). The finding names the first stage, pipeline order, whose per-token results
+change, the token and the two batches.
+
+Why: serving engines batch requests together, and users ask that a request's output not depend
+on its neighbours (vLLM's batch-invariant mode and its tests over batch sizes 4, 16, 64, 257;
+the most requested MoE correctness property in vLLM and SGLang issues). A kernel that picks a
+tile or a split from the batch size changes a row's accumulation order and so its bits; the
+differential cannot see it (any float32 order lies in the derived interval) and neither can the
+schedule or call-sequence oracles (each compares calls of one batch size).
+
+Batch-dependent by design, reported as such (a skip with that reason, not a finding): fp8-tensor,
+whose dynamic activation scale is the amax of the whole batch. An implementation that declares
+`batch_invariant = False` (a factory attribute, diffmoe.adapters.contract) is not held to it.
+
+Opt-in (registry.OPT_IN): it is not in a check's default selection; `--oracles` names it. Its
+cost, measured in docs/oracles.md: about two more calls of the implementation per check.
+Must not judge values against the reference: the runs are compared with each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from diffmoe.adapters.contract import BATCH_INVARIANT, factory_batch_invariant
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.oracles.base import Oracle
+from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor
+from diffmoe.problem.inputs import ROUTED_ROW_BUFFERS, Problem, make_problem
+from diffmoe.problem.vocabulary import Buffers, materialised_buffers, producer_stage
+from diffmoe.tolerance.compare import Rule, compare
+
+if TYPE_CHECKING:
+    from diffmoe.check.execution import Check, Run
+
+# buffers with one row per token (the quantised input; per-token or per-group scales)
+TOKEN_ROW_BUFFERS = (Buffers.QUANTED_GATE_UP_INPUT, Buffers.QUANTED_GATE_UP_INPUT_SCALES, Buffers.OUTPUT)
+BY_DESIGN = {
+    "fp8-tensor": "batch-dependent by design: fp8-tensor's dynamic activation scale is the amax of the whole batch",
+}
+
+
+def batch_dependent_by_design(check: Check) -> str | None:
+    """Why this config's results depend on the batch by construction, or None."""
+    return BY_DESIGN.get(check.config.quant)
+
+
+def tokens_in(problem: Problem, tokens: list[int] | slice) -> dict[str, torch.Tensor]:
+    return {name: getattr(problem, name)[tokens].clone() for name in ("hidden_states", "topk_ids", "topk_weights")}
+
+
+class BatchInvariance(Oracle):
+    name = Oracles.BATCH_INVARIANCE
+    checks = "a token's output and per-token stage results do not depend on the batch it is in (opt-in)"
+    how = ("bitwise, per token, against the T call: the last token alone (T = 1), and the whole batch behind T + 1 "
+           "tokens from the same distribution (2T + 1); the first stage whose per-token rows change is named; "
+           "fp8-tensor is batch-dependent by design")
+    rank = 65
+
+    def finish(self, check: Check) -> list[Finding]:
+        why = batch_dependent_by_design(check)
+        if why is None and factory_batch_invariant(check.factory) is False:
+            why = f"the implementation does not claim it ({BATCH_INVARIANT} = False on its factory)"
+        if why is None and check.problem.num_tokens == 0:
+            why = "a zero-token call has no token to move"
+        if why is not None:
+            check.skipped[self.name] = why
+            return []
+        t = check.problem.num_tokens
+        base = check.runs[0]
+        probe = t - 1
+        alone = self._call(check, replace(check.problem, **tokens_in(check.problem, [probe])), check.config,
+                           f"token {probe} alone (T=1)")
+        found = self._judge(check, base, alone, {probe: 0}, f"token {{token}} alone (T=1) and in its T={t} batch")
+        if found:
+            return found
+        big_cfg = check.config.replace(num_tokens=2 * t + 1, call_tokens=None)
+        pad = make_problem(big_cfg.replace(seed=(check.config.seed + 1) % (2**31)), check.device)
+        moved = replace(check.problem, config=big_cfg, **{
+            name: torch.cat([value[: t + 1], getattr(check.problem, name)])
+            for name, value in tokens_in(pad, slice(None)).items()})
+        big = self._call(check, moved, big_cfg, f"the T={t} batch behind {t + 1} other tokens (T={2 * t + 1})")
+        return self._judge(check, base, big, {i: t + 1 + i for i in range(t)},
+                           f"token {{token}} in its T={t} batch and at position {{position}} of a T={2 * t + 1} batch")
+
+    @staticmethod
+    def _call(check: Check, problem: Problem, config, what: str) -> Run:
+        impl = check.build(config)
+        shapes = check.workspace_shapes(impl, config.num_tokens)
+        guarded = check.allocate(shapes, f"workspace_shapes({config.num_tokens})")
+        output = GuardedTensor((problem.num_tokens, config.hidden), torch.bfloat16, check.device) \
+            if config.output == "separate" else None
+        return check.execute(impl, guarded, output, check.schedules[0], POISON_PATTERNS[0], problem=problem,
+                             what=f"the batch-invariance run: {what}")
+
+    @staticmethod
+    def _judge(check: Check, base: Run, other: Run, positions: dict[int, int], where: str) -> list[Finding]:
+        """The first buffer, pipeline order, whose rows for a token differ between `base` (the T
+        call) and `other`, where token i of the T call is token positions[i]."""
+        k = check.config.topk
+        computed = check.problem.computed_slots().view(-1, k)  # [T, K]
+        for name in materialised_buffers(check.config):
+            if name not in base.buffers or name not in other.buffers:
+                continue
+            a, b = base.buffers[name], other.buffers[name]
+            if not a.is_floating_point() and a.dtype != torch.float8_e4m3fn:
+                continue  # the align stage's ids and counts: batch-structural by nature
+            for token, position in positions.items():
+                if name in TOKEN_ROW_BUFFERS and a.dim() >= 1 and a.shape[0] == check.problem.num_tokens:
+                    rows_a, rows_b = a[token], b[position]
+                elif name in ROUTED_ROW_BUFFERS and a.dim() >= 1 and a.shape[0] == check.problem.num_tokens * k:
+                    keep = computed[token]
+                    rows_a = a[token * k:(token + 1) * k][keep]
+                    rows_b = b[position * k:(position + 1) * k][keep]
+                else:
+                    continue
+                c = compare(name, rows_a, rows_b, Rule.bitwise("a token's rows must not depend on its batch"))
+                if not c.ok:
+                    said = where.format(token=token, position=position)
+                    return [Finding(
+                        oracle=Oracles.BATCH_INVARIANCE, stage=producer_stage(check.config, name), buffers=[name],
+                        message=f"{name} of {said} differ: {c.differing} of {c.total} elements "
+                                f"(max {c.max_ulp} ulp, max |diff| {c.max_abs:.6g}); the first stage whose per-token "
+                                "results depend on the batch",
+                        figures={"token": token, "position": position, "batches": said, **c.figures()},
+                    )]
+        return []
