@@ -27,9 +27,14 @@ def _reproducer(report) -> str:
 
 _POLICY = TierPolicy(TIER_RUN, None, None)
 _FAILED_BEFORE = [False]
+# The two properties below are the suite's longest tests: 112 s and 156 s alone, 214-224 s beside
+# other test runs, past the 300 s bound of pyproject.toml at a load near 10 (2026-12-05, two runs
+# on this 2-core machine): a bound for a hung test, so these get room, not a wider tolerance.
+LONG_PROPERTY_S = 900
 
 
 @pytest.mark.slow  # 60-112 s under xdist on 2 cores (issue 30)
+@pytest.mark.timeout(LONG_PROPERTY_S)
 @given(config=moe_configs(planner="fixed"))
 def test_fixed_planner_has_no_findings(config):
     how = _POLICY.judging(config, failed_before=_FAILED_BEFORE[0], replaying=False)
@@ -41,6 +46,7 @@ def test_fixed_planner_has_no_findings(config):
 
 
 @pytest.mark.slow  # 60-112 s under xdist on 2 cores (issue 30)
+@pytest.mark.timeout(LONG_PROPERTY_S)
 @given(config=moe_configs(planner="fixed", features=True))
 def test_fixed_planner_has_no_findings_with_the_model_features(config):
     # the SwiGLU limit, dropped slots and shared experts (off in the draws above, see strategies.py)
