@@ -24,7 +24,7 @@ as mismatches of the conversion:
 
     python bench/prove_profiles_as_data.py [--old REV] [--examples N] [--write docs/numerics.md]
 
---old defaults to the last revision holding reference/numerics.py. Exit 0 when every comparison
+--old defaults to the parent of the conversion (the commit adding reference/rounding/points.py). Exit 0 when every comparison
 outside the deliberate changes is bit-identical, 1 otherwise. With --write it replaces the text
 between `<!-- profiles-as-data:start -->` and `<!-- profiles-as-data:end -->` in the given file.
 """
@@ -71,15 +71,15 @@ def deliberate(config: MoEConfig, what: str) -> str | None:
 
 
 def old_revision() -> str:
-    """The last revision holding reference/numerics.py: HEAD while it exists, else the parent of the
-    commit that deleted it."""
+    """The last revision of the per-profile modules: the parent of the commit that added
+    reference/rounding/points.py (the conversion)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
-    if subprocess.run(["git", "cat-file", "-e", "HEAD:reference/numerics.py"], cwd=ROOT, capture_output=True).returncode == 0:
-        return git("rev-parse", "HEAD")
-    deleted = git("log", "-n1", "--diff-filter=D", "--format=%H", "--", "reference/numerics.py")
-    return git("rev-parse", f"{deleted}^")
+    added = git("log", "--diff-filter=A", "--reverse", "--format=%H", "--", "reference/rounding/points.py").split()
+    if not added:
+        raise SystemExit("reference/rounding/points.py is not committed yet: pass --old REV")
+    return git("rev-parse", f"{added[0]}^")
 
 
 def load_old(revision: str, into: Path):
