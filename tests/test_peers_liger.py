@@ -118,7 +118,7 @@ def test_the_snapshots_are_in_route_order_and_silu_is_taken_before_rounding():
 
 
 def test_liger_passes_under_its_own_profile_and_is_flagged_under_diffmoes():
-    """Quiet under the `liger` profile the factory declares (reference/numerics_liger.py): every
+    """Quiet under the `liger` profile the factory declares (diffmoe.problem.numerics): every
     oracle. Under numerics="diffmoe" the differential flags `activation` first: Liger takes SwiGLU
     of its float32 accumulators, diffmoe's reference of the bf16 gate/up output, so some
     elements land one or two bf16 steps apart (and behind it the unweighted down rows)."""
