@@ -42,7 +42,8 @@ from optimized.kernels.numerics import E4M3_MAX, to_e4m3  # noqa: E402
 from reference import reference_moe  # noqa: E402
 from reference.moe import reference_stage  # noqa: E402
 from reference.rounding import rounding  # noqa: E402
-from reference.rounding.points import menu_table  # noqa: E402
+import reference.rounding.points as rounding_points  # noqa: E402
+from reference.rounding.points import CHOICES, menu_table  # noqa: E402
 
 NUMERICS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "numerics.md"
 SMALL = dict(num_tokens=4, num_experts=4, topk=3, hidden=128, inter=128, quant="bf16")
@@ -284,6 +285,29 @@ def test_reciprocal_codes_are_flagged_under_diffmoe_and_quiet_under_the_profile_
     # and the shipped kernel itself is now the one flagged under that profile
     shipped = run_differential(mine, oracles=oracles, schedules=["identity"])
     assert shipped.findings and shipped.findings[0].stage == Stages.QUANT_INPUT, shipped.render()
+
+
+# ---- the menus are functions -----------------------------------------------------------------
+
+SOURCES = ("vLLM", "Liger", "lmdeploy", "SGLang", "DESIGN.md", "diffmoe")
+
+
+def test_every_choice_is_one_function_citing_where_it_is_seen():
+    assert set(CHOICES) == set(POINT_NAMES)
+    for point, menu in MENUS.items():
+        assert set(CHOICES[point]) == set(menu), point
+        for choice, fn in CHOICES[point].items():
+            assert callable(fn) and any(source in (fn.__doc__ or "") for source in SOURCES), f"{point}={choice}"
+
+
+def test_the_registry_refuses_a_menu_without_its_function(monkeypatch):
+    monkeypatch.delitem(CHOICES["reduce"], "bf16")
+    with pytest.raises(AssertionError, match="reduce"):
+        rounding_points._check_registry()
+    monkeypatch.setitem(CHOICES["reduce"], "bf16", CHOICES["reduce"]["fp32"])
+    monkeypatch.setitem(CHOICES["reduce"], "fp64", CHOICES["reduce"]["fp32"])
+    with pytest.raises(AssertionError, match="fp64"):
+        rounding_points._check_registry()
 
 
 # ---- the docs' tables are the data's ----------------------------------------------------------
