@@ -47,8 +47,9 @@ implementation (building one may probe its backend or import Triton):
 * `numerics = "vllm"` (a string, not a callable): the rounding profile the reference follows when
   it judges this implementation, for a config whose `numerics` is None: a built-in profile
   (config.NUMERICS_PROFILES), or one with overrides (`"vllm+reduce=fp32"`, the spec `--numerics`
-  takes: diffmoe.problem.numerics). `judged_config` resolves it before the problem is built, so reports and replay lines
-  carry it; without the attribute the profile is diffmoe's and the config keeps None.
+  takes: diffmoe.problem.numerics). `judged_config` resolves it before the problem is built, so
+  reports and replay lines carry it; without the attribute the profile is diffmoe's and the
+  config keeps None.
 
 An implementation (the built object, not its factory) may set `orders_programs = True` when its
 `run` applies the schedule itself, as the shipped kernels do with an order table they read. Without
