@@ -35,7 +35,7 @@ interpreter a non-identity schedule permutes each launch's programs at the grid 
 `run_stage`: the buffers a stage would be fed live inside Liger's one Python call.
 
 Numerics: the factory declares the reference's `liger` profile (`make.numerics`,
-reference/numerics_liger.py): SwiGLU of the float32 product, the router weight in the reduce.
+diffmoe.problem.numerics): SwiGLU of the float32 product, the router weight in the reduce.
 
 Owns the adapter (loading Liger's files, the run sequence, launch reporting, the declared
 plan). Must not copy Liger source or change its numerics: differences are reported, not fixed.
@@ -219,5 +219,5 @@ def make(config: MoEConfig, device=None) -> LigerFusedMoE:
 
 
 make.plan_workspaces = plan_workspaces
-make.numerics = "liger"  # diffmoe.adapters.contract.NUMERICS: judged against Liger's rounding points (reference/numerics_liger.py)
+make.numerics = "liger"  # diffmoe.adapters.contract.NUMERICS: judged against Liger's rounding points (diffmoe.problem.numerics)
 make.supports = supports_from(check_supported)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses

@@ -41,7 +41,7 @@ the hardware order runs. No `run_stage`: the buffers a stage would be fed live i
 lmdeploy's one Python call.
 
 Numerics: the factory declares the reference's `lmdeploy` profile (`make.numerics`,
-reference/numerics_lmdeploy.py): lmdeploy's rounding points, so a check judges it against what
+diffmoe.problem.numerics): lmdeploy's rounding points, so a check judges it against what
 its kernels compute; `numerics="diffmoe"` judges it against diffmoe's.
 
 Owns the adapter (loading lmdeploy's files, the run sequence, launch reporting, the declared
@@ -254,5 +254,5 @@ def make(config: MoEConfig, device=None) -> LmdeployBlockedFP8MoE:
 
 
 make.plan_workspaces = plan_workspaces
-make.numerics = "lmdeploy"  # diffmoe.adapters.contract.NUMERICS: judged against lmdeploy's rounding points (reference/numerics_lmdeploy.py)
+make.numerics = "lmdeploy"  # diffmoe.adapters.contract.NUMERICS: judged against lmdeploy's rounding points (diffmoe.problem.numerics)
 make.supports = supports_from(check_supported)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses

@@ -534,7 +534,7 @@ def attach(make, release: Release):
 
     make.plan_workspaces = plan
     make.supports = supports_from(check)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses
-    # diffmoe.adapters.contract.NUMERICS: every release is judged against the `vllm` profile (reference/numerics.py):
+    # diffmoe.adapters.contract.NUMERICS: every release is judged against the `vllm` profile (diffmoe.problem.numerics):
     # the compiled ops it follows (quant, silu_and_mul, moe_sum) round alike in 0.28.0 to 0.33.0, so
     # the museum's buggy and fixed releases meet the same reference
     make.numerics = "vllm"

@@ -7,7 +7,7 @@ versions, each following the vLLM source it names below, each reported as a laun
 run's `OpReporter` (ACTIVE_REPORTER). peers/vllm_standins.py puts them where vLLM imports them.
 
 CUDA numerics followed (vLLM csrc; the points where they differ from diffmoe's reference, and
-the facts reference/numerics.py's vllm profile follows too, without importing these):
+the facts the reference's vllm profile follows too, reference/rounding/, without importing these):
   * silu_and_mul (csrc/activation_kernels.cu): silu(g) = g / (1 + exp(-g)) in float32, rounded
     to bf16, times `up` in bf16 arithmetic (float product rounded to bf16);
   * moe_sum (csrc/moe/moe_align_sum_kernels.cu): K = 2, 3, 4 accumulate in bf16 (each add

@@ -1,12 +1,12 @@
 """The reference MoE: plain PyTorch, a fresh tensor per stage, every intermediate returned.
 
-Slow and obviously right. The config's numerics profile (config.numerics_profile) picks the
-rounding: "diffmoe" (below), "vllm", vLLM 0.33.0's own rounding points, which
-reference/numerics.py holds, one function each, "liger", Liger-Kernel 0.8.5's
-(reference/numerics_liger.py: SwiGLU of the float32 gate/up product, the router weight applied
-in the reduce), or "lmdeploy", lmdeploy 0.18.0's blocked-FP8 pipeline
-(reference/numerics_lmdeploy.py: reciprocal-product scales, ratio-rescaled accumulation, silu
-rounded before the multiply, bf16 weighted reduce), which this module calls at those points.
+Slow and obviously right. Every place where two correct kernels may round differently is a named
+rounding point, and the config's numerics profile (config.numerics_profile: "diffmoe", "vllm",
+"liger", "lmdeploy", or one of them with +point=choice overrides) picks one choice at each:
+diffmoe.problem.numerics holds the points, their menus and the profiles as data,
+reference/rounding/ one function per choice, citing where it is seen. This module composes them
+(quantize_activation: amax -> scale -> codes -> NaN code; silu_and_mul: clamp -> silu -> rounding)
+and calls every point through the profile, never by a profile's name.
 diffmoe's numerics are the ones DESIGN.md states as vLLM's:
   * dynamic activation quantisation: per tensor and per token, scale = max(amax / 448,
     1 / (448 * 512)); per 1x128 group, scale = max(amax, 1e-10) / 448; codes = cast(clamp(x /
@@ -32,8 +32,9 @@ Inputs outside the generated ranges, decided here because the reference is the s
     opposite infinities meet or silu(-Inf) = -Inf * 0, and the output row holds NaN and/or
     Inf. The optimized path must produce the same values; NaN payloads and signs are not
     part of the contract (the compare treats any NaN as equal to any NaN). Under the vllm
-    profile the FP8 quantisations do what vLLM's do instead (reference/numerics.py): a NaN is
-    dropped from its unit's amax and its own code is +-448, so its token's outputs are finite.
+    profile the FP8 quantisations do what vLLM's do instead (amax=drop_nan, *_nan_code=pos_max or
+    neg_max): a NaN is dropped from its unit's amax and its own code is +-448, so its token's
+    outputs are finite.
   * A zero-token call (T = 0, `make_problem(config, num_tokens=0)`) returns a [0, H] output
     and empty intermediates; a per-tensor scale of an empty activation is the floor
     (the amax of nothing is 0; under the vllm profile, which has no floor there, it is 0).
@@ -53,145 +54,69 @@ import torch
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
 from diffmoe.adapters.contract import RunResult
 from diffmoe.problem.inputs import Problem
-from diffmoe.problem.vocabulary import (
-    FP8_DTYPE, FP8_MAX, Buffers, Stages, materialised_buffers, over_fp8_max, pipeline_stages,
-)
+from diffmoe.problem.vocabulary import Buffers, Stages, materialised_buffers, pipeline_stages
 
-from . import numerics as vllm
-from . import numerics_liger as liger
-from . import numerics_lmdeploy as lmdeploy
-
-TOKEN_SCALE_FLOOR = 1.0 / (FP8_MAX * 512.0)  # per-tensor and per-token scale floor (vLLM)
-GROUP_AMAX_FLOOR = 1e-10  # 1x128 group amax floor (vLLM)
+from .rounding import gemm_reduce as gr
+from .rounding.gemm_reduce import dequantize_activation, dequantize_weight, expert_gemm  # noqa: F401 - the reference's API
+from .rounding.points import Rounding, rounding
 
 
-def quantize_activation(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic FP8 quantisation of a [R, C] activation: (codes [R, C] fp8, scales fp32)."""
+def _rounding(cfg: MoEConfig) -> Rounding:
+    return rounding(cfg.numerics_profile)
+
+
+def quantize_activation(x: torch.Tensor, quant: str, r: Rounding | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic FP8 quantisation of a [R, C] activation: (codes [R, C] fp8, scales fp32 [1], [R, 1] or
+    [R, C/128]), through the profile's points for quant's scaling unit: amax, then the scale,
+    the codes before the clamp, the clamp and the cast (diffmoe's profile when r is None)."""
+    r = r or rounding(None)
     xf = x.float()  # [R, C]
+    rows, cols = xf.shape
     if quant == "fp8-tensor":
-        amax = xf.abs().amax() if xf.numel() else xf.new_zeros(())  # the amax of no element is 0
-        scale = over_fp8_max(amax).clamp_min(TOKEN_SCALE_FLOOR).reshape(1)  # [1]
-        per_element = scale  # broadcast
+        units, scale_shape = xf.reshape(1, 1, xf.numel()), (1,)  # one unit
     elif quant == "fp8-token":
-        scale = over_fp8_max(xf.abs().amax(dim=1, keepdim=True)).clamp_min(TOKEN_SCALE_FLOOR)  # [R, 1]
-        per_element = scale
+        units, scale_shape = xf.reshape(rows, 1, cols), (rows, 1)  # a unit per row
     elif quant == "fp8-block":
-        groups = xf.view(xf.shape[0], xf.shape[1] // QUANT_BLOCK, QUANT_BLOCK)  # [R, C/128, 128]
-        scale = over_fp8_max(groups.abs().amax(dim=2).clamp_min(GROUP_AMAX_FLOOR))  # [R, C/128]
-        per_element = scale.repeat_interleave(QUANT_BLOCK, dim=1)  # [R, C]
+        units, scale_shape = xf.reshape(rows, cols // QUANT_BLOCK, QUANT_BLOCK), (rows, cols // QUANT_BLOCK)  # R may be 0
     else:
         raise ValueError(f"quant must be an fp8 scheme, got {quant!r}")
-    codes = (xf / per_element).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # [R, C] fp8, RNE
-    return codes, scale
+    # [R, U, 1]; the amax of no element (a zero-token call's tensor) is 0
+    amax = r.fn("amax")(units) if units.shape[2] else units.new_zeros(1, 1, 1)
+    scale, floored = r.unit_fn("scale", quant)(amax)
+    codes = r.unit_fn("nan_code", quant)(r.unit_fn("codes", quant)(units, scale, floored))
+    return codes.reshape(xf.shape), scale.reshape(scale_shape)
 
 
-def dequantize_activation(codes: torch.Tensor, scale: torch.Tensor, quant: str,
-                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """float32 (or `dtype`) values of [R, C] codes."""
-    if quant == "fp8-block":
-        scale = scale.repeat_interleave(QUANT_BLOCK, dim=1)  # [R, C]
-    return codes.to(dtype) * scale.to(dtype)  # [R, C]
-
-
-def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str,
-                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """float32 (or `dtype`) values of [L, N, Kd] weights (bf16 weights are upcast)."""
-    if quant == "bf16":
-        return w.to(dtype)  # [L, N, Kd]
-    if quant == "fp8-tensor":
-        scale = scale[:, None, None]  # [L, 1, 1]
-    elif quant == "fp8-token":
-        scale = scale[:, :, None]  # [L, N, 1]
-    else:
-        n, kd = w.shape[1:]
-        scale = scale.repeat_interleave(QUANT_BLOCK, 1).repeat_interleave(QUANT_BLOCK, 2)[:, :n, :kd]  # [L, N, Kd]
-    return w.to(dtype) * scale.to(dtype)  # [L, N, Kd]
-
-
-def expert_gemm(a: torch.Tensor, local_ids: torch.Tensor, w: torch.Tensor,
-                scales: tuple[torch.Tensor, torch.Tensor, str] | None = None, fp8_gemm=vllm.fp8_gemm) -> torch.Tensor:
-    """out[r] = a[r] @ w[local_ids[r]].T in float32; rows of non-local experts (-1) stay zero.
-    With scales (a_scale, w_scale, quant), a and w are FP8 codes, multiplied as a peer's kernel
-    does: `fp8_gemm(a_rows, a_scale_rows, w_e, w_scale_e, quant)` (reference/numerics.fp8_gemm,
-    vLLM's; the lmdeploy profile's blocked_gemm)."""
-    out = torch.zeros(a.shape[0], w.shape[1], dtype=torch.float32, device=a.device)  # [R, N]
-    for e in range(w.shape[0]):
-        rows = (local_ids == e).nonzero().flatten()  # routed rows of expert e
-        if scales is None:
-            out[rows] = a[rows] @ w[e].T  # [rows, N]
-        else:
-            a_scale, w_scale, quant = scales
-            row_scale = a_scale if quant == "fp8-tensor" else a_scale[rows]  # one scale, or one per row
-            out[rows] = fp8_gemm(a[rows], row_scale, w[e], w_scale[e], quant)
-    return out
+def silu_and_mul(gate_up: torch.Tensor, limit: float | None = None, r: Rounding | None = None) -> torch.Tensor:
+    """silu(gate) * up, rounded to bf16: [R, 2I] (bf16, or the float32 product) -> [R, I], through the
+    profile's swiglu_clamp, silu and silu_rounding points (diffmoe's when r is None: silu(gate) * up
+    in float32, rounded once; with a SwiGLU limit, gate = min(gate, limit) and up = clamp(up, -limit,
+    limit) first, as vLLM 0.33's swiglu_limit_func)."""
+    r = r or rounding(None)
+    i = gate_up.shape[1] // 2
+    gate, up = r.fn("swiglu_clamp")(gate_up[:, :i], gate_up[:, i:], limit)  # [R, I] fp32 each
+    return r.fn("silu_rounding")(r.fn("silu")(gate), up)  # [R, I] bf16
 
 
 def _gemm(codes_or_values: torch.Tensor, a_scale: torch.Tensor | None, local_ids: torch.Tensor, w: torch.Tensor,
           w_scale: torch.Tensor | None, cfg: MoEConfig) -> torch.Tensor:
     """A routed [R, K] activation (bf16 values, or FP8 codes with their scales) times each row's
-    expert weight, float32: dequantised first under diffmoe's profile, scaled after the dot under vLLM's."""
+    expert weight, float32; FP8 as the profile's fp8_gemm point multiplies."""
     if not cfg.is_fp8:
         return expert_gemm(codes_or_values.float(), local_ids, w.float())
-    if _vllm(cfg):
-        return expert_gemm(codes_or_values, local_ids, w, (a_scale, w_scale, cfg.quant))
-    if _lmdeploy(cfg):
-        return expert_gemm(codes_or_values, local_ids, w, (a_scale, w_scale, cfg.quant),
-                           lambda a, sa, w, sw, quant: lmdeploy.blocked_gemm(a, sa, w, sw))
-    a = dequantize_activation(codes_or_values, a_scale, cfg.quant)
-    return expert_gemm(a, local_ids, dequantize_weight(w, w_scale, cfg.quant))
-
-
-def silu_and_mul(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
-    """silu(gate) * up in float32, rounded to bf16: [R, 2I] -> [R, I]. With a SwiGLU limit,
-    gate = min(gate, limit) and up = clamp(up, -limit, limit) first, as vLLM 0.33's
-    swiglu_limit_func (fused_moe/utils.py, its torch and pad-aware Triton paths)."""
-    i = gate_up.shape[1] // 2
-    gate, up = gate_up[:, :i].float(), gate_up[:, i:].float()  # [R, I] fp32 each
-    if limit is not None:
-        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)  # [R, I]; NaN stays NaN
-    # silu as its definition, x / (1 + exp(-x)): F.silu is another function (a faster exp inside;
-    # 43,917 of 2^20 float32 results differ), and this one is what the kernels compute, so on the
-    # interpreter (whose exp is torch's, diffmoe.interpreter.fixes) the fused stage is bitwise
-    silu = gate / (1.0 + torch.exp(-gate))  # [R, I] fp32
-    return (silu * up).to(torch.bfloat16)  # [R, I] bf16
-
-
-# ---- the profile's choice at each rounding point (reference/numerics.py: the vllm profile) --------
-
-
-def _vllm(cfg: MoEConfig) -> bool:
-    return cfg.numerics_profile == vllm.PROFILE
-
-
-def _liger(cfg: MoEConfig) -> bool:
-    """reference/numerics_liger.py: SwiGLU of the float32 product, the router weight in the reduce."""
-    return cfg.numerics_profile == liger.PROFILE
-
-
-def _lmdeploy(cfg: MoEConfig) -> bool:
-    return cfg.numerics_profile == lmdeploy.PROFILE
-
-
-def _weighs_in_reduce(cfg: MoEConfig) -> bool:
-    """Liger's and lmdeploy's down rows are unweighted: their reduce applies the router weight."""
-    return _liger(cfg) or _lmdeploy(cfg)
-
-
-def _quantize(x: torch.Tensor, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    if _lmdeploy(cfg):
-        return lmdeploy.quantize(x)
-    return vllm.quantize(x, cfg.quant) if _vllm(cfg) else quantize_activation(x, cfg.quant)
-
-
-def _silu_and_mul(gate_up: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
-    if _lmdeploy(cfg):
-        return lmdeploy.silu_and_mul(gate_up)
-    return vllm.silu_and_mul(gate_up, cfg.swiglu_limit) if _vllm(cfg) else silu_and_mul(gate_up, cfg.swiglu_limit)
+    return _rounding(cfg).fn("fp8_gemm")(codes_or_values, a_scale, local_ids, w, w_scale, cfg.quant)
 
 
 def _weighted_input(x: torch.Tensor, weights: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
     """The hidden states times the router weight (router_weight='input', K == 1), as bf16."""
-    return vllm.weighted_input(x, weights) if _vllm(cfg) else (x.float() * weights).to(torch.bfloat16)
+    return _rounding(cfg).fn("input_weight")(x, weights)
+
+
+def _activation(given: dict[str, torch.Tensor], problem: Problem) -> torch.Tensor:
+    """The activation of the gate/up values the profile's activation_input point reads: [TK, I] bf16."""
+    r = _rounding(problem.config)
+    values = r.fn("activation_input")(given.get(Buffers.GATE_UP_OUTPUT), lambda: _gate_up_product(given, problem))
+    return silu_and_mul(values, problem.config.swiglu_limit, r)
 
 
 def local_expert_ids(problem: Problem) -> torch.Tensor:
@@ -208,6 +133,7 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
     `inputs` lacks comes from the problem), into fresh tensors. The harness runs it on a
     candidate's own intermediates, so each stage is judged without carrying error forward."""
     cfg = problem.config
+    r = _rounding(cfg)
     q = cfg.quant
     b = Buffers
     t, k = problem.topk_ids.shape  # T, K
@@ -216,24 +142,22 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         x = given[b.HIDDEN_STATES]  # [T, H] bf16
         if cfg.router_weight == "input":
             x = _weighted_input(x, given[b.TOPK_WEIGHTS], cfg)  # [T, H] (K == 1)
-        codes, scale = _quantize(x, cfg)  # [T, H] fp8, scales
+        codes, scale = quantize_activation(x, q, r)  # [T, H] fp8, scales
         return {b.QUANTED_GATE_UP_INPUT: codes, b.QUANTED_GATE_UP_INPUT_SCALES: scale}
     if stage == Stages.GATE_UP_GEMM:
         return {b.GATE_UP_OUTPUT: _gate_up_product(given, problem).to(torch.bfloat16)}  # [TK, 2I] bf16
-    if stage == Stages.ACTIVATION and _liger(cfg):
-        # Liger's fused kernel: SwiGLU of the float32 product, which the bf16 gate_up_output no longer holds
-        return {b.ACTIVATION_OUTPUT: liger.swiglu_of_product(_gate_up_product(given, problem))}  # [TK, I] bf16
     if stage == Stages.ACTIVATION:
-        return {b.ACTIVATION_OUTPUT: _silu_and_mul(given[b.GATE_UP_OUTPUT], cfg)}  # [TK, I] bf16
-    if stage == Stages.ACT_QUANT and q == "fp8-block" and _vllm(cfg) and cfg.swiglu_limit is None:
-        # vLLM's one fused op: the float32 activation, never rounded to bf16, quantised (it takes
-        # no clamp: with a limit vLLM 0.31+ runs the clamped silu_and_mul and the group quant, below)
-        codes, scale = vllm.silu_and_mul_per_block_quant(given[b.GATE_UP_OUTPUT])  # [TK, I] fp8, scales
+        return {b.ACTIVATION_OUTPUT: _activation(given, problem)}  # [TK, I] bf16
+    if stage == Stages.ACT_QUANT:
+        # the chain quantises the activation the unfused pipeline computes: the same codes either way
+        # (fused_act_quant=chain); vLLM's fused op quantises the float32 activation instead (fp32_block)
+        def chain() -> tuple[torch.Tensor, torch.Tensor]:
+            return quantize_activation(_activation(given, problem), q, r)
+
+        codes, scale = r.fn("fused_act_quant")(given[b.GATE_UP_OUTPUT], q, cfg.swiglu_limit, chain)  # [TK, I] fp8
         return {b.QUANTED_DOWN_INPUT: codes, b.QUANTED_DOWN_INPUT_SCALES: scale}
-    if stage in (Stages.QUANT_DOWN_INPUT, Stages.ACT_QUANT):
-        # otherwise, fused or not, the activation is a bf16 tensor first: the same codes either way
-        act = given[b.ACTIVATION_OUTPUT] if stage == Stages.QUANT_DOWN_INPUT else _silu_and_mul(given[b.GATE_UP_OUTPUT], cfg)
-        codes, scale = _quantize(act, cfg)  # [TK, I] fp8, scales
+    if stage == Stages.QUANT_DOWN_INPUT:
+        codes, scale = quantize_activation(given[b.ACTIVATION_OUTPUT], q, r)  # [TK, I] fp8, scales
         return {b.QUANTED_DOWN_INPUT: codes, b.QUANTED_DOWN_INPUT_SCALES: scale}
     if stage == Stages.DOWN_GEMM:
         if cfg.is_fp8:
@@ -241,21 +165,14 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         else:
             a2, a2_scale = given[b.ACTIVATION_OUTPUT], None  # [TK, I] bf16
         down = _gemm(a2, a2_scale, local_expert_ids(problem), problem.w2, problem.w2_scale, cfg)  # [TK, H] fp32
-        if cfg.router_weight == "down" and not _weighs_in_reduce(cfg):
+        if cfg.router_weight == "down" and r.weighs_in_down_gemm:
             down = down * given[b.TOPK_WEIGHTS].reshape(-1, 1)  # [TK, H] weighted, before the rounding
         return {b.DOWN_OUTPUT: down.to(torch.bfloat16)}  # [TK, H] bf16
     if stage == Stages.REDUCE:
-        per_token = given[b.DOWN_OUTPUT].view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous at T = 0
-        if _vllm(cfg):
-            summed = vllm.moe_sum(per_token) if k in vllm.BF16_SUM_TOPK else vllm.sum_from_zero(per_token)
-            return {b.OUTPUT: summed}  # [T, H] bf16
-        if _weighs_in_reduce(cfg):
-            profile = liger if _liger(cfg) else lmdeploy
-            return {b.OUTPUT: profile.weighted_sum(per_token, given[b.TOPK_WEIGHTS].view(t, k))}  # [T, H] bf16
-        acc = per_token[:, 0].float()  # [T, H] fp32
-        for j in range(1, k):
-            acc = acc + per_token[:, j].float()  # summed in k order, as the reduce kernel does
-        return {b.OUTPUT: acc.to(torch.bfloat16)}  # [T, H] bf16
+        rows = given[b.DOWN_OUTPUT].view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous at T = 0
+        if cfg.router_weight == "down":  # the weight where the profile's router_weight point puts it
+            rows = r.fn("router_weight")(rows, given[b.TOPK_WEIGHTS].view(t, k))
+        return {b.OUTPUT: r.fn("reduce")(rows)}  # [T, H] bf16, summed in k order
     raise ValueError(f"stage must be one of {[s.name for s in pipeline_stages(cfg)]}, got {stage!r}")
 
 
@@ -276,20 +193,22 @@ def gemm_exact(stage: str, inputs: dict[str, torch.Tensor], problem: Problem) ->
             a_scale = given[b.QUANTED_GATE_UP_INPUT_SCALES]
             if cfg.quant != "fp8-tensor":
                 a_scale = a_scale.repeat_interleave(k, dim=0)  # one row of scales per routed row
-            a = dequantize_activation(given[b.QUANTED_GATE_UP_INPUT].repeat_interleave(k, dim=0), a_scale, cfg.quant, torch.float64)
+            a = gr.dequantize_activation(given[b.QUANTED_GATE_UP_INPUT].repeat_interleave(k, dim=0), a_scale, cfg.quant,
+                                         torch.float64)
         else:
             x = given[b.HIDDEN_STATES]
             if cfg.router_weight == "input":
                 x = _weighted_input(x, given[b.TOPK_WEIGHTS], cfg)  # the profile's bf16 rounding point
             a = x.repeat_interleave(k, dim=0).double()  # [TK, H]
-        w = dequantize_weight(problem.w1, problem.w1_scale, cfg.quant, torch.float64)
+        w = gr.dequantize_weight(problem.w1, problem.w1_scale, cfg.quant, torch.float64)
     elif stage == Stages.DOWN_GEMM:
         if cfg.is_fp8:
-            a = dequantize_activation(given[b.QUANTED_DOWN_INPUT], given[b.QUANTED_DOWN_INPUT_SCALES], cfg.quant, torch.float64)
+            a = gr.dequantize_activation(given[b.QUANTED_DOWN_INPUT], given[b.QUANTED_DOWN_INPUT_SCALES], cfg.quant,
+                                         torch.float64)
         else:
             a = given[b.ACTIVATION_OUTPUT].double()  # [TK, I]
-        w = dequantize_weight(problem.w2, problem.w2_scale, cfg.quant, torch.float64)
-        if cfg.router_weight == "down" and not _weighs_in_reduce(cfg):
+        w = gr.dequantize_weight(problem.w2, problem.w2_scale, cfg.quant, torch.float64)
+        if cfg.router_weight == "down" and _rounding(cfg).weighs_in_down_gemm:
             weights = given[b.TOPK_WEIGHTS].reshape(-1, 1).double()  # [TK, 1]
     else:
         raise ValueError(f"stage must be {Stages.GATE_UP_GEMM!r} or {Stages.DOWN_GEMM!r}, got {stage!r}")

@@ -135,7 +135,7 @@ def test_the_dense_comparison_catches_a_reference_that_ignores_a_feature(monkeyp
     assert _dense_error(problem) <= 2**-3  # tests/test_reference.py's bound: quiet on the real reference
     if broken == "clamp ignored":
         plain = ref_moe.silu_and_mul
-        monkeypatch.setattr(ref_moe, "silu_and_mul", lambda gate_up, limit=None: plain(gate_up))
+        monkeypatch.setattr(ref_moe, "silu_and_mul", lambda gate_up, limit=None, r=None: plain(gate_up, None, r))
     else:
         monkeypatch.setattr(ref_moe, "local_expert_ids", lambda p: p.expert_map.long()[p.topk_ids.long().flatten()])
     assert _dense_error(problem) > 2**-3, broken
@@ -157,7 +157,7 @@ def test_the_differential_catches_a_clamp_ignored_on_either_side(monkeypatch, fu
     cfg = edge_cases("fp8-token", fused=fused)["swiglu-limit"]
     plain = ref_moe.silu_and_mul
     with monkeypatch.context() as mp:  # the reference ignores the limit, the kernel applies it
-        mp.setattr(ref_moe, "silu_and_mul", lambda gate_up, limit=None: plain(gate_up))
+        mp.setattr(ref_moe, "silu_and_mul", lambda gate_up, limit=None, r=None: plain(gate_up, None, r))
         assert not run_differential(cfg, oracles=[Oracles.DIFFERENTIAL], schedules=["identity"]).passed
     import optimized.moe as opt_moe
 

@@ -118,7 +118,7 @@ def test_the_snapshots_are_in_route_order_and_silu_is_taken_before_rounding():
 
 
 def test_liger_passes_under_its_own_profile_and_is_flagged_under_diffmoes():
-    """Quiet under the `liger` profile the factory declares (reference/numerics_liger.py): every
+    """Quiet under the `liger` profile the factory declares (diffmoe.problem.numerics): every
     oracle. Under numerics="diffmoe" the differential flags three stages, each its own finding,
     the largest departure first: `down_gemm` (Liger weighs by the router in the reduce, diffmoe's
     reference in the down GEMM: rows off by the router weight, a factor; measured departure 1.56

@@ -116,7 +116,7 @@ def test_the_snapshots_are_in_route_order():
 
 
 def test_lmdeploy_passes_under_its_own_profile_and_is_flagged_under_diffmoes():
-    """Quiet under the `lmdeploy` profile the factory declares (reference/numerics_lmdeploy.py):
+    """Quiet under the `lmdeploy` profile the factory declares (diffmoe.problem.numerics):
     races, schedule (4 orders), both aliasing oracles, store extent (the sort's own tables under
     private names), poison, red zone, call sequence, the differential. Under numerics="diffmoe"
     each divergent stage is its own finding, the largest departure first: `down_gemm` (lmdeploy

@@ -222,7 +222,7 @@ def test_an_all_zero_call_at_k1_sums_from_plus_zero_as_at_sum_out_does():
     """A false alarm the campaign found (bench/false_alarm_campaign.py --impl vllm, seed 0, draw 12):
     vLLM's per-tensor scale of an all-zero call has no floor, its down rows hold -0.0, and the
     K = 1 reduce (at::sum_out) adds them to +0: 258 of 512 outputs +0.0 where a sum from the first
-    row keeps -0.0. The vllm profile names that rounding point (reference.numerics.sum_from_zero)."""
+    row keeps -0.0. The vllm profile names that rounding point (reduce=bf16_k2_to_4: at::sum_out from +0 at K = 1)."""
     c = MoEConfig(num_tokens=1, num_experts=1, topk=1, hidden=512, inter=224, quant="fp8-tensor", output="workspace",
                   expert_scale_spread=1, zero_rows=1, seed=1230046189)
     report = run_differential(c, vllm_factory(), oracles=[Oracles.DIFFERENTIAL, Oracles.TEACHER_FORCING])

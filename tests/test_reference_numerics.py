@@ -1,4 +1,4 @@
-"""The reference's vllm numerics profile (reference/numerics.py), one rounding point at a time.
+"""The reference's vllm numerics profile (its choices in reference/rounding/), one rounding point at a time.
 
 Each test builds a small tensor on which diffmoe's rounding and vLLM's differ, computes what
 vLLM's formula gives straight from the formula (float32 arithmetic written out here, not the
@@ -12,15 +12,41 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference.numerics as vllm
 from diffmoe.tolerance.compare import ulp_distance
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.inputs import make_problem
 from diffmoe.problem.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages
 from reference import reference_moe
 from reference.moe import quantize_activation, reference_stage, silu_and_mul
+from reference.rounding import CHOICES, rounding
+from reference.rounding.gemm_reduce import gemm_scales_after_dot
 
 FLOOR = 1.0 / (FP8_MAX * 512.0)
+VLLM = rounding("vllm")
+
+
+class vllm:  # noqa: N801 - the vllm profile's points, as the old module's functions were called
+    """The vllm profile's choices at each point, called one at a time."""
+
+    @staticmethod
+    def quantize(x, quant):
+        return quantize_activation(x, quant, VLLM)
+
+    @staticmethod
+    def silu_and_mul(gate_up, limit=None):
+        return silu_and_mul(gate_up, limit, VLLM)
+
+    @staticmethod
+    def silu_and_mul_per_block_quant(gate_up):
+        return CHOICES["fused_act_quant"]["fp32_block"](gate_up, "fp8-block", None, lambda: None)
+
+    @staticmethod
+    def fp8_gemm(a, a_scale, w, w_scale, quant):  # one expert's GEMM
+        return gemm_scales_after_dot(a, a_scale, torch.zeros(a.shape[0], dtype=torch.long), w[None], w_scale[None], quant)
+
+    @staticmethod
+    def weighted_input(x, weights):
+        return VLLM.fn("input_weight")(x, weights)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -22,9 +22,9 @@ and does not blur the stages after it. Rules:
   * end to end: the spec run on the problem alone, every bounded stage taking its own answer
     forward, within END_TO_END_REL_TOL of the reference's output.
 
-A meta-test plants bugs in the reference (monkeypatched functions of reference.moe, or a
-wrapper recomputing a stage wrongly) and requires the stage comparison to catch each one on
-at least one labelled case.
+A meta-test plants bugs in the reference (monkeypatched functions and constants of reference.moe
+and reference/rounding/, or a wrapper recomputing a stage wrongly) and requires the stage
+comparison to catch each one on at least one labelled case.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 
 import reference.moe as moe
+import reference.rounding.gemm_reduce as gemm_points
+import reference.rounding.quant as quant_points
 import spec_moe as spec
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
 from diffmoe.adapters.contract import RunResult
@@ -354,32 +356,32 @@ def test_spec_refuses_unsaturated_values():
 
 
 def _weight_scale_x2(mp):
-    orig = moe.dequantize_weight
-    mp.setattr(moe, "dequantize_weight", lambda w, s, q: orig(w, None if s is None else s * 2, q))
+    orig = gemm_points.dequantize_weight  # what the dequantize_first GEMM choice calls
+    mp.setattr(gemm_points, "dequantize_weight", lambda w, s, q: orig(w, None if s is None else s * 2, q))
     return moe.reference_moe
 
 
 def _block_scales_transposed(mp):
     # The scale grid's bytes read with rows and columns swapped (a kernel with the strides of
     # scale[e, kblk, nblk]); on grids of one row or column the bytes are the same.
-    orig = moe.dequantize_weight
+    orig = gemm_points.dequantize_weight
 
     def bad(w, s, q):
         if q == "fp8-block":
             s = s.transpose(1, 2).contiguous().view(s.shape)
         return orig(w, s, q)
 
-    mp.setattr(moe, "dequantize_weight", bad)
+    mp.setattr(gemm_points, "dequantize_weight", bad)
     return moe.reference_moe
 
 
 def _token_quant_with_tensor_amax(mp):
     orig = moe.quantize_activation
 
-    def bad(x, q):
+    def bad(x, q, r=None):
         if q != "fp8-token":
-            return orig(x, q)
-        codes, scale = orig(x, "fp8-tensor")
+            return orig(x, q, r)
+        codes, scale = orig(x, "fp8-tensor", r)
         return codes, scale.expand(x.shape[0], 1).clone()  # per-token shape, one tensor-wide scale
 
     mp.setattr(moe, "quantize_activation", bad)
@@ -389,10 +391,10 @@ def _token_quant_with_tensor_amax(mp):
 def _group_scale_from_first_group(mp):
     orig = moe.quantize_activation
 
-    def bad(x, q):
+    def bad(x, q, r=None):
         if q != "fp8-block":
-            return orig(x, q)
-        _, scale = orig(x, q)
+            return orig(x, q, r)
+        _, scale = orig(x, q, r)
         first = scale[:, :1].expand_as(scale).contiguous()  # every group takes group 0's scale
         codes = (x.float() / first.repeat_interleave(QUANT_BLOCK, dim=1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
         return codes, first
@@ -444,17 +446,17 @@ def _reduce_in_bf16(mp):
 
 
 def _token_floor_is_group_floor(mp):
-    mp.setattr(moe, "TOKEN_SCALE_FLOOR", moe.GROUP_AMAX_FLOOR / FP8_MAX)  # matters for all-zero units only
+    mp.setattr(quant_points, "MIN_SCALE", quant_points.GROUP_AMAX_FLOOR / FP8_MAX)  # matters for all-zero units only
     return moe.reference_moe
 
 
 def _group_floor_dropped(mp):
-    mp.setattr(moe, "GROUP_AMAX_FLOOR", 0.0)  # an all-zero group then divides 0 by 0
+    mp.setattr(quant_points, "GROUP_AMAX_FLOOR", 0.0)  # an all-zero group then divides 0 by 0
     return moe.reference_moe
 
 
 def _silu_of_up(mp):
-    def bad(gate_up, limit=None):
+    def bad(gate_up, limit=None, r=None):
         i = gate_up.shape[1] // 2
         return (F.silu(gate_up[:, i:].float()) * gate_up[:, :i].float()).to(torch.bfloat16)
 

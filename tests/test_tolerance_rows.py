@@ -26,6 +26,7 @@ from diffmoe.adapters.contract import factory_numerics, unsupported
 from diffmoe.problem.edge_cases import edge_cases
 from diffmoe.tolerance.gemm_interval import GEMM_STAGES, compare_stage, stage_bound
 from diffmoe.problem.inputs import make_problem
+from diffmoe.problem.numerics import SCHEME_ONLY
 from diffmoe.check.report import Oracles
 from diffmoe.check.runner import run_differential
 from diffmoe.tolerance.table import BACKENDS, FORCED, INTERPRETER, PROFILE_ROWS, TOLERANCES, rule_for, tolerance_row
@@ -74,9 +75,10 @@ def _finite_nonzero_index(x: torch.Tensor) -> int:
 
 
 def _rows():
-    for (profile, buffer) in PROFILE_ROWS:  # the rows a numerics profile changes, on the scheme it runs
-        quant = "fp8-block" if profile == "lmdeploy" else "bf16"
-        yield pytest.param(MoEConfig(quant=quant, numerics=profile, **ROW_CONFIG), buffer, id=f"{profile}-{quant}-{buffer}")
+    for (point, choice, buffer) in PROFILE_ROWS:  # the rows a choice brings, judged under a user profile making it
+        quant = SCHEME_ONLY.get((point, choice), ("bf16",))[0]
+        spec = f"diffmoe+{point}={choice}"
+        yield pytest.param(MoEConfig(quant=quant, numerics=spec, **ROW_CONFIG), buffer, id=f"{spec}-{quant}-{buffer}")
     for (quant, buffer), row in TOLERANCES.items():
         fused_options = (False, True) if quant != "bf16" else (False,)
         for fused in fused_options:

@@ -44,10 +44,12 @@ implementation (building one may probe its backend or import Triton):
   then does not ask it: `run_differential` refuses the config (the CLI's usage error), the
   fuzzers draw around it, and the metamorphic oracle, whose sibling it refuses, is skipped
   with that reason instead of reporting the refusal as a crash. `factory_attribute` reads each;
-* `numerics = "vllm"` (a string, not a callable): the rounding profile (config.NUMERICS_PROFILES)
-  the reference follows when it judges this implementation, for a config whose `numerics` is
-  None. `judged_config` resolves it before the problem is built, so reports and replay lines
-  carry it; without the attribute the profile is diffmoe's and the config keeps None.
+* `numerics = "vllm"` (a string, not a callable): the rounding profile the reference follows when
+  it judges this implementation, for a config whose `numerics` is None: a built-in profile
+  (config.NUMERICS_PROFILES), or one with overrides (`"vllm+reduce=fp32"`, the spec `--numerics`
+  takes: diffmoe.problem.numerics). `judged_config` resolves it before the problem is built, so
+  reports and replay lines carry it; without the attribute the profile is diffmoe's and the
+  config keeps None.
 
 A factory may also say `batch_invariant = False` (a bool): its implementation does not claim that a
 token's results are independent of the batch it is computed in (a tile or split chosen from the
@@ -77,7 +79,8 @@ from typing import Callable, Mapping, Protocol, runtime_checkable
 
 import torch
 
-from diffmoe.problem.config import NUMERICS_PROFILES, MoEConfig, quoted
+from diffmoe.problem.config import MoEConfig
+from diffmoe.problem.numerics import parse_spec
 from diffmoe.problem.vocabulary import StageSpec
 
 SCHEDULE_KINDS = ("identity", "reversed", "random")
@@ -261,13 +264,11 @@ def factory_attribute(factory: Callable, name: str) -> Callable | str | None:
 
 
 def factory_numerics(factory: Callable | None) -> str | None:
-    """The numerics profile the factory declares (its NUMERICS attribute), None when it declares
-    none; a ValueError naming the attribute and the profiles for anything else."""
+    """The numerics profile the factory declares (its NUMERICS attribute), as its canonical spec;
+    None when it declares none; a ValueError naming the attribute and the profiles (or the point
+    and its menu) for anything else."""
     declared = getattr(factory, NUMERICS, None) if factory is not None else None
-    if declared is not None and (not isinstance(declared, str) or declared not in NUMERICS_PROFILES):
-        raise ValueError(f"the factory's {NUMERICS} attribute must be one of {list(NUMERICS_PROFILES)}, "
-                         f"got {quoted(declared)}")
-    return declared
+    return None if declared is None else parse_spec(declared, f"the factory's {NUMERICS} attribute").spec
 
 
 def factory_batch_invariant(factory: Callable | None) -> bool | None:

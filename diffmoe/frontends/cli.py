@@ -78,10 +78,12 @@ import warnings
 from typing import Any, Sequence, TextIO
 
 from diffmoe.problem.config import (
-    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS, NUMERICS_PROFILES,
+    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS,
     OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
 )
 from diffmoe.problem.config import MAX_SHARED_EXPERTS, MAX_SWIGLU_LIMIT
+from diffmoe.problem.numerics import EXAMPLE as NUMERICS_EXAMPLE
+from diffmoe.problem.numerics import MAX_NUMERICS_FILE_CHARS, PROFILE_NAMES, parse_spec, profile_from_toml
 from diffmoe.adapters.contract import (
     CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ConfigRefused, Schedule, WorkspacePlan,
     factory_attribute, factory_plan,
@@ -289,8 +291,13 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dropped-slots", type=_int, metavar="N", help="routed slots (of T*K) whose topk_ids entry is -1, contributing nothing (default 0)")
     m.add_argument("--shared-experts", type=_int, metavar="S", help=f"the last S experts are shared, fused into every token's last S slots with weight 1, 0..min({MAX_SHARED_EXPERTS}, K-1) (default 0)")
     g.add_argument("--random-orders", type=_int, metavar="N", help=f"random program orders beside identity and reversed, 0..{MAX_RANDOM_ORDERS} (default {d.random_orders}; seeds --seed+1..--seed+N)")
-    g.add_argument("--numerics", choices=NUMERICS_PROFILES, help="the rounding the reference follows (default: the one the "
-                                                                 "implementation declares, diffmoe's unless it names one; vllm's kernel declares vllm)")
+    numerics = g.add_mutually_exclusive_group()
+    numerics.add_argument("--numerics", metavar="PROFILE[+POINT=CHOICE...]",
+                          help=f"the rounding the reference follows: one of {', '.join(PROFILE_NAMES)}, optionally with "
+                               f"overrides ({NUMERICS_EXAMPLE}; default: the one the implementation declares, diffmoe's "
+                               "unless it names one; vllm's kernel declares vllm)")
+    numerics.add_argument("--numerics-file", metavar="FILE.toml",
+                          help='the same from a TOML file: base = "vllm" and a [points] table of overrides')
     g.add_argument("--config", metavar="FILE.json", help="read the whole config from a JSON file instead")
 
 
@@ -302,20 +309,49 @@ def _add_impl_option(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> MoEConfig:
     """The config the flags (or --config FILE) describe; UsageError with the config's own message."""
-    given = {flag: getattr(args, flag) for flag in CONFIG_FLAGS if getattr(args, flag, None) is not None}
+    given = {flag: getattr(args, flag) for flag in (*CONFIG_FLAGS, "numerics_file") if getattr(args, flag, None) is not None}
     if args.config is not None:
         if given:
             flags = ", ".join("--" + f.replace("_", "-") for f in given)
             raise UsageError(f"--config cannot be combined with config flags ({flags})")
         return config_from_file(args.config)
-    fields: dict[str, Any] = {CONFIG_FLAGS[flag]: value for flag, value in given.items()}
+    fields: dict[str, Any] = {CONFIG_FLAGS[flag]: value for flag, value in given.items() if flag in CONFIG_FLAGS}
     if "expert_map" in fields:
         fields["expert_map"] = parse_expert_map(fields["expert_map"])
+    if "numerics" in fields:
+        fields["numerics"] = numerics_spec(fields["numerics"])
+    if "numerics_file" in given:
+        fields["numerics"] = numerics_from_file(given["numerics_file"])
     try:
         config = MoEConfig(**fields)
         # one padding token unless --zero-rows says otherwise (config.flag_zero_rows says why)
         return config if "zero_rows" in fields else config.replace(zero_rows=config.flag_zero_rows)
     except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def numerics_spec(text: str) -> str:
+    """--numerics: the canonical spec of a profile, or a UsageError naming the flag (and the point
+    and its menu, for a bad override)."""
+    try:
+        return parse_spec(text, "--numerics").spec
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def numerics_from_file(path: str) -> str:
+    """--numerics-file: the canonical spec of the profile a TOML file describes, or a UsageError
+    naming the file (and the key, the point and its menu)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(MAX_NUMERICS_FILE_CHARS + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read numerics file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"numerics file {path} is not UTF-8 text") from None
+    try:
+        return profile_from_toml(text, f"--numerics-file {path}").spec
+    except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -2,7 +2,8 @@
 
 `config.MoEConfig` (every size, scheme and input feature, rebuildable bit for bit),
 `vocabulary` (stage and buffer names, shapes, dtypes), `inputs.make_problem` (every input tensor
-from the config alone) and `edge_cases` (the labelled shapes kernels get wrong).
+from the config alone), `edge_cases` (the labelled shapes kernels get wrong) and `numerics` (the
+rounding points, their menus and the numerics profiles as data).
 
 Owns the description of a problem. Must not run an implementation or judge anything: every
 other folder speaks this language, so it imports none of them.
@@ -12,7 +13,7 @@ existed): the names of `inputs` are forwarded on first use, so importing `diffmo
 alone costs no torch import.
 """
 
-_SUBMODULES = frozenset({"config", "vocabulary", "inputs", "edge_cases"})
+_SUBMODULES = frozenset({"config", "vocabulary", "inputs", "edge_cases", "numerics"})
 
 
 def __getattr__(name: str):

@@ -13,10 +13,14 @@ size, I intermediate size (the gate-up projection has 2*I columns), TK = T*K rou
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from diffmoe.problem.numerics import DEFAULT_PROFILE, NO_CLAMP, PROFILE_NAMES, SCHEME_ONLY, Profile, parse_spec, profile
+from diffmoe.problem.numerics import QUANT_SCHEMES as NUMERICS_QUANT_SCHEMES
 
 QUANT_SCHEMES = ("bf16", "fp8-tensor", "fp8-token", "fp8-block")
 ACTIVATIONS = ("silu",)
@@ -48,14 +52,16 @@ MAX_EXPERT_SCALE_SPREAD = 4
 DEFAULT_RANDOM_ORDERS = 2
 MAX_RANDOM_ORDERS = 16
 
-# Whose rounding the reference follows: diffmoe's own (DESIGN.md's numerics, reference/moe.py),
-# vLLM 0.33.0's rounding points (reference/numerics.py), Liger-Kernel 0.8.5's
-# (reference/numerics_liger.py) or lmdeploy 0.18.0's (reference/numerics_lmdeploy.py, fp8-block
-# only: the one scheme its pipeline runs). A config's numerics=None means
-# the profile the implementation under test declares (diffmoe.adapters.contract.NUMERICS), diffmoe's
-# when it declares none.
-NUMERICS_PROFILES = ("diffmoe", "vllm", "liger", "lmdeploy")
-DEFAULT_NUMERICS = NUMERICS_PROFILES[0]
+# Whose rounding the reference follows: a numerics profile spec (diffmoe.problem.numerics: the
+# rounding points, their menus and the built-in profiles as data; reference/rounding/ the functions).
+# The built-in names: diffmoe's own (DESIGN.md's numerics), vLLM 0.33.0's, Liger-Kernel 0.8.5's and
+# lmdeploy 0.18.0's (fp8-block only: its ratio-rescaled GEMM describes no other scheme); any of
+# them may be followed by +point=choice overrides. A config's numerics=None means the profile the
+# implementation under test declares (diffmoe.adapters.contract.NUMERICS), diffmoe's when it
+# declares none.
+NUMERICS_PROFILES = PROFILE_NAMES
+DEFAULT_NUMERICS = DEFAULT_PROFILE
+assert NUMERICS_QUANT_SCHEMES == QUANT_SCHEMES, "diffmoe.problem.numerics keeps its own copy of the schemes"
 
 # fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.
 QUANT_BLOCK = 128
@@ -198,8 +204,10 @@ class MoEConfig:
         seed: problem seed; the same config gives bitwise the same problem.
         random_orders: random program orders the schedule oracle runs beside identity and
             reversed, 0..MAX_RANDOM_ORDERS; their seeds are seed+1 .. seed+random_orders.
-        numerics: the reference's rounding, one of NUMERICS_PROFILES, or None for the profile
-            the implementation declares (the harness resolves it before building the problem).
+        numerics: the reference's rounding, a profile spec (one of NUMERICS_PROFILES, optionally
+            followed by +point=choice overrides: diffmoe.problem.numerics), stored in its canonical
+            form; or None for the profile the implementation declares (the harness resolves it
+            before building the problem).
         swiglu_limit: None, or the SwiGLU clamp limit in (0, MAX_SWIGLU_LIMIT]: the activation is
             silu(min(gate, limit)) * clamp(up, -limit, limit) (gpt-oss; vLLM's gemm1_clamp_limit).
         dropped_slots: routed slots (of the config's T*K) whose topk_ids entry is -1, 0..T*K:
@@ -243,6 +251,9 @@ class MoEConfig:
             object.__setattr__(self, "expert_map", tuple(self.expert_map))
         if _is_int(self.swiglu_limit):  # 7 and 7.0 are one limit; store the float (JSON writes 7.0)
             object.__setattr__(self, "swiglu_limit", float(self.swiglu_limit))
+        if isinstance(self.numerics, str):  # one profile, one string: its canonical spec (validate names a bad one)
+            with contextlib.suppress(ValueError):
+                object.__setattr__(self, "numerics", parse_spec(self.numerics).spec)
         self.validate()
 
     # ---- derived sizes -------------------------------------------------------------
@@ -272,8 +283,14 @@ class MoEConfig:
 
     @property
     def numerics_profile(self) -> str:
-        """The profile the reference follows: numerics, or DEFAULT_NUMERICS when it is None."""
+        """The profile the reference follows, as its canonical spec: numerics, or DEFAULT_NUMERICS
+        when it is None."""
         return DEFAULT_NUMERICS if self.numerics is None else self.numerics
+
+    @property
+    def rounding_profile(self) -> Profile:
+        """The profile the reference follows, resolved: its choice at every rounding point."""
+        return profile(self.numerics_profile)
 
     @property
     def num_local_experts(self) -> int:
@@ -348,12 +365,7 @@ class MoEConfig:
             raise ValueError(f"topk must be 1 when router_weight='input' (the weight scales the token itself), got {self.topk}")
         self._validate_expert_map()
         self._validate_inputs()
-        if self.numerics is not None and self.numerics not in NUMERICS_PROFILES:
-            error = ValueError if isinstance(self.numerics, str) else TypeError
-            raise error(f"numerics must be None or one of {list(NUMERICS_PROFILES)}, got {quoted(self.numerics)}")
-        if self.numerics == "lmdeploy" and self.quant != "fp8-block":
-            raise ValueError(f"numerics='lmdeploy' needs quant='fp8-block' (lmdeploy's blocked-FP8 pipeline is the "
-                             f"profile), got quant={quoted(self.quant)}")
+        self._validate_numerics()
         self._validate_model_features()
         if self.estimated_bytes > MAX_PROBLEM_BYTES:
             raise ValueError(
@@ -390,9 +402,20 @@ class MoEConfig:
         # topk - 1: at least one slot of every token is routed
         check_int("shared_experts", self.shared_experts, 0, min(MAX_SHARED_EXPERTS, self.topk - 1),
                   f"min({MAX_SHARED_EXPERTS}, topk - 1)")
-        if limit is not None and self.numerics in ("liger", "lmdeploy"):
+        if limit is not None and self.numerics is not None and self.rounding_profile.uses(*NO_CLAMP):
             raise ValueError(f"swiglu_limit must be None with numerics={quoted(self.numerics)}: that profile has no "
-                             f"clamp (neither Liger 0.8.5 nor lmdeploy 0.18 clamps), got {limit!r}")
+                             f"clamp ({NO_CLAMP[0]}={NO_CLAMP[1]}, as neither Liger 0.8.5 nor lmdeploy 0.18 clamps), "
+                             f"got {limit!r}")
+
+    def _validate_numerics(self) -> None:
+        """A profile spec, and a config its choices can describe (SCHEME_ONLY)."""
+        if self.numerics is None:
+            return
+        chosen = parse_spec(self.numerics, "numerics", none_ok=True)
+        for (point, choice), (scheme, why) in SCHEME_ONLY.items():
+            if chosen.uses(point, choice) and self.quant != scheme:
+                raise ValueError(f"numerics={quoted(self.numerics)} needs quant={quoted(scheme)} ({point}={choice}: "
+                                 f"{why}), got quant={quoted(self.quant)}")
 
     def _validate_expert_map(self) -> None:
         m = self.expert_map

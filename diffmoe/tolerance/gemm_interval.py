@@ -17,12 +17,12 @@ the reference's; one extra bf16 rounding of a partial sum inside the K loop move
 by up to 2^-9 of itself and lands outside it, where 2 ulp let it pass. A non-finite v or m (a NaN
 or Inf input) leaves the element to the comparison's own non-finite rule.
 
-The same error reaches an activation computed from the unstored float32 product (the liger
-profile's SwiGLU of the accumulators): `activation_interval_bound` carries it through
+The same error reaches an activation computed from the unstored float32 product (the
+activation_input=fp32_product choice: Liger's SwiGLU of the accumulators): `activation_interval_bound` carries it through
 silu(gate) * up (silu's slope is at most 1.1) plus the formula's own float32 roundings.
 
 Owns the intervals. Must not choose where they apply: the tolerance table does (a DERIVED rule on
-a GEMM buffer, a profile's activation), and the oracles judge a stage with `compare_stage`.
+a GEMM buffer, an activation of the float32 product), and the oracles judge a stage with `compare_stage`.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def _relative_to(reference: torch.Tensor, value: torch.Tensor, b: torch.Tensor) 
 def activation_interval_bound(reference: torch.Tensor, inputs: dict[str, torch.Tensor],
                               problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
     """(below, above) for an activation computed from the unrounded float32 gate/up product (the
-    liger profile: reference.numerics_liger.swiglu_of_product): the product's GEMM error carried
-    through silu(gate) * up."""
+    activation_input=fp32_product choice, Liger's: reference/rounding/activation.py): the product's
+    GEMM error carried through silu(gate) * up."""
     from reference.moe import gemm_exact
 
     exact, magnitude, n = gemm_exact(Stages.GATE_UP_GEMM, inputs, problem)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from diffmoe.tolerance.compare import Rule
 from diffmoe.problem.config import QUANT_SCHEMES
+from diffmoe.problem.numerics import profile
 from diffmoe.tolerance.gemm_interval import ACTIVATION_INTERVAL_REASON, GEMM_INTERVAL_REASON
 from diffmoe.problem.vocabulary import Buffers
 
@@ -253,13 +254,15 @@ BACKEND_ROWS: dict[tuple[str, str, str], ToleranceRow] = {
 }
 
 
-# Forced rules a numerics profile changes (diffmoe.problem.config.NUMERICS_PROFILES), on every backend.
-# Liger 0.8.5 computes SwiGLU from the float32 gate/up accumulators its stage does not store
-# (reference/numerics_liger.py), so its float32 re-association reaches the activation unrounded:
-# measured on Liger, 5 of 195 campaign configs had one activation 2 to 13 bf16 ulp from the
-# reference's, each at a value near zero where the product cancels (1e-5 and below).
-PROFILE_ROWS: dict[tuple[str, str], Rule] = {
-    ("liger", _B.ACTIVATION_OUTPUT): Rule.derived(ACTIVATION_INTERVAL_REASON),
+# Forced rules a rounding-point choice changes (diffmoe.problem.numerics), on every backend, keyed
+# (point, choice, buffer): any profile making that choice, built-in or a user's, gets the row.
+# activation_input=fp32_product: the activation is computed from the float32 gate/up accumulators the
+# stage does not store (Liger 0.8.5's, reference/rounding/activation.py), so the GEMM's float32
+# re-association reaches the activation unrounded: measured on Liger, 5 of 195 campaign configs had
+# one activation 2 to 13 bf16 ulp from the reference's, each at a value near zero where the product
+# cancels (1e-5 and below).
+PROFILE_ROWS: dict[tuple[str, str, str], Rule] = {
+    ("activation_input", "fp32_product", _B.ACTIVATION_OUTPUT): Rule.derived(ACTIVATION_INTERVAL_REASON),
 }
 
 
@@ -280,11 +283,15 @@ def tolerance_row(quant: str, buffer: str, backend: str = INTERPRETER) -> Tolera
 def rule_for(quant: str, buffer: str, mode: str, *, fused: bool = False, backend: str = INTERPRETER,
              numerics: str | None = None) -> Rule:
     """The rule judging `buffer` under `quant` in `mode` ("end_to_end" or "forced") on `backend`
-    ("interpreter", the default, or "cuda"), for the reference's `numerics` profile (None: diffmoe's).
+    ("interpreter", the default, or "cuda"), for the reference's `numerics` profile spec (None:
+    diffmoe's): a forced rule of PROFILE_ROWS whose choice the profile makes replaces the table's.
 
     `fused` matters only in forced mode, for the buffers the fused act_quant stage produces.
     """
     rule = tolerance_row(quant, buffer, backend).rule(mode, fused)
-    if mode == FORCED and (numerics, buffer) in PROFILE_ROWS:
-        return PROFILE_ROWS[(numerics, buffer)]
+    if mode == FORCED:
+        chosen = profile(numerics)
+        for (point, choice, row_buffer), profile_rule in PROFILE_ROWS.items():
+            if row_buffer == buffer and chosen.uses(point, choice):
+                return profile_rule
     return rule
