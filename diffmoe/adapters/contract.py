@@ -79,7 +79,7 @@ from typing import Callable, Mapping, Protocol, runtime_checkable
 
 import torch
 
-from diffmoe.problem.config import MoEConfig
+from diffmoe.problem.config import MoEConfig, quoted
 from diffmoe.problem.numerics import parse_spec
 from diffmoe.problem.vocabulary import StageSpec
 
