@@ -342,28 +342,27 @@ def numerics_spec(text: str) -> str:
 def numerics_from_file(path: str) -> str:
     """--numerics-file: the canonical spec of the profile a TOML file describes, or a UsageError
     naming the file (and the key, the point and its menu)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read(MAX_NUMERICS_FILE_CHARS + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read numerics file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"numerics file {path} is not UTF-8 text") from None
+    text = _read_small_text(path, "numerics file", MAX_NUMERICS_FILE_CHARS)
     try:
         return profile_from_toml(text, f"--numerics-file {path}").spec
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def config_from_file(path: str) -> MoEConfig:
+def _read_small_text(path: str, what: str, limit: int) -> str:
+    """A small UTF-8 file's text, at most one character past `limit` (enough to tell a too-large
+    file without reading it), or a UsageError naming `what` and the path."""
     try:
         with open(path, encoding="utf-8") as fh:
-            # at most one character past the limit: enough to tell a too-large file without reading it
-            text = fh.read(MAX_CONFIG_JSON_CHARS + 1)
+            return fh.read(limit + 1)
     except OSError as exc:
-        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise UsageError(f"config file {path} is not UTF-8 text") from None
+        raise UsageError(f"{what} {path} is not UTF-8 text") from None
+
+
+def config_from_file(path: str) -> MoEConfig:
+    text = _read_small_text(path, "config file", MAX_CONFIG_JSON_CHARS)
     if len(text) > MAX_CONFIG_JSON_CHARS:
         raise UsageError(f"config file {path} is larger than {MAX_CONFIG_JSON_CHARS} characters; a config is a short JSON object")
     try:
