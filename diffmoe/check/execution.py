@@ -43,8 +43,8 @@ from diffmoe.interpreter import grid_order
 from diffmoe.adapters.contract import (  # noqa: F401 - default_device, interpreter_enabled: used through this module too
     ImplementationFactory, Schedule, WorkspacePlan, applies_own_order, default_device, interpreter_enabled,
 )
-from diffmoe.oracles.guards import GuardedTensor, GuardedWorkspaces
-from diffmoe.problem.inputs import Problem, make_problem, settle_uncomputed_rows
+from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
+from diffmoe.problem.inputs import Problem, make_problem, settle_uncomputed_rows, tokens_of
 from diffmoe.check.recording import ChainedRecorder, LaunchLog
 from diffmoe.check.report import Finding, Oracles
 from reference import reference_moe  # pure PyTorch, Triton-free like the harness
@@ -140,8 +140,7 @@ def _first_line(exc: BaseException) -> str:
 def first_tokens(problem: Problem, num_tokens: int) -> Problem:
     """The call made of the first `num_tokens` tokens of `problem` (fresh tensors, same weights),
     as make_problem(config, num_tokens=...) builds it, for generated and given problems alike."""
-    return replace(problem, **{name: getattr(problem, name)[:num_tokens].clone()
-                               for name in ("hidden_states", "topk_ids", "topk_weights")})
+    return replace(problem, **tokens_of(problem, slice(num_tokens)))
 
 
 class Check:
@@ -280,6 +279,15 @@ class Check:
                 message=f"workspace_plan({num_tokens}) must return a diffmoe.adapters.contract.WorkspacePlan, got {type(plan).__name__}",
             ))
         return plan
+
+    def execute_fresh(self, config: MoEConfig, problem: Problem, what: str) -> Run:
+        """One call on a fresh instance for `config`, fresh workspaces (and output), the first order
+        and poison pattern: the metamorphic sibling's and batch invariance's other-batch runs."""
+        impl = self.build(config)
+        guarded = self.allocate(self.workspace_shapes(impl, config.num_tokens), f"workspace_shapes({config.num_tokens})")
+        output = None if config.output != "separate" else \
+            GuardedTensor((problem.num_tokens, config.hidden), torch.bfloat16, self.device)
+        return self.execute(impl, guarded, output, self.schedules[0], POISON_PATTERNS[0], problem=problem, what=what)
 
     def execute(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, schedule: Schedule,
                 poison: int | None, extra_recorder=None, problem: Problem | None = None, what: str | None = None,

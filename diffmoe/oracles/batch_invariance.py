@@ -35,8 +35,7 @@ import torch
 from diffmoe.adapters.contract import BATCH_INVARIANT, factory_batch_invariant
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.oracles.base import Oracle
-from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor
-from diffmoe.problem.inputs import ROUTED_ROW_BUFFERS, Problem, make_problem
+from diffmoe.problem.inputs import ROUTED_ROW_BUFFERS, make_problem, tokens_of
 from diffmoe.problem.vocabulary import Buffers, materialised_buffers, producer_stage
 from diffmoe.tolerance.compare import Rule, compare
 
@@ -53,10 +52,6 @@ BY_DESIGN = {
 def batch_dependent_by_design(check: Check) -> str | None:
     """Why this config's results depend on the batch by construction, or None."""
     return BY_DESIGN.get(check.config.quant)
-
-
-def tokens_in(problem: Problem, tokens: list[int] | slice) -> dict[str, torch.Tensor]:
-    return {name: getattr(problem, name)[tokens].clone() for name in ("hidden_states", "topk_ids", "topk_weights")}
 
 
 class BatchInvariance(Oracle):
@@ -79,8 +74,8 @@ class BatchInvariance(Oracle):
         t = check.problem.num_tokens
         base = check.runs[0]
         probe = t - 1
-        alone = self._call(check, replace(check.problem, **tokens_in(check.problem, [probe])), check.config,
-                           f"token {probe} alone (T=1)")
+        alone = check.execute_fresh(check.config, replace(check.problem, **tokens_of(check.problem, [probe])),
+                                    f"the batch-invariance run: token {probe} alone (T=1)")
         found = self._judge(check, base, alone, {probe: 0}, f"token {{token}} alone (T=1) and in its T={t} batch")
         if found:
             return found
@@ -88,20 +83,11 @@ class BatchInvariance(Oracle):
         pad = make_problem(big_cfg.replace(seed=(check.config.seed + 1) % (2**31)), check.device)
         moved = replace(check.problem, config=big_cfg, **{
             name: torch.cat([value[: t + 1], getattr(check.problem, name)])
-            for name, value in tokens_in(pad, slice(None)).items()})
-        big = self._call(check, moved, big_cfg, f"the T={t} batch behind {t + 1} other tokens (T={2 * t + 1})")
+            for name, value in tokens_of(pad, slice(None)).items()})
+        big = check.execute_fresh(big_cfg, moved,
+                                  f"the batch-invariance run: the T={t} batch behind {t + 1} other tokens (T={2 * t + 1})")
         return self._judge(check, base, big, {i: t + 1 + i for i in range(t)},
                            f"token {{token}} in its T={t} batch and at position {{position}} of a T={2 * t + 1} batch")
-
-    @staticmethod
-    def _call(check: Check, problem: Problem, config, what: str) -> Run:
-        impl = check.build(config)
-        shapes = check.workspace_shapes(impl, config.num_tokens)
-        guarded = check.allocate(shapes, f"workspace_shapes({config.num_tokens})")
-        output = GuardedTensor((problem.num_tokens, config.hidden), torch.bfloat16, check.device) \
-            if config.output == "separate" else None
-        return check.execute(impl, guarded, output, check.schedules[0], POISON_PATTERNS[0], problem=problem,
-                             what=f"the batch-invariance run: {what}")
 
     @staticmethod
     def _judge(check: Check, base: Run, other: Run, positions: dict[int, int], where: str) -> list[Finding]:

@@ -9,13 +9,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import torch
-
 from diffmoe.tolerance.compare import Rule, compare
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.problem.vocabulary import Buffers, producer_stage
 from diffmoe.oracles.base import Oracle
-from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor
 
 if TYPE_CHECKING:
     from diffmoe.check.execution import Check
@@ -57,16 +54,9 @@ class Metamorphic(Oracle):
     def _sibling_agrees(self, check: Check, sibling_cfg) -> list[Finding]:
         """fused and unfused runs must give bitwise the same quanted_down_input."""
         run = check.runs[0]
-        sibling = check.build(sibling_cfg)
-        shapes = check.workspace_shapes(sibling, sibling_cfg.num_tokens)
-        guarded = check.allocate(shapes, f"workspace_shapes({sibling_cfg.num_tokens})")
-        t = check.problem.num_tokens
-        output = GuardedTensor((t, sibling_cfg.hidden), torch.bfloat16, check.device) \
-            if sibling_cfg.output == "separate" else None
         # the same inputs (the fused flag does not enter problem generation), under the sibling's config
-        other = check.execute(sibling, guarded, output, check.schedules[0], POISON_PATTERNS[0],
-                              problem=replace(check.problem, config=sibling_cfg),
-                              what=f"the metamorphic run with fused={sibling_cfg.fused}")
+        other = check.execute_fresh(sibling_cfg, replace(check.problem, config=sibling_cfg),
+                                    f"the metamorphic run with fused={sibling_cfg.fused}")
         found = []
         for name in (Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES):
             if name not in run.buffers or name not in other.buffers:

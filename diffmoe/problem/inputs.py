@@ -41,6 +41,7 @@ WEIGHT_SCALE_FLOOR = 1e-10
 
 # The intermediates with one row per routed slot ([TK, ...]), whose rows of a slot that is not
 # computed (Problem.computed_slots) carry no value.
+TOKEN_FIELDS = ("hidden_states", "topk_ids", "topk_weights")  # a Problem's fields with one row per token
 ROUTED_ROW_BUFFERS = (Buffers.GATE_UP_OUTPUT, Buffers.ACTIVATION_OUTPUT, Buffers.QUANTED_DOWN_INPUT,
                       Buffers.QUANTED_DOWN_INPUT_SCALES, Buffers.DOWN_OUTPUT)
 
@@ -241,6 +242,11 @@ def quantize_weight(config: MoEConfig, w: torch.Tensor) -> tuple[torch.Tensor, t
     codes = (wf / expanded).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # torch's cast rounds to nearest even
     assert tuple(scale.shape) == weight_scale_shape(config, n_exp, n, k)
     return codes, scale.contiguous()
+
+
+def tokens_of(problem: Problem, index: list[int] | slice) -> dict[str, torch.Tensor]:
+    """The per-token fields of `problem` for the tokens `index` selects (fresh tensors)."""
+    return {name: getattr(problem, name)[index].clone() for name in TOKEN_FIELDS}
 
 
 def make_problem(config: MoEConfig, device: torch.device | str = "cpu", *, num_tokens: int | None = None) -> Problem:
