@@ -70,12 +70,17 @@ def test_the_readme_is_a_front_page_of_at_most_300_lines():
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines: move the detail to a page in docs/"
 
 
+def code_blocks(text: str, language: str | None = None) -> list[str]:
+    """The bodies of the ``` blocks of `text` (only those opened as ```language, when given)."""
+    opener = re.escape(language) if language is not None else r"[^\n]*"
+    return re.findall(rf"^```{opener}\n(.*?)^```", text, re.S | re.M)
+
+
 def test_the_readme_keeps_the_two_quick_start_commands_ci_and_the_demo_read():
     text = README.read_text()
     after_marker = text.split("<!-- test-command -->\n", 1)[1]
     assert after_marker.startswith("```bash\n") and "-m pytest" in after_marker.split("```", 2)[1]
-    bash_lines = [line for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
-                  for line in block.splitlines()]
+    bash_lines = [line for block in code_blocks(text, "bash") for line in block.splitlines()]
     demo = next(line for line in bash_lines if line.rstrip().endswith("diffmoe demo"))
     assert demo.startswith("[ -x .venv/bin/python ] ||"), demo
 
@@ -146,7 +151,7 @@ def documented_commands() -> list[tuple[str, str]]:
     README's install lines included (from their last `&&` on), comments and usage lines aside."""
     found = []
     for path in [README, *pages()]:
-        for block in re.findall(r"^```[^\n]*\n(.*?)^```", path.read_text(), re.S | re.M):
+        for block in code_blocks(path.read_text()):
             for line in block.splitlines():
                 line = line.split("  #", 1)[0].split(" # ", 1)[0].strip()
                 line = line.rsplit("&& ", 1)[-1].strip()
