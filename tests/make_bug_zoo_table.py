@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # the repository root: diffmoe, optim
 sys.path.insert(0, HERE)  # bug_zoo
 
 import bug_zoo  # noqa: E402  (imports optimized first, which selects the interpreter without a GPU)
-from diffmoe.check.report import OPT_IN_ORACLES, Oracles, Report, check_command  # noqa: E402
+from diffmoe.check.report import Oracles, Report, check_command  # noqa: E402
 from diffmoe.check.runner import ALL_ORACLES, run_differential  # noqa: E402
 
 START = "<!-- bug-zoo:start -->"
@@ -53,7 +53,7 @@ def render_table(results: list[tuple[bug_zoo.Mutant, Report]]) -> str:
     ]
     for mutant, report in results:
         # the opt-in oracles that caught it are named: a default check would not run them
-        command = check_command(mutant.config, mutant.impl, sorted(set(report.oracles_with_findings()) & OPT_IN_ORACLES))
+        command = check_command(mutant.config, mutant.impl, report.opt_in_with_findings())
         lines.append(f"| `{mutant.name}` | {mutant.what_it_breaks} | {oracle_list(report)} | `{command}` |")
     caught = sum(1 for _, report in results if not report.passed)
     lines += [

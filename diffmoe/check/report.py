@@ -182,9 +182,11 @@ class Report:
         """A copy-pasteable command that replays this config with this implementation
         (`--impl SPEC` unless it is the default; see check_command for one no command loads), and
         `--oracles NAME` for an opt-in oracle that found something (a check's default omits it)."""
-        found_opt_in = [name for name in self.oracles
-                        if name in OPT_IN_ORACLES and any(f.oracle == name for f in self.findings)]
-        return check_command(self.config, self.implementation, found_opt_in)
+        return check_command(self.config, self.implementation, self.opt_in_with_findings())
+
+    def opt_in_with_findings(self) -> list[str]:
+        """The opt-in oracles (OPT_IN_ORACLES) that found something: a replay must name them."""
+        return [name for name in self.oracles_with_findings() if name in OPT_IN_ORACLES]
 
     def to_dict(self) -> dict[str, Any]:
         d = {
