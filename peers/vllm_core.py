@@ -68,8 +68,7 @@ import torch
 
 from diffmoe.interpreter import grid_order
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
-from diffmoe.adapters.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan
-from diffmoe.check.execution import default_device
+from diffmoe.adapters.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan, default_device
 from diffmoe.problem.vocabulary import Buffers, Stages, buffer_spec, pipeline_stages
 
 from . import PeerFiles, check_problem, install_interpreter_fixes, interpreting, supports_from, vllm_ops, vllm_standins

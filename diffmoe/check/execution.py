@@ -1,74 +1,42 @@
 """`Check`: the state of one check and the services every oracle uses to run the implementation.
 
-Owns: building instances (with poisoned private buffers), calling the implementation's
-methods so that any exception becomes a finding, one guarded call (`Check.execute`: poison,
-launch recording, red-zone and input watchers, and the program order: an implementation that
-does not apply the schedule itself runs inside diffmoe.interpreter.grid_order's control), the reference's
-stage on a candidate's buffers, bitwise comparison of two runs, and progress. It judges nothing itself: the
-oracles (`diffmoe/oracles/`) do, through the hooks the runner dispatches (`Check.judge_run`).
-It must not import an oracle module or an implementation: the runner hands it the active
-oracles and the factory.
-
-Robustness: nothing the implementation does ends the check without a Report.
-  * An exception from the implementation (Triton compile and interpreter errors included),
-    in its factory, `workspace_plan`, `workspace_shapes`, `run` or `run_stage`, becomes a
-    `crash` finding with the exception type, message, the phase and, inside a launch, the
-    stage. So does any other BaseException but KeyboardInterrupt: `sys.exit(0)` in `run` is
-    "the implementation called sys.exit(0) during ...", never a silent exit 0 of the harness
-    `os._exit` is intercepted while the implementation runs (call_environment.py), so it is one
-    too; a process ended from below Python cannot be caught in process, and a worker that dies
-    is a crash finding (diffmoe/check/worker.py). A factory that returns an object without the contract's methods, a
-    run that returns no RunResult with a tensor output, an output or intermediate on another
-    device than the check's, and workspaces that cannot be allocated are `contract` findings.
-  * Every input is kept as a bitwise copy, compared after each run (and, in the first run,
-    before and after each launch, so the finding names the stage), and restored, so the later
-    runs still see the original inputs; a changed input is a `contract` finding.
+Owns: the problem and the reference's results, the findings so far, and the judge's view of
+the candidate (diffmoe/check/candidate.py): every call of the implementation goes through
+`Check.candidate`, in this process or, isolated, in the candidate's own process
+(diffmoe/isolation/), which returns what it saw as data. Here: the reference's stage on a
+candidate's buffers, the rows no call computes settled from the reference, bitwise comparison of
+two runs, and progress. It judges nothing itself: the oracles (`diffmoe/oracles/`) do, through
+the hooks the runner dispatches (`Check.judge_run`). It must not import an oracle module or an
+implementation: the runner hands it the active oracles and the candidate.
 """
 
 from __future__ import annotations
 
-import os
-import traceback
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
 
-from diffmoe.check.call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet
+from diffmoe.check.call_environment import numpy_quiet
 from diffmoe.tolerance.compare import Comparison, Rule, compare
-from diffmoe.problem.config import MoEConfig, quoted
-from diffmoe.interpreter import grid_order
+from diffmoe.problem.config import MoEConfig
 from diffmoe.adapters.contract import (  # noqa: F401 - default_device, interpreter_enabled: used through this module too
-    ImplementationFactory, Schedule, WorkspacePlan, applies_own_order, default_device, interpreter_enabled,
+    ImplementationFactory, Schedule, WorkspacePlan, default_device, interpreter_enabled,
+)
+from diffmoe.check.candidate import (  # noqa: F401 - Crash, crash_finding, implementation_failed, Run: the oracles' names
+    REQUIRED_METHODS, Candidate, Crash, Run, crash_finding, implementation_failed,
 )
 from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
 from diffmoe.problem.inputs import Problem, make_problem, settle_uncomputed_rows, tokens_of
-from diffmoe.check.recording import ChainedRecorder, LaunchLog
 from diffmoe.check.report import Finding, Oracles
 from reference import reference_moe  # pure PyTorch, Triton-free like the harness
 from reference.moe import reference_stage
 
-from diffmoe.problem.vocabulary import Buffers, materialised_buffers
-from diffmoe.check.watchers import InputWatch, RedZoneWatch, StageTracker
+from diffmoe.problem.vocabulary import materialised_buffers
 
 ProgressCallback = Callable[[str, "str | None", "list[Finding]"], None]
 """progress(phase, stage or None, findings so far): called at every phase change and launch."""
-
-
-@dataclass
-class Run:
-    """One call of the implementation, as the oracles see it afterwards."""
-
-    schedule: Schedule
-    red_zones: list[Finding]  # guard bytes changed, per launch (judged by the red-zone oracle)
-    output: torch.Tensor
-    buffers: dict[str, torch.Tensor]  # every materialised buffer, snapshotted after its stage
-    log: LaunchLog
-    returned: torch.Tensor | None = None  # the tensor run() returned (not a copy)
-    reported: set[str] = field(default_factory=set)  # intermediates run() returned itself
-    addresses: Any = None  # the interpreter's per-program address record (RaceRecorder), first run only
 
 
 class Judge(Protocol):
@@ -76,65 +44,6 @@ class Judge(Protocol):
     verdict on one order's run. A protocol, not that class: the oracles import this module."""
 
     def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]: ...
-
-
-class Crash(Exception):
-    """The implementation failed in a way that ends this part of the check; carries the finding."""
-
-    def __init__(self, finding: Finding):
-        super().__init__(finding.message)
-        self.finding = finding
-
-
-# The contract's methods an implementation must have (run_stage is optional).
-REQUIRED_METHODS = ("workspace_plan", "workspace_shapes", "run")
-
-
-def implementation_failed(exc: BaseException) -> bool:
-    """True for everything the implementation may raise that is its own failure: any
-    BaseException but KeyboardInterrupt (a real Ctrl-C, or SIGTERM turned into one by the
-    CLI, must stop the harness). SystemExit, GeneratorExit and custom BaseExceptions are
-    findings: an implementation that calls sys.exit(0) must not end the check with a pass."""
-    return not isinstance(exc, KeyboardInterrupt)
-
-
-def crash_finding(exc: BaseException, stage: str | None, what: str) -> Finding:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-    if isinstance(exc, HardExit):
-        if len(frames) >= 2:  # the implementation's call, not the interceptor's raise
-            where = f"{frames[-2].filename}:{frames[-2].lineno}"
-        return Finding(
-            oracle=Oracles.CRASH,
-            stage=stage,
-            message=f"the implementation called os._exit({quoted(exc.code)}) during {what}",
-            figures={"exception": "os._exit", "exit_code": quoted(exc.code), "where": where, "phase": what},
-        )
-    if isinstance(exc, SystemExit):
-        return Finding(
-            oracle=Oracles.CRASH,
-            stage=stage,
-            message=f"the implementation called sys.exit({quoted(exc.code)}) during {what}",
-            figures={"exception": "SystemExit", "exit_code": quoted(exc.code), "where": where, "phase": what},
-        )
-    # Triton's compile errors span many lines (source excerpt, caret); the message keeps the
-    # first line with text in it, the figures keep the rest.
-    text = str(exc).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    figures: dict = {"exception": type(exc).__name__, "where": where, "phase": what}
-    if len(lines) > 1:
-        figures["detail"] = text
-    return Finding(
-        oracle=Oracles.CRASH,
-        stage=stage,
-        message=f"{what} raised {type(exc).__name__}: {lines[0] if lines else ''}".strip(),
-        figures=figures,
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[0].strip() if lines else ""
 
 
 def first_tokens(problem: Problem, num_tokens: int) -> Problem:
@@ -147,12 +56,13 @@ class Check:
     """One check's state and services. The oracles read `config`, `problem`, `reference`,
     `device`, `schedules`, `tolerance_backend`, the first instance (`impl`), its workspaces
     (`guarded`, `output`, `shapes`) and add to `findings`; they run the implementation again
-    only through `build` and `execute`."""
+    only through `build`, `allocate`, `new_output`, `execute` and `run_stage`. Isolated, the
+    instances and workspaces are handles to objects of the candidate's process."""
 
     def __init__(self, config: MoEConfig, factory: ImplementationFactory, oracles: Sequence[str],
                  schedules: list[Schedule], device: torch.device, name: str,
                  problem: Problem | None = None, progress: ProgressCallback | None = None,
-                 active: Sequence[Judge] = ()):
+                 active: Sequence[Judge] = (), candidate: Callable[..., Any] | None = None):
         self.config = config
         self.factory = factory
         self.oracles = list(oracles)
@@ -169,7 +79,9 @@ class Check:
         self.problem: Problem = make_problem(config, device) if problem is None else problem
         self.reference = reference_moe(self.problem)
         self.problem_inputs = set(self.problem.inputs())
-        self.inputs = InputWatch(self.problem.inputs())
+        # candidate(factory, device, problem, progress): Candidate in this process, or the
+        # isolation's client of the candidate's process
+        self.candidate = (candidate or Candidate)(factory, device, self.problem, self._candidate_progress)
         # set by the runner once the first instance and its workspaces exist
         self.impl: Any = None
         self.plan: WorkspacePlan | None = None
@@ -195,172 +107,69 @@ class Check:
         self.phase = phase
         self.report_progress(None)
 
-    # ---- running the implementation -------------------------------------------------
-    def call(self, what: str, fn, *args):
-        """fn(*args) for one of the implementation's own methods; an exception is a crash finding."""
-        self.enter(what)
-        try:
-            with exits_intercepted():
-                return fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - every failure of the implementation is a finding
-            if not implementation_failed(exc):
-                raise
-            raise Crash(crash_finding(exc, None, what)) from exc
+    def _candidate_progress(self, phase: str | None, stage: str | None) -> None:
+        if phase is not None:
+            self.enter(phase)
+        else:
+            self.report_progress(stage)
 
-    def method(self, impl, name: str, what: str):
-        """impl.<name>, looked up as part of the implementation's call: a missing method is a
-        contract finding, a property that raises a crash finding."""
-        try:
-            fn = getattr(impl, name)
-        except AttributeError:
-            fn = None
-        except BaseException as exc:  # noqa: BLE001
-            if not implementation_failed(exc):
-                raise
-            raise Crash(crash_finding(exc, None, what)) from exc
-        if not callable(fn):
-            raise Crash(Finding(
-                oracle=Oracles.CONTRACT,
-                message=f"{what}: the implementation ({type(impl).__name__}) has no callable {name}() (diffmoe/adapters/contract.py)",
-            ))
-        return fn
-
+    # ---- running the implementation (through the candidate) -----------------------------
     def build(self, config: MoEConfig):
-        """A new instance, its private buffers poisoned: every torch.empty it makes while being
-        built is filled (NaN floats, the largest integers), so a run that reads a private
-        buffer (a scale, sorted ids) before writing it computes on poison, not on zeros or
-        on what an earlier instance happened to leave in the allocator."""
-        what = f"building the implementation for {config.short()}"
-        with allocations_poisoned():
-            impl = self.call(what, self.factory, config)
-        missing = [name for name in REQUIRED_METHODS if not callable(getattr(impl, name, None))]
-        if missing:
-            raise Crash(Finding(
-                oracle=Oracles.CONTRACT,
-                message=f"{what}: the factory returned {quoted(impl) if impl is None else type(impl).__name__}, "
-                        f"which has no {', '.join(m + '()' for m in missing)}; an implementation must have "
-                        f"{', '.join(m + '()' for m in REQUIRED_METHODS)} (diffmoe/adapters/contract.py)",
-            ))
-        return impl
+        return self.candidate.build(config)
 
     def allocate(self, shapes: Sequence[int], what: str) -> GuardedWorkspaces:
-        """Guarded workspaces of the implementation's `shapes`; a size that cannot be allocated
-        (MemoryError, or torch's RuntimeError) is a contract finding, not a harness traceback."""
-        try:
-            return GuardedWorkspaces(tuple(shapes), self.device)
-        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
-            raise Crash(Finding(
-                oracle=Oracles.CONTRACT,
-                message=f"{what} asks for workspaces of {', '.join(str(n) for n in shapes)} bytes, which cannot be "
-                        f"allocated on {self.device}: {type(exc).__name__}: {_first_line(exc)}",
-                figures={"shapes": list(shapes), "exception": type(exc).__name__},
-            )) from exc
+        return self.candidate.allocate(shapes, what)
+
+    def new_output(self, num_tokens: int, pattern: int | None = None) -> GuardedTensor:
+        """A caller's fresh output of num_tokens rows (guarded), poisoned with `pattern`."""
+        return self.candidate.new_output(num_tokens, self.config.hidden, pattern)
 
     def workspace_shapes(self, impl, max_tokens: int) -> tuple[int, ...]:
-        what = f"workspace_shapes({max_tokens})"
-        shapes = self.call(what, self.method(impl, "workspace_shapes", what), max_tokens)
-        try:
-            counted = tuple(int(n) for n in shapes)
-        except (TypeError, ValueError):
-            counted = ()
-        if len(counted) != 2 or min(counted) < 0:
-            raise Crash(Finding(
-                oracle=Oracles.CONTRACT,
-                message=f"workspace_shapes({max_tokens}) must return two byte counts (ws1, ws2), got {quoted(shapes)}",
-            ))
-        return counted
+        return self.candidate.workspace_shapes(impl, max_tokens)
 
     def workspace_plan(self, impl, num_tokens: int) -> WorkspacePlan:
-        what = f"workspace_plan({num_tokens})"
-        plan = self.call(what, self.method(impl, "workspace_plan", what), num_tokens)
-        if not isinstance(plan, WorkspacePlan):
-            raise Crash(Finding(
-                oracle=Oracles.CONTRACT,
-                message=f"workspace_plan({num_tokens}) must return a diffmoe.adapters.contract.WorkspacePlan, got {type(plan).__name__}",
-            ))
-        return plan
+        return self.candidate.workspace_plan(impl, num_tokens)
+
+    def has_run_stage(self, impl) -> bool:
+        return self.candidate.has_run_stage(impl)
 
     def execute_fresh(self, config: MoEConfig, problem: Problem, what: str) -> Run:
         """One call on a fresh instance for `config`, fresh workspaces (and output), the first order
         and poison pattern: the metamorphic sibling's and batch invariance's other-batch runs."""
         impl = self.build(config)
         guarded = self.allocate(self.workspace_shapes(impl, config.num_tokens), f"workspace_shapes({config.num_tokens})")
-        output = None if config.output != "separate" else \
-            GuardedTensor((problem.num_tokens, config.hidden), torch.bfloat16, self.device)
+        output = None if config.output != "separate" else self.new_output(problem.num_tokens)
         return self.execute(impl, guarded, output, self.schedules[0], POISON_PATTERNS[0], problem=problem, what=what)
 
     def execute(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, schedule: Schedule,
-                poison: int | None, extra_recorder=None, problem: Problem | None = None, what: str | None = None,
-                attribute_input_writes: bool = False, poison_workspaces: int | None = None) -> Run:
-        """One call. poison: the pattern for the workspaces and the output, or None to keep what
-        the previous call left (call-sequence); poison_workspaces: a pattern for the workspaces
-        alone (the output keeps its own)."""
-        what = what or f"the run under schedule {schedule}"
-        self.enter(what)
-        if poison is not None:
-            guarded.poison(poison)
-            if output is not None:
-                output.poison(poison)
-        elif poison_workspaces is not None:
-            guarded.poison(poison_workspaces)
-        log = LaunchLog(snapshot=True)
-        tracker = StageTracker(self.report_progress)
-        watch = RedZoneWatch(guarded, output)
-        run = self.method(impl, "run", what)
-        self.inputs.start(attribute_input_writes)
-        recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, extra_recorder)
+                poison: int | None, problem: Problem | None = None, what: str | None = None,
+                attribute_input_writes: bool = False, poison_workspaces: int | None = None,
+                record_addresses: bool = False) -> Run:
+        """One call (Candidate.execute). record_addresses: the interpreter's address record for the
+        active oracles that judge it (the first order's run). The watchers' findings join the
+        check's; the rows no call computes are settled from the reference."""
+        address_oracles = [o.name for o in self.active if getattr(o, "records_addresses", False)] if record_addresses else []
         try:
-            with numpy_quiet(), exits_intercepted(), self.program_order(impl, schedule):
-                result = run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
-                             schedule=schedule, recorder=recorder)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
-            if not implementation_failed(exc):
-                raise
-            self.findings += self.inputs.finish(what, log)
-            raise Crash(crash_finding(exc, tracker.stage, what)) from exc
-        self.findings += self.inputs.finish(what, log)
-        returned = getattr(result, "output", None)
-        intermediates = getattr(result, "intermediates", {})
-        if not isinstance(returned, torch.Tensor) or not isinstance(intermediates, dict):
-            raise Crash(Finding(
-                oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=[Buffers.OUTPUT],
-                message=f"{what} returned {type(result).__name__}; run() must return a RunResult whose output is a "
-                        "tensor and whose intermediates are a dict",
-            ))
-        elsewhere = [name for name, tensor in ((Buffers.OUTPUT, returned), *intermediates.items())
-                     if isinstance(tensor, torch.Tensor) and tensor.device.type != self.device.type]
-        if elsewhere:  # a meta or foreign-device tensor holds nothing the oracles could compare
-            devices = sorted({str((returned if n == Buffers.OUTPUT else intermediates[n]).device) for n in elsewhere})
-            raise Crash(Finding(
-                oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=elsewhere,
-                message=f"{what} returned {', '.join(elsewhere)} on {', '.join(devices)}, not on the check's device "
-                        f"{self.device}",
-            ))
-        out = returned.detach().clone()
-        buffers = dict(log.snapshots)
-        for name, tensor in intermediates.items():
-            if isinstance(tensor, torch.Tensor):
-                buffers.setdefault(name, tensor.detach().clone())
-        buffers[Buffers.OUTPUT] = out
-        self.settle_uncomputed_rows(buffers, problem)
-        watch.check()  # writes made outside any reported launch
-        return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates))
+            executed = self.candidate.execute(impl, guarded, output, schedule, poison, problem, what,
+                                              attribute_input_writes, poison_workspaces, address_oracles,
+                                              self.selected(Oracles.SCHEDULE))
+        except Crash:
+            self.findings += self.candidate.take_pending()
+            raise
+        self.findings += executed.findings
+        for name, why in executed.skipped.items():
+            self.skipped.setdefault(name, why)
+        self.settle_uncomputed_rows(executed.run.buffers, problem)
+        return executed.run
 
-    def program_order(self, impl, schedule: Schedule):
-        """The control `run` is called in: diffmoe.interpreter.grid_order's, which reorders the programs of every
-        interpreter launch, unless the schedule is the identity or the implementation applies it
-        itself (`orders_programs`). Compiled launches have no grid loop to steer: nothing is
-        added, the hardware orders them. Where the interpreter's grid loop cannot be hooked
-        (another Triton release) the schedule oracle is reported skipped with the reason, since
-        its later orders would rerun the first."""
-        if schedule.is_identity or applies_own_order(impl) or not grid_order.interpreting():
-            return nullcontext()
-        problem = grid_order.control_problem()
-        if problem is not None:
-            if self.selected(Oracles.SCHEDULE):
-                self.skipped.setdefault(Oracles.SCHEDULE, f"programs cannot be reordered: {problem}")
-            return nullcontext()
-        return grid_order.program_order(schedule)
+    def run_stage(self, impl, stage: str, inputs: dict[str, torch.Tensor], what: str) -> tuple[object, list[Finding]]:
+        """The implementation's run_stage on `inputs` (Candidate.run_stage): (its outputs, the input
+        watch's findings); a failure raises Crash, whose watch findings join the check's."""
+        try:
+            return self.candidate.run_stage(impl, stage, inputs, what)
+        except Crash:
+            self.findings += self.candidate.take_pending()
+            raise
 
     # ---- what oracles share -------------------------------------------------------------
     def judge_run(self, run: Run, first: bool) -> list[Finding]:

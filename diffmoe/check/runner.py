@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
-import os
 import sys
 import time
 from collections.abc import Collection, Sequence
@@ -54,15 +52,15 @@ from diffmoe.adapters.contract import (
     DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ConfigRefused, ImplementationFactory, Schedule,
     judged_config, unsupported,
 )
+from diffmoe.adapters.loading import load_factory
 from diffmoe.check.execution import Check, Crash, ProgressCallback, default_device, interpreter_enabled
 from diffmoe.oracles.call_sequence import SMALL_CALL_DIVISOR, makes_last_order_run
 from diffmoe.oracles.differential import DERIVED_OUTPUT_REASON
-from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor
+from diffmoe.oracles.guards import POISON_PATTERNS
 from diffmoe.oracles.registry import ALL_ORACLES, active_oracles, resolve_oracles
 from diffmoe.oracles.static_aliasing import check_workspace_fit
 from diffmoe.problem.inputs import Problem
 from diffmoe.check.report import Finding, Report, is_factory_spec
-from diffmoe.problem.vocabulary import Buffers
 from diffmoe.check.worker import (  # noqa: F401 - part of this module's API since before worker.py existed
     DEFAULT_INTERPRETER_TIME_LIMIT,
     MAX_TIME_LIMIT,
@@ -87,66 +85,6 @@ def default_schedules(config: MoEConfig) -> tuple[str, ...]:
     """identity, reversed, then config.random_orders random orders seeded seed+1, seed+2, ...:
     different configs of a fuzz campaign get different orders, one config always the same."""
     return (*FIXED_SCHEDULES, *(f"random:{config.seed + 1 + i}" for i in range(config.random_orders)))
-
-
-def _import_impl_module(name: str):
-    """The module of an --impl spec: a file path ending in .py, loaded under a name unique to its
-    absolute path (once per process), or a module name, resolved from the current directory too
-    (appended to sys.path, after everything installed) so that `--impl mymodule:make` works from
-    the folder that holds mymodule.py without PYTHONPATH=."""
-    if name.endswith(".py"):
-        path = os.path.abspath(name)
-        if not os.path.isfile(path):
-            raise ImportError(f"no file {name!r} (from {os.getcwd()})")
-        unique = "diffmoe_impl_" + "".join(c if c.isalnum() else "_" for c in path)
-        if unique in sys.modules:
-            return sys.modules[unique]
-        spec = importlib.util.spec_from_file_location(unique, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[unique] = module  # dataclasses, pickling and a fork-started worker look it up there
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[unique]
-            raise
-        return module
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-    return importlib.import_module(name)
-
-
-def load_factory(spec: str) -> ImplementationFactory:
-    """'MODULE:FACTORY' or 'path/to/file.py:FACTORY' -> the factory callable; a clear ValueError
-    when it cannot be found. A module name is also looked up in the current directory.
-
-    Whatever importing the module raises (an ImportError, a SyntaxError, any exception of its
-    top-level code, even SystemExit; not KeyboardInterrupt) is that ValueError, naming the
-    module and the error: the CLI's usage error (exit 2), not a traceback or a silent exit."""
-    if isinstance(spec, str) and spec in IMPLEMENTATION_ALIASES:
-        spec = IMPLEMENTATION_ALIASES[spec]
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ValueError(f"--impl must be MODULE:FACTORY, path/to/file.py:FACTORY or a peer's name "
-                         f"({', '.join(IMPLEMENTATION_ALIASES)}) (e.g. {DEFAULT_IMPLEMENTATION}), got {spec!r}")
-    module_name, attr = spec.split(":")
-    try:
-        module = _import_impl_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"--impl module {module_name!r} cannot be imported: {exc}") from None
-    except KeyboardInterrupt:
-        raise
-    except SystemExit as exc:
-        raise ValueError(f"--impl module {module_name!r} called sys.exit({quoted(exc.code)}) while being imported") from None
-    except BaseException as exc:  # noqa: BLE001 - a broken module is the caller's to fix, with its error named
-        # (a SyntaxError's text already names the file and line)
-        raise ValueError(f"--impl module {module_name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
-    try:
-        factory = getattr(module, attr, None)
-    except Exception as exc:  # noqa: BLE001 - a module __getattr__ that raises
-        raise ValueError(f"--impl {spec!r}: looking up {attr!r} raised {type(exc).__name__}: {exc}") from None
-    if not callable(factory):
-        raise ValueError(f"--impl {spec!r}: module {module_name!r} has no callable {attr!r}")
-    return factory
 
 
 def _is_default_factory(factory: object) -> bool:
@@ -223,7 +161,7 @@ class DifferentialRun(Check):
         guarded = self.guarded = self.allocate(shapes, f"workspace_shapes({cfg.num_tokens})")
         output = None
         if cfg.output == "separate":
-            output = self.output = GuardedTensor((t, cfg.hidden), torch.bfloat16, self.device)
+            output = self.output = self.new_output(t)
         # With call-sequence running, the last order's run is made by that oracle, on a fresh
         # instance right after a smaller call (oracles/call_sequence.py): one run serves both.
         self.sequenced = makes_last_order_run(self)
@@ -232,39 +170,12 @@ class DifferentialRun(Check):
             # every order after the first on a fresh instance: state the first run left in a
             # private buffer must not mask a wrong order in the next
             instance = impl if index == 0 else self.build(cfg)
-            addresses = self._address_recorder() if index == 0 else None
-            if addresses is not None:
-                with addresses:
-                    run = self.execute(instance, guarded, output, schedule, POISON_PATTERNS[0], addresses,
-                                       attribute_input_writes=True)
-                run.addresses = addresses
-            else:
-                run = self.execute(instance, guarded, output, schedule, POISON_PATTERNS[0],
-                                   attribute_input_writes=index == 0)
+            run = self.execute(instance, guarded, output, schedule, POISON_PATTERNS[0],
+                               attribute_input_writes=index == 0, record_addresses=index == 0)
             self.runs.append(run)
             self.findings += self.judge_run(run, first=index == 0)
         for oracle in self.active:
             self.findings += oracle.finish(self)
-
-    def _address_recorder(self):
-        """The interpreter's per-program address recorder, when an active oracle judges it."""
-        if not any(o.records_addresses for o in self.active):
-            return None
-        if "triton" not in sys.modules and not torch.cuda.is_available():
-            # no GPU and nothing imported Triton yet (a torch implementation, a peer not yet
-            # loaded): Triton here can only be the interpreter, and the recorder hooks it
-            os.environ.setdefault("TRITON_INTERPRET", "1")
-        from diffmoe.interpreter import address_recorder as interpreter_races  # imports triton: only when these oracles run
-
-        supported, why = interpreter_races.races_supported()
-        if not supported:
-            for o in self.active:
-                if o.records_addresses:
-                    self.skipped[o.name] = why
-            return None
-        ws1, ws2 = self.guarded.workspaces
-        named = {"ws1": ws1, "ws2": ws2, **({Buffers.OUTPUT: self.output.tensor} if self.output is not None else {})}
-        return interpreter_races.RaceRecorder(named)
 
 
 def _check_problem_argument(problem: object, config: MoEConfig) -> Problem:

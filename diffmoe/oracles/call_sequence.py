@@ -19,7 +19,7 @@ from diffmoe.problem.inputs import Problem
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.problem.vocabulary import producer_stage
 from diffmoe.oracles.base import Oracle
-from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
+from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor
 from diffmoe.oracles.poison import poison_findings
 
 if TYPE_CHECKING:
@@ -92,12 +92,10 @@ class CallSequence(Oracle):
             call, the output is the caller's new tensor each time."""
             if output is None:
                 return None
-            out = GuardedTensor((t, check.config.hidden), torch.bfloat16, check.device)
-            out.poison(pattern)
-            return out
+            return check.new_output(t, pattern)
 
         def alone(problem: Problem | None, t: int, pattern: int, schedule: Schedule) -> Run:
-            return check.execute(check.build(check.config), GuardedWorkspaces(shapes, check.device), out_for(t, pattern),
+            return check.execute(check.build(check.config), check.allocate(shapes, f"workspace_shapes({check.config.num_tokens})"), out_for(t, pattern),
                                  schedule, pattern, problem=problem,
                                  what=f"the T={t} call under schedule {schedule} on a fresh instance and fresh "
                                       f"workspaces, poison 0x{pattern:02X}")
@@ -109,7 +107,7 @@ class CallSequence(Oracle):
                                     problem=small,
                                     what=f"the T={t_small} call right after the T={t_large} call (same workspaces)")
         fresh = check.build(check.config)
-        fresh_ws = GuardedWorkspaces(shapes, check.device)
+        fresh_ws = check.allocate(shapes, f"workspace_shapes({check.config.num_tokens})")
         # the small call's output under the first pattern, as after_large's: its comparison is
         # about the workspaces' state, not the output's
         small_alone = check.execute(fresh, fresh_ws, out_for(t_small, POISON_PATTERNS[0]), first_order, None,

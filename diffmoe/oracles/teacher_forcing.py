@@ -29,12 +29,11 @@ class TeacherForcing(Oracle):
 
     def finish(self, check: Check) -> list[Finding]:
         """Each stage on the reference's inputs, judged with the forced rules."""
-        from diffmoe.check.call_environment import exits_intercepted, numpy_quiet
-        from diffmoe.check.execution import crash_finding, implementation_failed
+        from diffmoe.check.candidate import Crash
 
         if check.problem.num_tokens == 0:
             return []  # a zero-token call has no stage to force: nothing to judge, nothing skipped
-        if not hasattr(check.impl, "run_stage"):
+        if not check.has_run_stage(check.impl):
             check.skipped[self.name] = "the implementation has no run_stage (diffmoe/adapters/contract.py)"
             return []
         found: list[Finding] = []
@@ -46,17 +45,12 @@ class TeacherForcing(Oracle):
             # copies: a stage writing into its inputs must not change the reference for later stages
             inputs = {n: ref[n].clone() for n in stage.reads if n in ref}
             what = f"teacher-forced stage {stage.name}"
-            check.inputs.start(False)
             try:
-                with numpy_quiet(), exits_intercepted():
-                    outputs = check.impl.run_stage(stage.name, inputs, check.problem)
-            except BaseException as exc:  # noqa: BLE001 - SystemExit included: see execution.implementation_failed
-                if not implementation_failed(exc):
-                    raise
-                found += check.inputs.finish(what)
-                found.append(crash_finding(exc, stage.name, what))
+                outputs, watched = check.run_stage(check.impl, stage.name, inputs, what)
+            except Crash as crash:  # its input-watch findings already joined the check's
+                found.append(crash.finding)
                 continue
-            found += check.inputs.finish(what)
+            found += watched
             if not isinstance(outputs, dict):
                 found.append(Finding(
                     oracle=Oracles.CONTRACT, stage=stage.name,

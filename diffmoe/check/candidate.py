@@ -1,0 +1,402 @@
+"""The candidate's side of a check: everything that touches the implementation, and nothing that judges it.
+
+Owns: building instances (with poisoned private buffers), calling the implementation's methods
+so that any exception becomes a finding, allocating guarded workspaces and outputs, and one
+guarded call (`Candidate.execute`: poison, launch recording, red-zone and input watchers, the
+program order, the interpreter's address recorder), and a teacher-forced stage
+(`Candidate.run_stage`). It returns what it saw (a `Run`, findings of the watchers); the judge
+(diffmoe/check/execution.py and the oracles) decides what it means.
+
+This module runs in the candidate's process under isolation (diffmoe/isolation/): it must not
+import the reference, the tolerance or the oracles (but guards and address analysis), and
+nothing that imports them; tests/test_isolation.py imports it under the isolation's import
+guard to hold that.
+
+Robustness: nothing the implementation does ends the check without a Report.
+  * An exception from the implementation (Triton compile and interpreter errors included),
+    in its factory, `workspace_plan`, `workspace_shapes`, `run` or `run_stage`, becomes a
+    `crash` finding with the exception type, message, the phase and, inside a launch, the
+    stage. So does any other BaseException but KeyboardInterrupt: `sys.exit(0)` in `run` is
+    "the implementation called sys.exit(0) during ...", never a silent exit 0 of the harness.
+    `os._exit` is intercepted while the implementation runs (call_environment.py), so it is one
+    too; a process ended from below Python cannot be caught in process, and a worker that dies
+    is a crash finding (diffmoe/check/worker.py). A factory that returns an object without the
+    contract's methods, a run that returns no RunResult with a tensor output, an output or
+    intermediate on another device than the check's, and workspaces that cannot be allocated
+    are `contract` findings.
+  * Every input is kept as a bitwise copy, compared after each run (and, in the first run,
+    before and after each launch, so the finding names the stage), and restored, so the later
+    runs still see the original inputs; a changed input is a `contract` finding.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from diffmoe.adapters.contract import ImplementationFactory, Schedule, WorkspacePlan, applies_own_order
+from diffmoe.check.call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet
+from diffmoe.check.recording import ChainedRecorder, LaunchLog
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.check.watchers import InputWatch, RedZoneWatch, StageTracker
+from diffmoe.interpreter import grid_order
+from diffmoe.oracles.guards import GuardedTensor, GuardedWorkspaces
+from diffmoe.problem.config import MoEConfig, quoted
+from diffmoe.problem.inputs import Problem
+from diffmoe.problem.vocabulary import Buffers
+
+CandidateProgress = Callable[["str | None", "str | None"], None]
+"""progress(phase or None, stage or None): a phase starting, or a launch of a stage starting."""
+
+# The contract's methods an implementation must have (run_stage is optional).
+REQUIRED_METHODS = ("workspace_plan", "workspace_shapes", "run")
+
+
+@dataclass
+class Run:
+    """One call of the implementation, as the oracles see it afterwards."""
+
+    schedule: Schedule
+    red_zones: list[Finding]  # guard bytes changed, per launch (judged by the red-zone oracle)
+    output: torch.Tensor
+    buffers: dict[str, torch.Tensor]  # every materialised buffer, snapshotted after its stage
+    log: LaunchLog
+    returned: Any = None  # the tensor run() returned (not a copy; isolated: its TensorIdentity)
+    reported: set[str] = field(default_factory=set)  # intermediates run() returned itself
+    addresses: Any = None  # the interpreter's per-program address record (RaceRecorder), first run only
+
+
+@dataclass(frozen=True)
+class TensorIdentity:
+    """Where a tensor of the candidate's process lives, for the judge in another process: the
+    contract oracle asks whether run() returned the caller's output (same address and shape)."""
+
+    address: int
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorIdentity:
+        return cls(tensor.data_ptr(), tuple(tensor.shape))
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+class Crash(Exception):
+    """The implementation failed in a way that ends this part of the check; carries the finding."""
+
+    def __init__(self, finding: Finding):
+        super().__init__(finding.message)
+        self.finding = finding
+
+
+def implementation_failed(exc: BaseException) -> bool:
+    """True for everything the implementation may raise that is its own failure: any
+    BaseException but KeyboardInterrupt (a real Ctrl-C, or SIGTERM turned into one by the
+    CLI, must stop the harness). SystemExit, GeneratorExit and custom BaseExceptions are
+    findings: an implementation that calls sys.exit(0) must not end the check with a pass."""
+    return not isinstance(exc, KeyboardInterrupt)
+
+
+def crash_finding(exc: BaseException, stage: str | None, what: str) -> Finding:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    if isinstance(exc, HardExit):
+        if len(frames) >= 2:  # the implementation's call, not the interceptor's raise
+            where = f"{frames[-2].filename}:{frames[-2].lineno}"
+        return Finding(
+            oracle=Oracles.CRASH,
+            stage=stage,
+            message=f"the implementation called os._exit({quoted(exc.code)}) during {what}",
+            figures={"exception": "os._exit", "exit_code": quoted(exc.code), "where": where, "phase": what},
+        )
+    if isinstance(exc, SystemExit):
+        return Finding(
+            oracle=Oracles.CRASH,
+            stage=stage,
+            message=f"the implementation called sys.exit({quoted(exc.code)}) during {what}",
+            figures={"exception": "SystemExit", "exit_code": quoted(exc.code), "where": where, "phase": what},
+        )
+    # Triton's compile errors span many lines (source excerpt, caret); the message keeps the
+    # first line with text in it, the figures keep the rest.
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    figures: dict = {"exception": type(exc).__name__, "where": where, "phase": what}
+    if len(lines) > 1:
+        figures["detail"] = text
+    return Finding(
+        oracle=Oracles.CRASH,
+        stage=stage,
+        message=f"{what} raised {type(exc).__name__}: {lines[0] if lines else ''}".strip(),
+        figures=figures,
+    )
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0].strip() if lines else ""
+
+
+@dataclass
+class Executed:
+    """What one call handed back: the run, the input watch's findings, and the oracles that
+    could not run as asked (name -> why)."""
+
+    run: Run
+    findings: list[Finding]
+    skipped: dict[str, str]
+
+
+class Candidate:
+    """The implementation's side of one check, in this process: the factory, the check's device
+    and problem (inputs watched), and the services the judge asks for. Every method that calls
+    the implementation raises `Crash` with the finding when the implementation fails; findings
+    the watchers made before a crash are in `pending` (the judge collects them)."""
+
+    def __init__(self, factory: ImplementationFactory, device: torch.device, problem: Problem,
+                 progress: CandidateProgress | None = None) -> None:
+        self.factory = factory
+        self.device = device
+        self.problem = problem
+        self.inputs = InputWatch(problem.inputs())
+        self._progress = progress
+        self.pending: list[Finding] = []  # the watchers' findings of a call that then crashed
+
+    def take_pending(self) -> list[Finding]:
+        found, self.pending = self.pending, []
+        return found
+
+    # ---- progress -------------------------------------------------------------------
+    def enter(self, phase: str) -> None:
+        if self._progress is not None:
+            self._progress(phase, None)
+
+    def stage(self, stage: str | None) -> None:
+        if self._progress is not None:
+            self._progress(None, stage)
+
+    # ---- the implementation's methods -------------------------------------------------
+    def call(self, what: str, fn, *args):
+        """fn(*args) for one of the implementation's own methods; an exception is a crash finding."""
+        self.enter(what)
+        try:
+            with exits_intercepted():
+                return fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - every failure of the implementation is a finding
+            if not implementation_failed(exc):
+                raise
+            raise Crash(crash_finding(exc, None, what)) from exc
+
+    def method(self, impl, name: str, what: str):
+        """impl.<name>, looked up as part of the implementation's call: a missing method is a
+        contract finding, a property that raises a crash finding."""
+        try:
+            fn = getattr(impl, name)
+        except AttributeError:
+            fn = None
+        except BaseException as exc:  # noqa: BLE001
+            if not implementation_failed(exc):
+                raise
+            raise Crash(crash_finding(exc, None, what)) from exc
+        if not callable(fn):
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"{what}: the implementation ({type(impl).__name__}) has no callable {name}() (diffmoe/adapters/contract.py)",
+            ))
+        return fn
+
+    def build(self, config: MoEConfig):
+        """A new instance, its private buffers poisoned: every torch.empty it makes while being
+        built is filled (NaN floats, the largest integers), so a run that reads a private
+        buffer (a scale, sorted ids) before writing it computes on poison, not on zeros or
+        on what an earlier instance happened to leave in the allocator."""
+        what = f"building the implementation for {config.short()}"
+        with allocations_poisoned():
+            impl = self.call(what, self.factory, config)
+        missing = [name for name in REQUIRED_METHODS if not callable(getattr(impl, name, None))]
+        if missing:
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"{what}: the factory returned {quoted(impl) if impl is None else type(impl).__name__}, "
+                        f"which has no {', '.join(m + '()' for m in missing)}; an implementation must have "
+                        f"{', '.join(m + '()' for m in REQUIRED_METHODS)} (diffmoe/adapters/contract.py)",
+            ))
+        return impl
+
+    def has_run_stage(self, impl) -> bool:
+        return hasattr(impl, "run_stage")
+
+    def orders_programs(self, impl) -> bool:
+        return applies_own_order(impl)
+
+    def allocate(self, shapes: Sequence[int], what: str) -> GuardedWorkspaces:
+        """Guarded workspaces of the implementation's `shapes`; a size that cannot be allocated
+        (MemoryError, or torch's RuntimeError) is a contract finding, not a harness traceback."""
+        try:
+            return GuardedWorkspaces(tuple(shapes), self.device)
+        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"{what} asks for workspaces of {', '.join(str(n) for n in shapes)} bytes, which cannot be "
+                        f"allocated on {self.device}: {type(exc).__name__}: {first_line(exc)}",
+                figures={"shapes": list(shapes), "exception": type(exc).__name__},
+            )) from exc
+
+    def new_output(self, num_tokens: int, hidden: int, pattern: int | None = None) -> GuardedTensor:
+        """A caller's output of num_tokens x hidden bf16 with guard bytes, poisoned with `pattern`."""
+        out = GuardedTensor((num_tokens, hidden), torch.bfloat16, self.device)
+        if pattern is not None:
+            out.poison(pattern)
+        return out
+
+    def workspace_shapes(self, impl, max_tokens: int) -> tuple[int, ...]:
+        what = f"workspace_shapes({max_tokens})"
+        shapes = self.call(what, self.method(impl, "workspace_shapes", what), max_tokens)
+        try:
+            counted = tuple(int(n) for n in shapes)
+        except (TypeError, ValueError):
+            counted = ()
+        if len(counted) != 2 or min(counted) < 0:
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"workspace_shapes({max_tokens}) must return two byte counts (ws1, ws2), got {quoted(shapes)}",
+            ))
+        return counted
+
+    def workspace_plan(self, impl, num_tokens: int) -> WorkspacePlan:
+        what = f"workspace_plan({num_tokens})"
+        plan = self.call(what, self.method(impl, "workspace_plan", what), num_tokens)
+        if not isinstance(plan, WorkspacePlan):
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT,
+                message=f"workspace_plan({num_tokens}) must return a diffmoe.adapters.contract.WorkspacePlan, got {type(plan).__name__}",
+            ))
+        return plan
+
+    # ---- one call -----------------------------------------------------------------------
+    def execute(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, schedule: Schedule,
+                poison: int | None, problem: Problem | None = None, what: str | None = None,
+                attribute_input_writes: bool = False, poison_workspaces: int | None = None,
+                address_oracles: Sequence[str] = (), schedule_selected: bool = False) -> Executed:
+        """One call. poison: the pattern for the workspaces and the output, or None to keep what
+        the previous call left (call-sequence); poison_workspaces: a pattern for the workspaces
+        alone (the output keeps its own); address_oracles: the selected oracles that judge the
+        interpreter's per-program address record (it is made when they can run; otherwise each
+        is reported skipped with the reason)."""
+        what = what or f"the run under schedule {schedule}"
+        skipped: dict[str, str] = {}
+        addresses = self._address_recorder(guarded, output, address_oracles, skipped) if address_oracles else None
+        order = self.program_order(impl, schedule, skipped if schedule_selected else {})
+        with addresses if addresses is not None else nullcontext():
+            run = self._execute(impl, guarded, output, schedule, poison, problem, what, attribute_input_writes,
+                                poison_workspaces, order, addresses)
+        run.addresses = addresses
+        found, self.pending = self.pending, []
+        return Executed(run, found, skipped)
+
+    def _execute(self, impl, guarded, output, schedule, poison, problem, what, attribute_input_writes,
+                 poison_workspaces, order, extra_recorder) -> Run:
+        self.enter(what)
+        if poison is not None:
+            guarded.poison(poison)
+            if output is not None:
+                output.poison(poison)
+        elif poison_workspaces is not None:
+            guarded.poison(poison_workspaces)
+        log = LaunchLog(snapshot=True)
+        tracker = StageTracker(self.stage)
+        watch = RedZoneWatch(guarded, output)
+        run = self.method(impl, "run", what)
+        self.inputs.start(attribute_input_writes)
+        recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, extra_recorder)
+        try:
+            with numpy_quiet(), exits_intercepted(), order:
+                result = run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
+                             schedule=schedule, recorder=recorder)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
+            if not implementation_failed(exc):
+                raise
+            self.pending += self.inputs.finish(what, log)
+            raise Crash(crash_finding(exc, tracker.stage, what)) from exc
+        self.pending += self.inputs.finish(what, log)
+        returned = getattr(result, "output", None)
+        intermediates = getattr(result, "intermediates", {})
+        if not isinstance(returned, torch.Tensor) or not isinstance(intermediates, dict):
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=[Buffers.OUTPUT],
+                message=f"{what} returned {type(result).__name__}; run() must return a RunResult whose output is a "
+                        "tensor and whose intermediates are a dict",
+            ))
+        elsewhere = [name for name, tensor in ((Buffers.OUTPUT, returned), *intermediates.items())
+                     if isinstance(tensor, torch.Tensor) and tensor.device.type != self.device.type]
+        if elsewhere:  # a meta or foreign-device tensor holds nothing the oracles could compare
+            devices = sorted({str((returned if n == Buffers.OUTPUT else intermediates[n]).device) for n in elsewhere})
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=elsewhere,
+                message=f"{what} returned {', '.join(elsewhere)} on {', '.join(devices)}, not on the check's device "
+                        f"{self.device}",
+            ))
+        out = returned.detach().clone()
+        buffers = dict(log.snapshots)
+        for name, tensor in intermediates.items():
+            if isinstance(tensor, torch.Tensor):
+                buffers.setdefault(name, tensor.detach().clone())
+        buffers[Buffers.OUTPUT] = out
+        watch.check()  # writes made outside any reported launch
+        return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates))
+
+    def program_order(self, impl, schedule: Schedule, skipped: dict[str, str]):
+        """The control `run` is called in: diffmoe.interpreter.grid_order's, which reorders the programs of every
+        interpreter launch, unless the schedule is the identity or the implementation applies it
+        itself (`orders_programs`). Compiled launches have no grid loop to steer: nothing is
+        added, the hardware orders them. Where the interpreter's grid loop cannot be hooked
+        (another Triton release) the schedule oracle is reported skipped with the reason (in
+        `skipped`, given when it is selected), since its later orders would rerun the first."""
+        if schedule.is_identity or applies_own_order(impl) or not grid_order.interpreting():
+            return nullcontext()
+        problem = grid_order.control_problem()
+        if problem is not None:
+            skipped.setdefault(Oracles.SCHEDULE, f"programs cannot be reordered: {problem}")
+            return nullcontext()
+        return grid_order.program_order(schedule)
+
+    def _address_recorder(self, guarded: GuardedWorkspaces, output: GuardedTensor | None,
+                          oracles: Sequence[str], skipped: dict[str, str]):
+        """The interpreter's per-program address recorder for the oracles that judge it, or None
+        (each of them then skipped with the reason)."""
+        if "triton" not in sys.modules and not torch.cuda.is_available():
+            # no GPU and nothing imported Triton yet (a torch implementation, a peer not yet
+            # loaded): Triton here can only be the interpreter, and the recorder hooks it
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        from diffmoe.interpreter import address_recorder  # imports triton: only when these oracles run
+
+        supported, why = address_recorder.races_supported()
+        if not supported:
+            for name in oracles:
+                skipped[name] = why
+            return None
+        ws1, ws2 = guarded.workspaces
+        named = {"ws1": ws1, "ws2": ws2, **({Buffers.OUTPUT: output.tensor} if output is not None else {})}
+        return address_recorder.RaceRecorder(named)
+
+    # ---- one stage, teacher-forced ------------------------------------------------------
+    def run_stage(self, impl, stage: str, inputs: dict[str, torch.Tensor], what: str) -> tuple[object, list[Finding]]:
+        """impl.run_stage(stage, inputs, problem): (what it returned, the input watch's findings);
+        a failure raises Crash (the watch's findings in `pending`)."""
+        self.inputs.start(False)
+        try:
+            with numpy_quiet(), exits_intercepted():
+                outputs = impl.run_stage(stage, inputs, self.problem)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
+            if not implementation_failed(exc):
+                raise
+            self.pending += self.inputs.finish(what)
+            raise Crash(crash_finding(exc, stage, what)) from exc
+        return outputs, self.inputs.finish(what)
