@@ -79,7 +79,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from diffmoe.tolerance.compare import ulp_distance  # noqa: E402
+from diffmoe.problem.ulps import ulp_distance  # noqa: E402
 from diffmoe.adapters.contract import Schedule, default_device, interpreter_enabled  # noqa: E402
 
 OK = "ok"

@@ -38,6 +38,7 @@ Must not judge: a verdict in this module belongs in an oracle module (tests/test
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import sys
 import time
@@ -54,6 +55,7 @@ from diffmoe.adapters.contract import (
 )
 from diffmoe.adapters.loading import load_factory
 from diffmoe.check.execution import Check, Crash, ProgressCallback, default_device, interpreter_enabled
+from diffmoe.isolation.client import RemoteCandidate, check_isolation, factory_reference, zygote
 from diffmoe.oracles.call_sequence import SMALL_CALL_DIVISOR, makes_last_order_run
 from diffmoe.oracles.differential import DERIVED_OUTPUT_REASON
 from diffmoe.oracles.guards import POISON_PATTERNS
@@ -141,9 +143,9 @@ class DifferentialRun(Check):
 
     def __init__(self, config: MoEConfig, factory: ImplementationFactory, oracles: list[str],
                  schedules: list[Schedule], device: torch.device, name: str,
-                 problem: Problem | None = None, progress: ProgressCallback | None = None):
+                 problem: Problem | None = None, progress: ProgressCallback | None = None, candidate=None):
         super().__init__(config, factory, oracles, schedules, device, name, problem, progress,
-                         active=active_oracles(oracles))
+                         active=active_oracles(oracles), candidate=candidate)
 
     def run(self) -> None:
         cfg = self.config
@@ -204,6 +206,7 @@ def run_differential(
     implementation_name: str | None = None,
     problem: Problem | None = None,
     time_limit: float | None = None,
+    isolation: str = "none",
 ) -> Report:
     """Run the reference and `implementation` (default: the optimized Triton MoE) on the
     problem of `config` and judge them with the selected oracles.
@@ -230,6 +233,12 @@ def run_differential(
         the whole check: a slow check that keeps launching is never a timeout, a launch that
         runs `time_limit` seconds without finishing is. `default_time_limit()` is the limit
         the CLI applies when none is given.
+    isolation: "none" (default) calls the implementation in the judge's process, where a
+        debugger and its state behave as usual. "process" (the CLI's default) runs it in a
+        process that holds neither the reference, its results, nor the judge (diffmoe/isolation/):
+        problems go in and runs come out as bytes, importing the reference or the judging code
+        there is refused and is a `contract` finding. The factory must then pickle by reference
+        (a module-level class or function) or be named by `implementation_name` as a spec.
     """
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}")
@@ -248,6 +257,7 @@ def run_differential(
         implementation_name = factory_name(implementation)
     elif not isinstance(implementation_name, str):
         raise TypeError(f"implementation_name must be None or a string, got {implementation_name!r}")
+    isolation = check_isolation(isolation)
     refused = unsupported(implementation, config)
     if refused is not None:  # its own `supports` says it does not run this config: nothing to judge
         raise ConfigRefused(f"{implementation_name} does not run this config: {refused}")
@@ -256,7 +266,12 @@ def run_differential(
         dev = torch.device("cuda", torch.cuda.current_device())
     if problem is not None and problem.device != dev:
         problem = problem.to(dev)
-    job = _Job(config, implementation, chosen, parsed, dev, implementation_name, problem)
+    sent = None
+    if isolation == "process":
+        sent = factory_reference(implementation or load_factory(DEFAULT_IMPLEMENTATION),
+                                 implementation_name if is_factory_spec(implementation_name) else None)
+        zygote(sent[1])  # here, before a worker is forked: every worker forks its candidates from it
+    job = _Job(config, implementation, chosen, parsed, dev, implementation_name, problem, sent)
     if limit is None:
         return job.run()
     if worker_start_method(dev) == "fork":
@@ -275,6 +290,7 @@ class _Job:
     device: torch.device
     implementation_name: str
     problem: Problem | None
+    isolated: tuple | None = None  # isolation.client.factory_reference's (how the factory travels, preload)
 
     def report(self, findings: list[Finding], seconds: float, skipped: dict[str, str] | None = None) -> Report:
         return Report(
@@ -291,12 +307,19 @@ class _Job:
     def run(self, progress: ProgressCallback | None = None) -> Report:
         start = time.perf_counter()
         factory = self.implementation or load_factory(DEFAULT_IMPLEMENTATION)
+        candidate = None
+        if self.isolated is not None:
+            candidate = functools.partial(RemoteCandidate, factory_ref=self.isolated[0], preload=self.isolated[1])
         state = DifferentialRun(self.config, factory, self.oracles, self.schedules, self.device,
-                                self.implementation_name, self.problem, progress)
+                                self.implementation_name, self.problem, progress, candidate)
         try:
             state.run()
         except Crash as crash:
+            state.findings += state.candidate.take_pending()
             state.findings.append(crash.finding)
+        finally:
+            if hasattr(state.candidate, "close"):
+                state.candidate.close()
         return self.report(state.findings, time.perf_counter() - start, state.skipped)
 
 

@@ -1,0 +1,14 @@
+"""Isolation (issue 33): the candidate runs in a process that holds neither the reference, its
+results, nor the judge.
+
+    import_guard.py  the import hook of the candidate's process: the reference and the judge's
+                     modules are refused, and every attempt is kept for a `contract` finding
+    sandbox.py       the candidate's process: a clean "zygote" (torch, Triton, the candidate's
+                     side of a check, the implementation's module) that forks one child per
+                     check; the child serves diffmoe.check.candidate.Candidate's methods
+    client.py        the judge's side: starting the zygote, one child per check, and
+                     `RemoteCandidate`, which Check uses in place of a Candidate
+
+Problems go in as bytes (pickled, never shared memory), runs come out as bytes; the judge
+compares them in its own process. See docs/robustness.md ("Isolation").
+"""

@@ -1,0 +1,248 @@
+"""The judge's side of isolation: the zygote, one candidate child per check, and `RemoteCandidate`.
+
+Owns: starting the zygote (sandbox.py) in a fresh interpreter, once per process that asks and
+per set of preloaded modules, and stopping it when that process exits (a forked child, e.g. a
+check worker, uses its parent's); how a factory travels (pickled by reference, or as its
+MODULE:FACTORY spec); and `RemoteCandidate`, which Check uses in place of
+diffmoe.check.candidate.Candidate: every method sends one request and waits for its answer,
+relaying the candidate's progress (so a time limit still sees launches), raising `Crash` with
+the candidate's finding, and turning refused imports into `contract` findings.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Client
+from typing import Any
+
+import torch
+
+from diffmoe.check.candidate import Crash, Executed
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.isolation.messages import dumps, recv, send
+
+ISOLATIONS = ("process", "none")
+"""`process`: the candidate runs in its own process (this module); `none`: in the judge's."""
+
+
+def check_isolation(isolation: object) -> str:
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
+    return isolation  # type: ignore[return-value]
+
+
+@dataclass
+class _Zygote:
+    proc: subprocess.Popen
+    address: str
+    authkey: bytes
+    owner: int  # the pid that started it: only that process stops it
+
+
+_ZYGOTES: dict[tuple, _Zygote] = {}
+_LOCK = threading.Lock()
+
+
+def _search_path() -> str:
+    """This process's sys.path for the zygote, so a factory pickled by reference (a test module's
+    class, a module found from the current directory) imports there as it did here."""
+    seen = [p for p in sys.path if p and os.path.isdir(p)]
+    return os.pathsep.join(dict.fromkeys([*seen, os.getcwd()]))
+
+
+def zygote(preload: tuple[str, ...] = ()) -> _Zygote:
+    """The running zygote for `preload` (started by this process or the one it was forked from),
+    or a new one."""
+    key = (preload, os.environ.get("TRITON_INTERPRET", ""))
+    with _LOCK:
+        found = _ZYGOTES.get(key)
+        if found is not None and _alive(found):
+            return found
+        authkey = secrets.token_bytes(32)
+        env = dict(os.environ, PYTHONPATH=_search_path())
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from diffmoe.isolation.sandbox import zygote_main; zygote_main(sys.argv[1:])",
+             *preload],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
+        )
+        proc.stdin.write(authkey)
+        proc.stdin.close()
+        address = proc.stdout.readline().decode().strip()
+        if not address:
+            proc.wait()
+            raise RuntimeError(f"the candidate's zygote process ended at its start (exit code {proc.returncode})")
+        _ZYGOTES[key] = found = _Zygote(proc, address, authkey, os.getpid())
+        return found
+
+
+def _alive(z: _Zygote) -> bool:
+    if z.owner == os.getpid():
+        return z.proc.poll() is None
+    try:  # started by the process this one was forked from: not a child of this one
+        os.kill(z.proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+@atexit.register
+def stop_zygotes() -> None:
+    """Stop the zygotes this process started (not those of the process it was forked from)."""
+    for z in list(_ZYGOTES.values()):
+        if z.owner == os.getpid() and z.proc.poll() is None:
+            z.proc.kill()
+            z.proc.wait()
+
+
+def factory_reference(factory: Any, spec: str | None) -> tuple[tuple[str, Any], tuple[str, ...]]:
+    """How the factory travels, and the modules the zygote may preload: pickled by reference (a
+    module-level class or function), else its MODULE:FACTORY spec; a TypeError naming both when
+    neither works (a closure or a lambda cannot be isolated: run it with isolation='none')."""
+    try:
+        return ("pickle", pickle.dumps(factory)), (getattr(factory, "__module__", None) or "",)
+    except Exception as exc:  # noqa: BLE001 - pickling fails in many types
+        if spec is not None:
+            return ("spec", spec), (spec.split(":")[0],) if not spec.split(":")[0].endswith(".py") else ()
+        raise TypeError(
+            f"isolation='process' sends the factory to the candidate's process by reference; {factory!r} does not "
+            f"pickle ({type(exc).__name__}: {exc}): make it a module-level class or function, give its MODULE:FACTORY "
+            "spec, or run with isolation='none'") from None
+
+
+def refused_import_finding(module: str, importer: str) -> Finding:
+    return Finding(
+        oracle=Oracles.CONTRACT,
+        message=f"the implementation imported {module} ({importer}), diffmoe's reference or judging code; the "
+                "candidate's process refuses it (isolation: the candidate holds neither the reference nor the judge)",
+        figures={"module": module, "importer": importer},
+    )
+
+
+class RemoteCandidate:
+    """A Candidate in its own process (diffmoe.check.candidate.Candidate's methods, by request)."""
+
+    def __init__(self, factory, device: torch.device, problem, progress, *, factory_ref, preload=()) -> None:
+        self._progress = progress
+        self.pending: list[Finding] = []
+        self._refused: set[str] = set()
+        self.phase = "starting the candidate's process"
+        z = zygote(tuple(m for m in preload if m))
+        self.conn = Client(z.address, family="AF_UNIX", authkey=z.authkey)
+        send(self.conn, ("open", factory_ref, str(device), dumps(problem), torch.get_num_threads(), os.getpid()))
+        reply = self._receive()
+        if reply[0] == "failed":
+            _, finding, attempts = reply
+            self._note_attempts(attempts)
+            # a refused import is why it failed to load: that contract finding, not the ImportError
+            self._crash = Crash(self.pending.pop(0) if self.pending else finding)
+            self.pid = None
+        else:
+            _, self.pid, attempts = reply
+            self._note_attempts(attempts)
+            self._crash = None
+
+    # ---- the protocol --------------------------------------------------------------------
+    def _receive(self):
+        while True:
+            try:
+                message = recv(self.conn)
+            except (EOFError, OSError):
+                raise Crash(Finding(
+                    oracle=Oracles.CRASH,
+                    message=f"the candidate's process ended during {self.phase} (its connection closed)",
+                    figures={"phase": self.phase, "candidate_pid": getattr(self, "pid", None)},
+                )) from None
+            if message[0] != "progress":
+                return message
+            _, phase, stage = message
+            if phase is not None:
+                self.phase = phase
+            if self._progress is not None:
+                self._progress(phase, stage)
+
+    def _note_attempts(self, attempts) -> None:
+        for module, importer in attempts:
+            if module not in self._refused:
+                self._refused.add(module)
+                self.pending.append(refused_import_finding(module, importer))
+
+    def _request(self, op: str, *args):
+        if self._crash is not None:  # the factory never loaded: every call is that finding
+            raise self._crash
+        send(self.conn, (op, *args))
+        reply = self._receive()
+        kind = reply[0]
+        self._note_attempts(reply[-1])
+        if kind == "result":
+            return reply[1]
+        if kind == "crash":
+            _, finding, pending, _ = reply
+            self.pending += pending
+            raise Crash(finding)
+        raise RuntimeError(f"the candidate's process failed serving {op}: {reply[1]}\n{reply[2]}")
+
+    def take_pending(self) -> list[Finding]:
+        found, self.pending = self.pending, []
+        return found
+
+    def close(self) -> None:
+        try:
+            send(self.conn, ("close",))
+        except OSError:
+            pass
+        self.conn.close()
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)  # whatever it left running (a thread writing late) ends with the check
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    # ---- Candidate's methods ---------------------------------------------------------------
+    def build(self, config):
+        return self._request("build", config)
+
+    def workspace_shapes(self, impl, max_tokens: int):
+        return self._request("workspace_shapes", impl, max_tokens)
+
+    def workspace_plan(self, impl, num_tokens: int):
+        return self._request("workspace_plan", impl, num_tokens)
+
+    def has_run_stage(self, impl) -> bool:
+        return self._request("has_run_stage", impl)
+
+    def allocate(self, shapes, what: str):
+        return self._request("allocate", tuple(shapes), what)
+
+    def new_output(self, num_tokens: int, hidden: int, pattern: int | None = None):
+        return self._request("new_output", num_tokens, hidden, pattern)
+
+    def execute(self, impl, guarded, output, schedule, poison, problem=None, what=None, attribute_input_writes=False,
+                poison_workspaces=None, address_oracles=(), schedule_selected=False) -> Executed:
+        executed = self._request("execute", impl, guarded, output, schedule, poison,
+                                 None if problem is None else dumps(problem), what, attribute_input_writes,
+                                 poison_workspaces, list(address_oracles), schedule_selected)
+        executed.findings = self.take_pending() + executed.findings
+        return executed
+
+    def run_stage(self, impl, stage: str, inputs, what: str):
+        outputs, found = self._request("run_stage", impl, stage, inputs, what)
+        if not isinstance(outputs, dict):  # Unsendable: the type is what the contract finding names
+            outputs = _TypeNamed(outputs.type_name)
+        return outputs, self.take_pending() + found
+
+
+class _TypeNamed:
+    """Stands for a non-dict that run_stage returned, so the judge's message names its type."""
+
+    def __init__(self, name: str) -> None:
+        self.__class__ = type(name, (_TypeNamed,), {})

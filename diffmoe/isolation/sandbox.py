@@ -1,0 +1,224 @@
+"""The candidate's process: a clean zygote that forks one child per check, and the child's service.
+
+Owns: the zygote (`zygote_main`, started by client.py in a fresh interpreter), which installs the import guard
+before anything else, imports torch, the candidate's side of a check and the modules it is
+asked to preload (the implementation's), warms the interpreter's rewrites, then accepts one
+connection per check and forks a child for it; and the child, which loads the factory, receives
+the problem as bytes and serves diffmoe.check.candidate.Candidate's methods, one request at a
+time, instances and workspaces kept here and named to the judge by handles.
+
+Why a zygote: a fresh interpreter per check costs the imports of torch and Triton again (about
+1.4 s measured on this 2-core machine, `python -c "import torch"`); a fork of a process that
+already holds them, and never held the reference or the judge, costs a few milliseconds.
+
+Must not import (before the guard, or at all): the reference, the tolerance, the oracles but
+guards and address analysis, the check's runner and execution, the front ends.
+
+Messages are pickled bytes (`send`/`recv`), never shared memory: what the candidate returns is a
+copy, which it cannot change after it returned.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from diffmoe.isolation import import_guard
+from diffmoe.isolation.messages import AddressVerdicts, Handle, RemoteOutput, RemoteWorkspaces, Unsendable, loads, recv, send
+
+_GUARD = import_guard.ImportGuard()  # installed by zygote_main, first
+
+# How often a child checks that its judge is still alive: a judge killed by its time limit
+# (diffmoe/check/worker.py kills the worker's process group, which a zygote's child is not in)
+# must not leave a spinning kernel behind for longer than this.
+JUDGE_POLL_SECONDS = 0.25
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch_judge(pid: int) -> None:
+    """End this child when the judge that opened it is gone (a thread: the main one may be
+    inside a kernel that never returns)."""
+    def watch() -> None:
+        while True:
+            time.sleep(JUDGE_POLL_SECONDS)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, name="diffmoe-judge-watch", daemon=True).start()
+
+
+class _Service:
+    """One check's candidate: the factory, the problem, the objects its handles name."""
+
+    def __init__(self, conn, candidate) -> None:
+        self.conn = conn
+        self.candidate = candidate
+        self.objects: dict[int, Any] = {}
+
+    def keep(self, obj: Any) -> int:
+        self.objects[len(self.objects) + 1] = obj
+        return len(self.objects)
+
+    def get(self, handle):
+        return None if handle is None else self.objects[handle.id]
+
+    # each op: the arguments as the judge sent them -> the value sent back
+    def op_build(self, config):
+        return Handle(self.keep(self.candidate.build(config)))
+
+    def op_workspace_shapes(self, impl, max_tokens):
+        return self.candidate.workspace_shapes(self.get(impl), max_tokens)
+
+    def op_workspace_plan(self, impl, num_tokens):
+        return self.candidate.workspace_plan(self.get(impl), num_tokens)
+
+    def op_has_run_stage(self, impl):
+        return self.candidate.has_run_stage(self.get(impl))
+
+    def op_allocate(self, shapes, what):
+        guarded = self.candidate.allocate(shapes, what)
+        return RemoteWorkspaces(self.keep(guarded), guarded.region_names())
+
+    def op_new_output(self, num_tokens, hidden, pattern):
+        from diffmoe.check.candidate import TensorIdentity
+
+        out = self.candidate.new_output(num_tokens, hidden, pattern)
+        return RemoteOutput(self.keep(out), TensorIdentity.of(out.tensor))
+
+    def op_execute(self, impl, guarded, output, schedule, poison, problem, what, attribute, poison_workspaces,
+                   address_oracles, schedule_selected):
+        from diffmoe.check.candidate import TensorIdentity
+
+        executed = self.candidate.execute(self.get(impl), self.get(guarded), self.get(output), schedule, poison,
+                                          problem, what, attribute, poison_workspaces, address_oracles, schedule_selected)
+        run = executed.run
+        if run.returned is not None:
+            run.returned = TensorIdentity.of(run.returned)
+        if run.addresses is not None:
+            run.addresses = AddressVerdicts(run.addresses.findings(), run.addresses.store_extent_findings())
+        return executed
+
+    def op_run_stage(self, impl, stage, inputs, what):
+        import torch
+
+        outputs, found = self.candidate.run_stage(self.get(impl), stage, inputs, what)
+        if isinstance(outputs, dict):
+            outputs = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
+        else:
+            outputs = Unsendable(type(outputs).__name__)
+        return outputs, found
+
+
+def _attempts() -> list:
+    return [(a.module, a.importer) for a in _GUARD.take()]
+
+
+def serve(conn) -> None:
+    """One check: open (factory, device, problem), then requests until close or EOF."""
+    import torch
+
+    from diffmoe.adapters.loading import load_factory
+    from diffmoe.check.candidate import Candidate, Crash, crash_finding
+
+    message = recv(conn)
+    _, factory_ref, device, problem_bytes, threads, judge_pid = message
+    _watch_judge(judge_pid)
+    torch.set_num_threads(threads)
+    try:
+        kind, value = factory_ref
+        factory = load_factory(value) if kind == "spec" else pickle.loads(value)
+        problem = loads(problem_bytes)
+    except BaseException as exc:  # noqa: BLE001 - the implementation's module failing to load is its finding
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        send(conn, ("failed", crash_finding(exc, None, "loading the implementation in the candidate's process"),
+                    _attempts()))
+        return
+
+    def progress(phase, stage) -> None:
+        send(conn, ("progress", phase, stage))
+
+    service = _Service(conn, Candidate(factory, torch.device(device), problem, progress))
+    send(conn, ("ready", os.getpid(), _attempts()))
+    while True:
+        try:
+            request = recv(conn)
+        except EOFError:
+            return
+        op, args = request[0], request[1:]
+        if op == "close":
+            return
+        if op == "execute" and args[5] is not None:
+            args = (*args[:5], loads(args[5]), *args[6:])
+        try:
+            value = getattr(service, "op_" + op)(*args)
+        except Crash as crash:
+            send(conn, ("crash", crash.finding, service.candidate.take_pending(), _attempts()))
+            continue
+        except BaseException as exc:  # noqa: BLE001 - a harness failure goes back as text
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            send(conn, ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), _attempts()))
+            continue
+        send(conn, ("result", value, _attempts()))
+
+
+def zygote_main(preload: list[str]) -> None:
+    """Read the authentication key from stdin, listen, preload, print the address, fork per check."""
+    from multiprocessing.connection import Listener
+
+    sys.meta_path.insert(0, _GUARD)  # before anything below imports more of diffmoe
+    authkey = sys.stdin.buffer.read(32)
+    _die_with_parent()
+    listener = Listener(family="AF_UNIX", authkey=authkey)
+    import torch  # noqa: F401 - what every child needs, imported once here
+
+    import diffmoe.check.candidate  # noqa: F401
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - the child imports it again and reports what fails
+            pass
+    _GUARD.take()  # the zygote's attempts are nobody's finding: each child makes its own
+    if "triton" in sys.modules:
+        from diffmoe.interpreter import fast_path
+
+        fast_path.warm_rewrites()  # every child starts from the rewritten kernels
+    sys.stdout.write(listener.address + "\n")
+    sys.stdout.flush()
+    os.dup2(2, 1)  # the implementation's prints go to the judge's stderr, not into a pipe nobody reads
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    while True:
+        conn = listener.accept()
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = 0
+            try:
+                serve(conn)
+            except BaseException:  # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
+        conn.close()
+
