@@ -16,15 +16,31 @@ from typing import Any
 import torch
 
 
+def _tensor(dtype: torch.dtype, shape: tuple[int, ...], device: str, data: bytes) -> torch.Tensor:
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape).to(device)
+
+
+class _Pickler(pickle.Pickler):
+    """Plain pickle, but a tensor travels as its dtype, shape, device and bytes: a copy, whatever
+    its dtype (plain pickle of an FP8 storage loses its dtype), with no shared memory."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            data = t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b""
+            return _tensor, (t.dtype, tuple(t.shape), str(t.device), data)
+        return NotImplemented
+
+
 def dumps(obj: object) -> bytes:
-    """obj as bytes; tensors by torch's serialisation (plain pickle loses FP8 storages' dtypes)."""
     buffer = io.BytesIO()
-    torch.save(obj, buffer, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buffer.getvalue()
 
 
 def loads(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)
+    return pickle.loads(data)
 
 
 def send(conn, message: object) -> None:

@@ -14,7 +14,7 @@ import torch
 from diffmoe.tolerance.compare import Comparison, Rule, compare
 from diffmoe.tolerance.gemm_interval import stage_bound
 from diffmoe.check.report import Finding, Oracles
-from diffmoe.tolerance.table import FORCED, rule_for
+from diffmoe.tolerance.table import END_TO_END, FORCED, rule_for
 from diffmoe.problem.vocabulary import Buffers, Stages, pipeline_stages
 from diffmoe.oracles.base import Oracle
 
@@ -136,10 +136,17 @@ class Differential(Oracle):
         if not failed:
             derived = derived_output_bound(check, run, down_interval)
             if derived is None:
-                return []
-            bound, extra = derived
-            c = compare(Buffers.OUTPUT, check.reference.output, run.buffers[Buffers.OUTPUT],
-                        Rule.derived(DERIVED_OUTPUT_REASON), bound=bound)
+                # No down-GEMM input reported (an implementation that returns only its output):
+                # the output is still judged, against the reference's with the table's
+                # end-to-end rule. Before, it was not judged at all, and an implementation that
+                # returned zeros and no intermediate passed (issue 33's exploit suite).
+                rule = rule_for(check.config.quant, Buffers.OUTPUT, END_TO_END, backend=check.tolerance_backend)
+                c = compare(Buffers.OUTPUT, check.reference.output, run.buffers[Buffers.OUTPUT], rule)
+                extra["judged_with"] = "the end-to-end rule: the candidate reported no down-GEMM input"
+            else:
+                bound, extra = derived
+                c = compare(Buffers.OUTPUT, check.reference.output, run.buffers[Buffers.OUTPUT],
+                            Rule.derived(DERIVED_OUTPUT_REASON), bound=bound)
             if c.ok:
                 return []
             failed.append((Stages.REDUCE, c))
