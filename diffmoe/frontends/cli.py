@@ -307,6 +307,12 @@ def _add_impl_option(p: argparse.ArgumentParser) -> None:
                                                           "vllm==0.28.0, vllm==0.30.0: those releases)")
 
 
+def _add_isolation_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--isolation", choices=("process", "none"), default="process",
+                   help="process (default): the implementation runs in a process that holds neither the reference nor "
+                        "the judge, and its module is never imported here; none: in this process (for a debugger)")
+
+
 def config_from_args(args: argparse.Namespace) -> MoEConfig:
     """The config the flags (or --config FILE) describe; UsageError with the config's own message."""
     given = {flag: getattr(args, flag) for flag in (*CONFIG_FLAGS, "numerics_file") if getattr(args, flag, None) is not None}
@@ -376,11 +382,18 @@ def _runner():
     return importlib.import_module("diffmoe.check.runner")
 
 
-def load_implementation(spec: str | None):
-    """(factory or None for the default, the name reports and replay commands use)."""
+def load_implementation(spec: str | None, isolation: str = "none"):
+    """(factory or None for the default, the name reports and replay commands use). Isolated
+    (`isolation="process"`), the factory is a RemoteFactory: its module is imported only in the
+    candidate's process (diffmoe/isolation/client.py); a module that cannot be found is the same
+    usage error, one refused by the import guard is the check's contract finding."""
     if spec is None:
         return None, DEFAULT_IMPLEMENTATION_NAME
     try:
+        if isolation == "process":
+            from diffmoe.isolation.client import RemoteFactory
+
+            return RemoteFactory(spec), spec
         return _runner().load_factory(spec), spec
     except (ImportError, TypeError, ValueError) as exc:
         message = str(exc)
@@ -456,7 +469,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     schedules = parse_schedules(args.schedule)
     oracles = parse_oracles(args.oracles)
-    factory, name = load_implementation(args.impl)
+    factory, name = load_implementation(args.impl, args.isolation)
     runner = _runner()
     device = parse_device(args.device)
     limit = time_limit_kwargs(runner, args.time_limit, device)
@@ -469,6 +482,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         with _sigterm_interrupts(), implementation_output_to_stderr():
             report = runner.run_differential(
                 config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name, **limit,
+                isolation=args.isolation,
             )
     except ConfigRefused as exc:  # the implementation's `supports` said no: a usage error, one line
         raise UsageError(f"{exc} (its `supports`; choose a config it runs)") from None
@@ -656,7 +670,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         if os.path.exists(args.database) and not os.path.isdir(args.database):
             raise UsageError(f"--database {args.database} exists and is not a folder")
     oracles = parse_oracles(args.oracles)
-    factory, name = load_implementation(args.impl)
+    factory, name = load_implementation(args.impl, args.isolation)
     if args.save_failure is not None:
         _check_writable(args.save_failure)  # before the first example, not after the whole fuzz
     # A seed is always chosen and printed, so any run can be repeated exactly; except with a
@@ -686,6 +700,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 device=device,
                 database=args.database,
                 time_limit=limit,
+                isolation=args.isolation,
                 **({} if args.special_rows else {"special_rows": False}),
                 **({"features": True} if args.model_features else {}),
                 **({"tier": args.tier} if args.tier != "run" else {}),
@@ -991,6 +1006,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--device", help="torch device (default: the implementation's)")
     check.add_argument("--time-limit", type=_time_limit, metavar="S",
                        help="stop the check with a timeout finding when it makes no progress (no launch) for S seconds (0: no limit; default 120 on the interpreter, none on CUDA)")
+    _add_isolation_option(check)
     check.add_argument("--json", action="store_true", help="print the report as one JSON object")
     check.set_defaults(handler=cmd_check)
 
@@ -1018,6 +1034,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Hypothesis example database: failures are saved there and replayed first next time (not with --seed; default $DIFFMOE_HYPOTHESIS_DB when set and no --seed is given)")
     fz.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                     help="processes running the execution tier, sharing the database and splitting --max-examples (default: the usable cores; 1: this process)")
+    _add_isolation_option(fz)
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     fz.add_argument("--save-failure", metavar="FILE.json", help="write the minimal failing config here (replay with check --config)")
     fz.set_defaults(handler=cmd_fuzz)

@@ -200,6 +200,7 @@ def fuzz(
     full_every: int = FULL_EVERY,
     full_offset: int | None = None,
     shrink: bool = True,
+    isolation: str = "none",
 ) -> FuzzOutcome:
     """Draw up to `max_examples` configs; stop at the first failure and shrink it.
 
@@ -214,7 +215,7 @@ def fuzz(
     nothing by design (Hypothesis's @seed turns the database off), so seed and database
     are exclusive. special_rows: draw all-zero, NaN and Inf rows at the default shares
     (diffmoe.fuzz.strategies; False: never). features: also draw the MoE-model features
-    (swiglu_limit, dropped_slots, shared_experts; `moe_configs(features=True)`). oracles, schedules, device, time_limit: passed to `run_differential`
+    (swiglu_limit, dropped_slots, shared_experts; `moe_configs(features=True)`). oracles, schedules, device, time_limit, isolation: passed to `run_differential`
     unchanged (None: its defaults; time_limit None runs each example in this process).
     tier: "run" (default) judges most generated examples with the cheap oracle set and every
     `full_every`-th, every failing one, every shrinking run and every database replay with all
@@ -277,6 +278,7 @@ def fuzz(
                 **({} if implementation_name is None else {"implementation_name": implementation_name}),
                 # only when set: a stand-in runner need not know the argument
                 **({} if time_limit is None else {"time_limit": time_limit}),
+                **({} if isolation == "none" else {"isolation": isolation}),
             )
         except Exception as exc:  # a harness crash is a finding to shrink, not the end of the search
             name = implementation_name

@@ -100,19 +100,33 @@ def stop_zygotes() -> None:
     """Stop the zygotes this process started (not those of the process it was forked from)."""
     for z in list(_ZYGOTES.values()):
         if z.owner == os.getpid() and z.proc.poll() is None:
-            z.proc.kill()
-            z.proc.wait()
+            z.proc.terminate()  # it kills and reaps its children first (sandbox._stop_children)
+            try:
+                z.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                z.proc.kill()
+                z.proc.wait()
+
+
+def _preload(spec: str) -> tuple[str, ...]:
+    from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES
+
+    module = IMPLEMENTATION_ALIASES.get(spec, spec).split(":")[0]
+    return () if module.endswith(".py") else (module,)
 
 
 def factory_reference(factory: Any, spec: str | None) -> tuple[tuple[str, Any], tuple[str, ...]]:
-    """How the factory travels, and the modules the zygote may preload: pickled by reference (a
-    module-level class or function), else its MODULE:FACTORY spec; a TypeError naming both when
-    neither works (a closure or a lambda cannot be isolated: run it with isolation='none')."""
+    """How the factory travels, and the modules the zygote may preload: a RemoteFactory by its
+    spec; else pickled by reference (a module-level class or function), else its MODULE:FACTORY
+    spec; a TypeError naming both when neither works (a closure or a lambda cannot be isolated:
+    run it with isolation='none')."""
+    if isinstance(factory, RemoteFactory):
+        return ("spec", factory.spec), _preload(factory.spec)
     try:
         return ("pickle", pickle.dumps(factory)), (getattr(factory, "__module__", None) or "",)
     except Exception as exc:  # noqa: BLE001 - pickling fails in many types
         if spec is not None:
-            return ("spec", spec), (spec.split(":")[0],) if not spec.split(":")[0].endswith(".py") else ()
+            return ("spec", spec), _preload(spec)
         raise TypeError(
             f"isolation='process' sends the factory to the candidate's process by reference; {factory!r} does not "
             f"pickle ({type(exc).__name__}: {exc}): make it a module-level class or function, give its MODULE:FACTORY "
@@ -202,8 +216,8 @@ class RemoteCandidate:
             pass
         self.conn.close()
         if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGKILL)  # whatever it left running (a thread writing late) ends with the check
+            try:  # whatever it left running (a thread writing late, a process it started) ends with the check
+                os.killpg(self.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -246,3 +260,65 @@ class _TypeNamed:
 
     def __init__(self, name: str) -> None:
         self.__class__ = type(name, (_TypeNamed,), {})
+
+
+class RemoteFactory:
+    """A factory named by its MODULE:FACTORY spec whose module is imported only in the candidate's
+    process: what the judge reads of a factory (its numerics profile, batch-invariance claim,
+    `supports`, `plan_workspaces`) is asked of a child of the zygote, so the implementation's
+    module never runs in the judge's process (whose comparison its import-time code could
+    otherwise patch). Calling it is refused: instances are built in the candidate's process.
+    A module that fails to load there declares nothing here; the check then reports the failure
+    (a refused import as a `contract` finding). Pickles as its spec."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.__module__, _, self.__qualname__ = spec.partition(":")
+        self._conn: tuple[int, Any] | None = None  # (pid, connection): one per process
+        reply = self._ask("describe")
+        declared = reply if isinstance(reply, dict) else {}
+        self.numerics = declared.get("numerics")
+        self.batch_invariant = declared.get("batch_invariant")
+        if declared.get("supports"):
+            self.supports = self._supports
+        if declared.get("plan_workspaces"):
+            self.plan_workspaces = self._plan
+
+    def __reduce__(self):
+        return RemoteFactory, (self.spec,)
+
+    def __repr__(self) -> str:
+        return f"RemoteFactory({self.spec!r})"
+
+    def __call__(self, config):
+        raise TypeError(f"{self.spec} is built only in the candidate's process (isolation)")
+
+    def _connection(self):
+        if self._conn is None or self._conn[0] != os.getpid():  # a forked process opens its own
+            z = zygote(_preload(self.spec))
+            conn = Client(z.address, family="AF_UNIX", authkey=z.authkey)
+            send(conn, ("describe", ("spec", self.spec), os.getpid()))
+            self._conn = (os.getpid(), conn)
+            self._declared = recv(conn)
+        return self._conn[1]
+
+    def _ask(self, op: str, *args):
+        conn = self._connection()
+        if op == "describe":
+            reply = self._declared
+        else:
+            send(conn, (op, *args))
+            reply = recv(conn)
+        if reply[0] == "result":
+            return reply[1]
+        if reply[0] == "raised":
+            raise reply[1]
+        if reply[0] == "invalid":  # the spec names nothing loadable: load_factory's own ValueError
+            raise ValueError(reply[1])
+        return None  # "failed": the module does not load there; the check says why
+
+    def _supports(self, config):
+        return self._ask("supports", config)
+
+    def _plan(self, config, num_tokens):
+        return self._ask("plan", config, num_tokens)

@@ -44,22 +44,50 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _die_with_parent() -> None:
+    """SIGTERM when the process that started the zygote dies, however it dies: the zygote then
+    stops its children (`_stop_children`) rather than leave them to an init that may not reap."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
 
+_CHILDREN: set[int] = set()
+# How long the zygote, told to stop, waits for its killed children to be reaped.
+_REAP_SECONDS = 2.0
+
+
+def _stop_children(signum=None, frame=None) -> None:
+    """Kill every child's process group, wait (bounded) until they are reaped, exit."""
+    for pid in list(_CHILDREN):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + _REAP_SECONDS
+    while _CHILDREN and time.monotonic() < deadline:
+        for pid in list(_CHILDREN):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                _CHILDREN.discard(pid)
+        time.sleep(0.01)
+    os._exit(0)
+
+
 def _watch_judge(pid: int) -> None:
-    """End this child when the judge that opened it is gone (a thread: the main one may be
-    inside a kernel that never returns)."""
+    """End this child, and everything it started (its process group), when the judge that opened
+    it is gone (a thread: the main one may be inside a kernel that never returns)."""
     def watch() -> None:
         while True:
             time.sleep(JUDGE_POLL_SECONDS)
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
-                os._exit(0)
+                try:
+                    os.killpg(0, signal.SIGKILL)
+                finally:
+                    os._exit(0)
             except PermissionError:
                 pass
 
@@ -140,6 +168,9 @@ def serve(conn) -> None:
     from diffmoe.check.candidate import Candidate, Crash, crash_finding
 
     message = recv(conn)
+    if message[0] == "describe":
+        describe(conn, *message[1:])
+        return
     _, factory_ref, device, problem_bytes, threads, judge_pid = message
     _watch_judge(judge_pid)
     torch.set_num_threads(threads)
@@ -182,6 +213,75 @@ def serve(conn) -> None:
         send(conn, ("result", value, _attempts()))
 
 
+def describe(conn, factory_ref, judge_pid: int) -> None:
+    """A factory's declarations for a judge that does not load its module (client.RemoteFactory):
+    its attributes once, then `supports` and `plan` per request."""
+    from diffmoe.adapters import contract
+    from diffmoe.adapters.loading import load_factory
+    from diffmoe.check.candidate import crash_finding
+
+    _watch_judge(judge_pid)
+    try:
+        factory = load_factory(factory_ref[1]) if factory_ref[0] == "spec" else pickle.loads(factory_ref[1])
+    except ValueError as exc:
+        attempts = _attempts()
+        if not attempts:  # nothing refused: the spec names nothing loadable (a usage error in the judge)
+            send(conn, ("invalid", str(exc), attempts))
+            return
+        send(conn, ("failed", crash_finding(exc, None, "loading the implementation in the candidate's process"), attempts))
+        return
+    try:
+        declared = {
+            "numerics": getattr(factory, contract.NUMERICS, None),
+            "batch_invariant": getattr(factory, contract.BATCH_INVARIANT, None),
+            "supports": contract.factory_attribute(factory, contract.SUPPORTS) is not None,
+            "plan_workspaces": contract.factory_attribute(factory, contract.PLAN_WORKSPACES) is not None,
+        }
+    except BaseException as exc:  # noqa: BLE001 - reported by the check that then cannot load it either
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        send(conn, ("failed", crash_finding(exc, None, "loading the implementation in the candidate's process"),
+                    _attempts()))
+        return
+    send(conn, ("result", declared, _attempts()))
+    while True:
+        try:
+            request = recv(conn)
+        except EOFError:
+            return
+        try:
+            if request[0] == "supports":
+                value = contract.unsupported(factory, request[1])
+            elif request[0] == "plan":
+                value = contract.factory_plan(factory, request[1], request[2])
+            else:
+                return
+        except BaseException as exc:  # noqa: BLE001 - raised again in the judge, as the factory's own error
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            send(conn, ("raised", exc if _picklable(exc) else RuntimeError(f"{type(exc).__name__}: {exc}"), _attempts()))
+            continue
+        send(conn, ("result", value, _attempts()))
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _picklable(obj: object) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
 def zygote_main(preload: list[str]) -> None:
     """Read the authentication key from stdin, listen, preload, print the address, fork per check."""
     from multiprocessing.connection import Listener
@@ -207,12 +307,15 @@ def zygote_main(preload: list[str]) -> None:
     sys.stdout.flush()
     os.dup2(2, 1)  # the implementation's prints go to the judge's stderr, not into a pipe nobody reads
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    signal.signal(signal.SIGTERM, _stop_children)
     while True:
         conn = listener.accept()
         pid = os.fork()
         if pid == 0:
             listener.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.setpgid(0, 0)  # its own group: stopping a candidate stops what it started, never the zygote
             code = 0
             try:
                 serve(conn)
@@ -221,4 +324,7 @@ def zygote_main(preload: list[str]) -> None:
             finally:
                 os._exit(code)
         conn.close()
+        _CHILDREN.add(pid)
+        for done in [p for p in _CHILDREN if not _exists(p)]:
+            _CHILDREN.discard(done)
 
