@@ -35,9 +35,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor",
          "--fused", "--schedule", "identity"]
-# The judge's own robustness, with the implementation in its process (--isolation none): these
-# hostile implementations live in this module, which imports the CLI, so an isolated candidate's
-# process would refuse to load them (tests/test_isolation.py runs the same faults isolated).
+# The judge's own robustness with the implementation in its process (--isolation none), in the
+# judge's process or its worker; tests/test_isolation.py runs the same faults isolated.
 IN_PROCESS, IN_WORKER = ["--time-limit", "0", "--isolation", "none"], ["--time-limit", "60", "--isolation", "none"]
 MODES = pytest.mark.parametrize("mode", [IN_PROCESS, IN_WORKER], ids=["in-process", "worker"])
 
@@ -381,12 +380,12 @@ def test_a_config_the_implementation_refuses_is_a_usage_error_in_one_line(capsys
     """`supports` refusing the config is exit 2 with one line naming the reason (it was an
     internal error with a traceback: `diffmoe check --impl vllm --quant fp8-token --fused`)."""
     unfused = [a for a in SMALL if a != "--fused"]
-    code = cli.main(["check", *unfused, "--fused", "--impl", "test_exit_codes:refuses_fused", "--isolation", "none"])
+    code = cli.main(["check", *unfused, "--fused", "--impl", "test_exit_codes:refuses_fused"])
     out, err = capsys.readouterr()
     assert code == cli.EXIT_USAGE and out == "", (code, err)
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "does not run this config: no fused act+quant here" in err
-    assert cli.main(["check", *unfused, "--impl", "test_exit_codes:refuses_fused", "--isolation", "none"]) == cli.EXIT_OK
+    assert cli.main(["check", *unfused, "--impl", "test_exit_codes:refuses_fused"]) == cli.EXIT_OK
 
 
 def plan_raises(config):

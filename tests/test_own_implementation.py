@@ -150,7 +150,6 @@ import os
 import sys
 
 from optimized.moe import TritonFP8MoE
-from reference import reference_moe
 
 
 class Noisy(TritonFP8MoE):
@@ -159,7 +158,7 @@ class Noisy(TritonFP8MoE):
         sys.stdout.write("NOISE from sys.stdout\\n")
         sys.stdout.flush()
         os.write(1, b"NOISE on fd 1\\n")
-        return reference_moe(problem)
+        return super().run(problem, workspaces, **kwargs)
 
 
 def make(config):

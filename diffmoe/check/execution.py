@@ -30,8 +30,16 @@ from diffmoe.check.candidate import (  # noqa: F401 - Crash, crash_finding, impl
 from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
 from diffmoe.problem.inputs import Problem, make_problem, settle_uncomputed_rows, tokens_of
 from diffmoe.check.report import Finding, Oracles
-from reference import reference_moe  # pure PyTorch, Triton-free like the harness
-from reference.moe import reference_stage
+
+# The reference (pure PyTorch, Triton-free like the harness) is imported where it runs, not with
+# this module: a module that imports diffmoe's API beside its factory (a test file) must load in
+# the candidate's process, where importing the reference is refused (diffmoe/isolation/).
+
+
+def reference_moe(problem: Problem):
+    from reference import reference_moe as run
+
+    return run(problem)
 
 from diffmoe.problem.vocabulary import materialised_buffers
 
@@ -188,6 +196,8 @@ class Check:
     def reference_stage(self, stage: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | str:
         """The reference's stage on the candidate's buffers, or why it cannot run on them."""
         try:
+            from reference.moe import reference_stage
+
             with numpy_quiet():
                 return reference_stage(stage, inputs, self.problem)
         except Exception as exc:  # noqa: BLE001 - a malformed candidate buffer is the candidate's fault

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from multiprocessing import reduction
 from multiprocessing.connection import Client
 from typing import Any
 
@@ -133,11 +134,18 @@ def factory_reference(factory: Any, spec: str | None) -> tuple[tuple[str, Any], 
             "spec, or run with isolation='none'") from None
 
 
+def _send_stderr(conn) -> None:
+    """The judge's stderr as it is now (fd 2: the CLI's, or a test's capture), for the child's
+    stdout and stderr: what the implementation prints reaches the judge's stderr, never its stdout
+    (a JSON report stays one document), and never a file the zygote inherited when it started."""
+    reduction.send_handle(conn, 2, 0)
+
+
 def refused_import_finding(module: str, importer: str) -> Finding:
     return Finding(
         oracle=Oracles.CONTRACT,
-        message=f"the implementation imported {module} ({importer}), diffmoe's reference or judging code; the "
-                "candidate's process refuses it (isolation: the candidate holds neither the reference nor the judge)",
+        message=f"the implementation imported {module} ({importer}), diffmoe's reference; the candidate's process "
+                "refuses it (isolation: the candidate holds neither the reference nor its results)",
         figures={"module": module, "importer": importer},
     )
 
@@ -152,7 +160,9 @@ class RemoteCandidate:
         self.phase = "starting the candidate's process"
         z = zygote(tuple(m for m in preload if m))
         self.conn = Client(z.address, family="AF_UNIX", authkey=z.authkey)
-        send(self.conn, ("open", factory_ref, str(device), dumps(problem), torch.get_num_threads(), os.getpid()))
+        send(self.conn, ("open", factory_ref, str(device), dumps(problem), torch.get_num_threads(), os.getpid(),
+                         dict(os.environ)))
+        _send_stderr(self.conn)
         reply = self._receive()
         if reply[0] == "failed":
             _, finding, attempts = reply
@@ -298,6 +308,7 @@ class RemoteFactory:
             z = zygote(_preload(self.spec))
             conn = Client(z.address, family="AF_UNIX", authkey=z.authkey)
             send(conn, ("describe", ("spec", self.spec), os.getpid()))
+            _send_stderr(conn)
             self._conn = (os.getpid(), conn)
             self._declared = recv(conn)
         return self._conn[1]

@@ -1,17 +1,18 @@
-"""The import hook of the candidate's process: diffmoe's reference and judging code are refused.
+"""The import hook of the candidate's process: diffmoe's reference is refused.
 
 Owns: the refused module names, the meta-path finder that refuses them, and the record of every
 attempt (module name and the importer's file), which the candidate's process reports as a
 `contract` finding naming the module. An implementation that imports `reference` to copy its
-result, or the comparison to patch it, fails its import there and is named.
+result fails that import there, and is named.
 
-Refused: the reference package (`reference` and below), the tolerance package (the comparison
-and its tables), the oracles (but `guards`, the guarded buffers the candidate's side allocates,
-and `address_analysis`, which the interpreter's address recorder uses), the check's judging
-modules (`diffmoe.check.execution`, `diffmoe.check.runner`, the `diffmoe.runner` face) and every
-front end (they import the runner). Modules already imported before the guard is installed are
-not affected: the candidate's process installs it before importing anything that could import
-them (sandbox.py), and tests/test_isolation.py holds that none of them is in that process.
+Refused: the reference package (`reference` and below), the one place expected values are
+computed. The judge's modules (the comparison, the oracles, the runner) may be imported there:
+a test module that defines a factory beside its tests imports them, and refusing it would be a
+false alarm on a correct kernel (every such module in tests/ was one). They judge nothing there:
+every verdict is made in the judge's process, on the bytes the candidate returned, so patching
+them in the candidate's process changes nothing (tests/test_exploits.py's PatchesTheComparison).
+None of them imports the reference at import time (diffmoe/check/execution.py imports it where
+it runs), and tests/test_isolation.py holds that the candidate's process holds no reference.
 """
 
 from __future__ import annotations
@@ -20,28 +21,11 @@ import sys
 import threading
 from dataclasses import dataclass
 
-REFUSED_PACKAGES = (
-    "reference",
-    "diffmoe.tolerance",
-    "diffmoe.oracles",
-    "diffmoe.check.execution",
-    "diffmoe.check.runner",
-    "diffmoe.runner",
-    "diffmoe.frontends",
-    "diffmoe.fuzz",
-    "diffmoe.pytest_plugin",
-)
-ALLOWED = frozenset({
-    "diffmoe.oracles",  # the package itself imports nothing (diffmoe/oracles/__init__.py)
-    "diffmoe.oracles.guards",
-    "diffmoe.oracles.address_analysis",
-})
+REFUSED_PACKAGES = ("reference",)
 
 
 def refused(name: str) -> bool:
     """Whether the candidate's process refuses to import module `name`."""
-    if name in ALLOWED:
-        return False
     return any(name == p or name.startswith(p + ".") for p in REFUSED_PACKAGES)
 
 
@@ -79,7 +63,7 @@ class ImportGuard:
         with self._lock:
             self.attempts.append(Attempt(name, _importer()))
         raise RefusedImport(
-            f"{name} is diffmoe's reference or judging code, which the candidate's process refuses to import "
+            f"{name} is diffmoe's reference, which the candidate's process refuses to import "
             "(diffmoe/isolation/import_guard.py)", name=name)
 
     def take(self) -> list[Attempt]:

@@ -11,8 +11,7 @@ Why a zygote: a fresh interpreter per check costs the imports of torch and Trito
 1.4 s measured on this 2-core machine, `python -c "import torch"`); a fork of a process that
 already holds them, and never held the reference or the judge, costs a few milliseconds.
 
-Must not import (before the guard, or at all): the reference, the tolerance, the oracles but
-guards and address analysis, the check's runner and execution, the front ends.
+Must not import the reference, before the guard or after (import_guard.py).
 
 Messages are pickled bytes (`send`/`recv`), never shared memory: what the candidate returns is a
 copy, which it cannot change after it returned.
@@ -29,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+from multiprocessing import reduction
 from typing import Any
 
 from diffmoe.isolation import import_guard
@@ -168,11 +168,16 @@ def serve(conn) -> None:
     from diffmoe.check.candidate import Candidate, Crash, crash_finding
 
     message = recv(conn)
+    _print_to(reduction.recv_handle(conn))
     if message[0] == "describe":
         describe(conn, *message[1:])
         return
-    _, factory_ref, device, problem_bytes, threads, judge_pid = message
+    _, factory_ref, device, problem_bytes, threads, judge_pid, environ = message
     _watch_judge(judge_pid)
+    # the judge's environment now, not the zygote's at its start: what the implementation reads
+    # (a variable a test or a user set since) is what it would read in the judge's process
+    os.environ.clear()
+    os.environ.update(environ)
     torch.set_num_threads(threads)
     try:
         kind, value = factory_ref
@@ -264,6 +269,15 @@ def describe(conn, factory_ref, judge_pid: int) -> None:
         send(conn, ("result", value, _attempts()))
 
 
+def _print_to(fd: int) -> None:
+    """This child's stdout and stderr become the judge's stderr (client._send_stderr)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -305,7 +319,7 @@ def zygote_main(preload: list[str]) -> None:
         fast_path.warm_rewrites()  # every child starts from the rewritten kernels
     sys.stdout.write(listener.address + "\n")
     sys.stdout.flush()
-    os.dup2(2, 1)  # the implementation's prints go to the judge's stderr, not into a pipe nobody reads
+    os.dup2(2, 1)  # not into a pipe nobody reads (each child then prints to its judge's stderr)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     signal.signal(signal.SIGTERM, _stop_children)
     while True:

@@ -1,0 +1,171 @@
+"""Isolation (issue 33 item 1, diffmoe/isolation/): the candidate runs in a process that holds
+neither the reference, its results, nor the judge; problems go in and runs come out as bytes.
+
+Each property has a test that fails without it: the candidate's process holds no refused
+module; importing the reference there is a contract finding naming it; the implementation's
+faults there are findings, its process ending included; a hung candidate ends with its check;
+an isolated check finds what an in-process one finds and is as quiet; an --impl module is never
+imported by the CLI's own process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from diffmoe.check.report import Oracles
+from diffmoe.check.runner import run_differential
+from diffmoe.isolation.import_guard import refused
+from diffmoe.problem.config import MoEConfig
+from isolated_kernels import ReportsWhatItsProcessHolds, SleepsForever
+
+TINY = MoEConfig(num_tokens=2, num_experts=2, topk=1, hidden=16, inter=16, quant="fp8-tensor", fused=True)
+SMALL = MoEConfig(num_tokens=4, num_experts=2, topk=2, hidden=128, inter=128, quant="fp8-token", fused=False)
+
+
+def test_the_import_guard_refuses_the_reference_and_nothing_else():
+    for name in ("reference", "reference.moe", "reference.rounding.quant"):
+        assert refused(name), name
+    for name in ("diffmoe", "diffmoe.check.candidate", "diffmoe.check.runner", "diffmoe.tolerance.compare",
+                 "diffmoe.frontends.cli", "optimized", "peers", "referenced", "torch"):
+        assert not refused(name), name
+
+
+def test_a_module_that_imports_diffmoes_api_loads_in_the_candidates_process():
+    """A test module that defines its factory beside run_differential calls: importing the judge's
+    modules is not the reference (they judge nothing there), so it loads and passes."""
+    report = run_differential(TINY, _spec_only("test_isolation:honest"), implementation_name="test_isolation:honest",
+                              isolation="process")
+    assert report.passed, report.render()
+
+
+def honest(config):
+    from optimized.moe import TritonFP8MoE
+
+    return TritonFP8MoE(config)
+
+
+def test_the_candidates_side_imports_under_the_guard():
+    """What the candidate's process imports (the candidate's side, the loader, the shipped kernel,
+    the peers' package), and the API a test module imports beside its factory, need no reference."""
+    code = ("import sys; from diffmoe.isolation.import_guard import ImportGuard; sys.meta_path.insert(0, ImportGuard()); "
+            "import diffmoe.check.candidate, diffmoe.adapters.loading, diffmoe.isolation.sandbox, optimized, peers, "
+            "diffmoe.check.runner, diffmoe.frontends.cli, diffmoe.fuzz.driver")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_candidates_process_holds_no_refused_module():
+    report = run_differential(TINY, ReportsWhatItsProcessHolds, isolation="process", oracles=("differential",),
+                              schedules=("identity",))
+    (crash,) = [f for f in report.findings if f.oracle == Oracles.CRASH]
+    assert "refused-modules=[]" in crash.message, crash.message
+    assert f"pid={os.getpid()}" not in crash.message
+    # without isolation the same probe sees the judge in its process: the test can fail
+    report = run_differential(TINY, ReportsWhatItsProcessHolds, isolation="none", oracles=("differential",),
+                              schedules=("identity",))
+    assert "refused-modules=[]" not in report.findings[0].message
+
+
+def _module(tmp_path, name: str, source: str) -> str:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    return str(tmp_path / f"{name}.py")
+
+
+def test_a_module_that_imports_the_reference_is_a_contract_finding_naming_it(tmp_path):
+    path = _module(tmp_path, "copies_at_import", """
+        from reference import reference_moe
+        from optimized.moe import TritonFP8MoE as factory
+    """)
+    report = run_differential(TINY, implementation_name=f"{path}:factory", isolation="process",
+                              implementation=_spec_only(f"{path}:factory"))
+    (finding,) = report.findings
+    assert finding.oracle == Oracles.CONTRACT and finding.figures["module"] == "reference", report.render()
+    assert "copies_at_import.py" in finding.figures["importer"]
+
+
+def _spec_only(spec: str):
+    from diffmoe.isolation.client import RemoteFactory
+
+    return RemoteFactory(spec)
+
+
+@pytest.mark.parametrize("impl,needle", [
+    ("ExitsInRun", "the implementation called sys.exit(0) during the run under schedule identity"),
+    ("OsExitInRun", "the implementation called os._exit(0) during the run under schedule identity"),
+    ("ProcessEndsInRun", "the candidate's process ended during the run under schedule identity"),
+])
+def test_the_implementations_exits_in_its_process_are_crash_findings(impl, needle):
+    import isolated_kernels
+
+    report = run_differential(TINY, getattr(isolated_kernels, impl), isolation="process", schedules=("identity",))
+    crashes = [f for f in report.findings if f.oracle == Oracles.CRASH]
+    assert crashes and crashes[0].message.startswith(needle), report.render()
+
+
+def test_a_broken_contract_is_a_contract_finding_across_the_boundary():
+    from isolated_kernels import returns_none
+
+    report = run_differential(TINY, returns_none, isolation="process")
+    (finding,) = report.findings
+    assert finding.oracle == Oracles.CONTRACT and "the factory returned None" in finding.message
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_hung_candidate_ends_with_its_check(tmp_path, monkeypatch):
+    pid_file = tmp_path / "candidate.pid"
+    monkeypatch.setenv("DIFFMOE_TEST_PID_FILE", str(pid_file))
+    report = run_differential(TINY, SleepsForever, isolation="process", time_limit=3, schedules=("identity",))
+    assert [f.oracle for f in report.findings] == [Oracles.TIMEOUT], report.render()
+    candidate = int(pid_file.read_text())
+    assert candidate != os.getpid()
+    deadline = time.monotonic() + 5
+    while not _gone(candidate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(candidate), "the candidate's process outlived its check"
+
+
+@pytest.mark.parametrize("config,passes", [(SMALL, True), (SMALL.replace(planner="legacy", fused=True), False)],
+                         ids=["fixed-passes", "legacy-alias-found"])
+def test_an_isolated_check_judges_as_an_in_process_one(config, passes):
+    isolated = run_differential(config, isolation="process")
+    in_process = run_differential(config, isolation="none")
+    assert isolated.passed is in_process.passed is passes, isolated.render()
+    assert [(f.oracle, f.stage) for f in isolated.findings] == [(f.oracle, f.stage) for f in in_process.findings]
+
+
+def test_bad_isolation_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match="isolation must be one of 'process', 'none'"):
+        run_differential(TINY, isolation="thread")
+    with pytest.raises(TypeError, match="does not pickle"):
+        run_differential(TINY, lambda config: None, isolation="process")
+
+
+def test_the_cli_never_imports_an_impl_module_in_its_own_process(tmp_path):
+    marks = tmp_path / "imported.by"
+    path = _module(tmp_path, "marks_its_importer", f"""
+        import os
+        with open({str(marks)!r}, "a") as fh:
+            fh.write(str(os.getpid()) + "\\n")
+        from optimized.moe import TritonFP8MoE as factory
+    """)
+    cli = subprocess.Popen([sys.executable, "-m", "diffmoe", "check", "--tokens", "2", "--experts", "2", "--topk", "1",
+                            "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor", "--fused", "--impl",
+                            f"{path}:factory"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = cli.communicate(timeout=300)
+    assert cli.returncode == 0, out + err
+    importers = set(marks.read_text().split())
+    assert importers and str(cli.pid) not in importers
