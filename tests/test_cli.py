@@ -54,6 +54,8 @@ def fake_runner(monkeypatch):
     # the stand-in records its calls in this process: the fuzz runs here, not in workers
     # (tests/test_fuzz_workers.py and test_robustness_cli.py run the workers)
     monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
+    # and the implementation in this process: the stand-in's factories exist only here
+    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")
     monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake
 

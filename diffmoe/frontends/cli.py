@@ -307,8 +307,19 @@ def _add_impl_option(p: argparse.ArgumentParser) -> None:
                                                           "vllm==0.28.0, vllm==0.30.0: those releases)")
 
 
+# --isolation's default for check and fuzz (docs/robustness.md, "Isolation"); a module constant
+# so a test driving the CLI through a stand-in runner can set it, as DEFAULT_FUZZ_WORKERS.
+DEFAULT_ISOLATION = "process"
+
+
+def _isolation_kwargs(args: argparse.Namespace) -> dict:
+    """run_differential's / fuzz's isolation argument: given only when the candidate is isolated
+    (their default is in process), so a stand-in runner need not know the argument."""
+    return {"isolation": args.isolation} if args.isolation != "none" else {}
+
+
 def _add_isolation_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--isolation", choices=("process", "none"), default="process",
+    p.add_argument("--isolation", choices=("process", "none"), default=DEFAULT_ISOLATION,
                    help="process (default): the implementation runs in a process that holds neither the reference nor "
                         "the judge, and its module is never imported here; none: in this process (for a debugger)")
 
@@ -482,7 +493,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         with _sigterm_interrupts(), implementation_output_to_stderr():
             report = runner.run_differential(
                 config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name, **limit,
-                isolation=args.isolation,
+                **_isolation_kwargs(args),
             )
     except ConfigRefused as exc:  # the implementation's `supports` said no: a usage error, one line
         raise UsageError(f"{exc} (its `supports`; choose a config it runs)") from None
@@ -700,7 +711,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 device=device,
                 database=args.database,
                 time_limit=limit,
-                isolation=args.isolation,
+                **_isolation_kwargs(args),
                 **({} if args.special_rows else {"special_rows": False}),
                 **({"features": True} if args.model_features else {}),
                 **({"tier": args.tier} if args.tier != "run" else {}),
