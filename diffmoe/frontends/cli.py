@@ -4,7 +4,8 @@
                   [--time-limit S] [--json]
     diffmoe fuzz  [--max-examples N] [--seed S | --database DIR] [--workers N] [--planner P] [--impl ...]
                   [--max-tokens T] [--max-experts E] [--oracles a,b] [--time-limit S] [--json]
-                  [--save-failure FILE.json]
+                  [--save-failure FILE.json] [config flags as bounds: --topk 1..2 --quant fp8-block --fused ...]
+                  [--waive ORACLE@STAGE ... | --waive-file F] [--keep-going N]
     diffmoe plan  [config options | --config FILE.json] [--impl ...] [--png FILE]
     diffmoe demo
     diffmoe doctor [--device D] [--json]
@@ -301,6 +302,94 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--config", metavar="FILE.json", help="read the whole config from a JSON file instead")
 
 
+# `diffmoe fuzz` bounds: check's config flags, each taking N or LO..HI (integers) or A[,B] (choices).
+# The problem seed is --problem-seed: fuzz's --seed is the search's own seed.
+FUZZ_BOUND_FLAGS = {flag: name for flag, name in CONFIG_FLAGS.items() if flag not in ("seed", "planner")}
+FUZZ_BOUND_FLAGS["problem_seed"] = "seed"
+FUZZ_SWITCHES = ("renormalize", "tie_heavy")  # --X / --no-X pins them
+DEFAULT_FUZZ_MAX_TOKENS = 96  # diffmoe.fuzz.strategies.DEFAULT_MAX_TOKENS (not imported: it pulls in hypothesis)
+
+
+def _add_fuzz_controls(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("field bounds (check's config flags: N or LO..HI for integers, A or A,B for choices; "
+                             "each field drawn only within its bound)")
+    for flag, name in FUZZ_BOUND_FLAGS.items():
+        option = "--" + flag.replace("_", "-")
+        if name == "fused":
+            fused = g.add_mutually_exclusive_group()
+            fused.add_argument("--fused", dest="fused", action="store_const", const=True, help="draw only fused configs")
+            fused.add_argument("--unfused", dest="fused", action="store_const", const=False, help="draw only unfused configs")
+        elif flag in FUZZ_SWITCHES:
+            g.add_argument(option, action=argparse.BooleanOptionalAction, default=None, help=f"pin {name} on (or off)")
+        elif name == "expert_map":
+            g.add_argument(option, metavar="A,B,...", help="pin the expert map (write --expert-map=0,-1,1); pins E to its length")
+        elif name in ("numerics", "swiglu_limit"):
+            g.add_argument(option, metavar="VALUE", help=f"pin {name}")
+        else:
+            from diffmoe.fuzz.bounds import CHOICE_FIELDS, INT_FIELDS
+
+            if name in INT_FIELDS:
+                lo, hi = INT_FIELDS[name]
+                g.add_argument(option, metavar="N|LO..HI", help=f"bound {name} within [{lo}, {hi}]")
+            else:
+                g.add_argument(option, metavar="A[,B]", help=f"{name}: one or more of {', '.join(map(str, CHOICE_FIELDS[name]))}")
+    w = p.add_argument_group("known findings and several failures")
+    w.add_argument("--waive", action="append", metavar="ORACLE@STAGE",
+                   help="search past findings of ORACLE at STAGE (ORACLE alone or ORACLE@*: at any stage); repeatable")
+    w.add_argument("--waive-file", metavar="FILE", help="waivers, one ORACLE@STAGE per line, # comments allowed")
+    w.add_argument("--keep-going", type=_positive_int, default=1, metavar="N",
+                   help="collect up to N distinct failures (by oracle@stage), each shrunk, each with its replay line "
+                        "(default 1: stop at the first; runs with --workers 1)")
+
+
+def fuzz_bounds(args: argparse.Namespace):
+    """The FieldBounds the fuzz's bound flags describe; UsageError naming the flag and the allowed range."""
+    from diffmoe.fuzz.bounds import CHOICE_FIELDS, INT_FIELDS, FieldBounds, parse_choices, parse_int_bound
+
+    ranges: dict[str, tuple[int, int]] = {}
+    values: dict[str, tuple] = {}
+    try:
+        for flag, name in FUZZ_BOUND_FLAGS.items():
+            text = getattr(args, flag, None)
+            if text is None:
+                continue
+            option = "--" + flag.replace("_", "-")
+            if name in INT_FIELDS:
+                ranges[name] = parse_int_bound(name, text, option)
+            elif isinstance(text, bool):
+                values[name] = (text,)
+            elif name in CHOICE_FIELDS:
+                values[name] = parse_choices(name, text, option)
+            elif name == "expert_map":
+                values[name] = (parse_expert_map(text),)
+            elif name == "numerics":
+                values[name] = (numerics_spec(text),)
+            else:  # swiglu_limit
+                try:
+                    values[name] = (float(text),)
+                except ValueError:
+                    raise ValueError(f"{option} must be a number in (0, {MAX_SWIGLU_LIMIT:g}], got {text[:60]!r}") from None
+        return FieldBounds(ranges=ranges, values=values)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def fuzz_waivers(args: argparse.Namespace):
+    """The Waivers of --waive and --waive-file; UsageError naming the flag (or file line) and the form."""
+    from diffmoe.fuzz.waivers import MAX_WAIVER_FILE_CHARS, Waivers, parse_waiver, parse_waiver_text
+
+    try:
+        items = [parse_waiver(text) for text in args.waive or ()]
+        if args.waive_file is not None:
+            text = _read_small_text(args.waive_file, "waiver file", MAX_WAIVER_FILE_CHARS)
+            if len(text) > MAX_WAIVER_FILE_CHARS:
+                raise UsageError(f"waiver file {args.waive_file} is larger than {MAX_WAIVER_FILE_CHARS} characters")
+            items += parse_waiver_text(text, f"--waive-file {args.waive_file}")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return Waivers(items)
+
+
 def _add_impl_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
                                                           "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers; "
@@ -551,6 +640,12 @@ def _plan_phase(args, factory, name, seed: int | None):
 
     only = args.tier == "plan"
     count = args.max_examples if only else args.plan_examples
+    if count and not only and getattr(args, "controlled", False):
+        # the plan tier draws its own domain and stops at its first finding: it would ignore the
+        # bounds and the waivers. The execution tier judges every example's plan (static-aliasing).
+        print(f"{PROG}: fuzz: no plan tier with field bounds, --waive or --keep-going (the execution tier judges "
+              "each example's plan)", file=sys.stderr)
+        return None
     if count == 0:
         return None
     if factory is not None and factory_attribute(factory, PLAN_WORKSPACES) is None:
@@ -636,10 +731,37 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError(f"--plan-examples must be in [0, {MAX_PLAN_EXAMPLES}], got {args.plan_examples}")
     if args.tier != "plan" and args.max_examples > MAX_EXAMPLES_LIMIT:
         raise UsageError(f"--max-examples must be in [1, {MAX_EXAMPLES_LIMIT}], got {args.max_examples}")
+    bounds = fuzz_bounds(args)
+    waivers = fuzz_waivers(args)
+    # --tokens / --experts bound T and E themselves: with them, --max-T/E would be a second bound
+    for field, flag, limit in (("num_tokens", "tokens", "max_tokens"), ("num_experts", "experts", "max_experts")):
+        if field in bounds.ranges and getattr(args, limit) is not None:
+            raise UsageError(f"--{flag} and --{limit.replace('_', '-')} cannot be combined: --{flag} LO..HI bounds it alone")
+    if args.max_tokens is None:
+        args.max_tokens = MAX_TOKENS if "num_tokens" in bounds.ranges else DEFAULT_FUZZ_MAX_TOKENS
+    if args.max_experts is None:
+        args.max_experts = FUZZ_MAX_EXPERTS
     if args.max_tokens > MAX_TOKENS:
         raise UsageError(f"--max-tokens must be in [1, {MAX_TOKENS}], got {args.max_tokens}")
     if args.max_experts > FUZZ_MAX_EXPERTS:
         raise UsageError(f"--max-experts must be in [1, {FUZZ_MAX_EXPERTS}], got {args.max_experts}")
+    if args.keep_going > 1 and args.workers is not None and args.workers > 1:
+        raise UsageError(f"--keep-going {args.keep_going} runs in one process: it cannot be combined with --workers "
+                         f"{args.workers} (give --workers 1, or leave --workers out)")
+    if args.keep_going > 1:
+        args.workers = 1
+    args.controlled = bool(bounds or waivers or args.keep_going > 1)
+    if bounds and args.tier != "plan":
+        from diffmoe.fuzz.strategies import moe_configs
+
+        try:  # the bounds together (and with the other flags): an empty combination is a usage error now
+            moe_configs(planner=args.planner, max_tokens=args.max_tokens, max_experts=args.max_experts,
+                        special_rows=args.special_rows, features=args.model_features, bounds=bounds)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if args.tier == "plan" and (bounds or waivers or args.keep_going > 1):
+        raise UsageError("--tier plan draws its own plan domain: field bounds, --waive and --keep-going apply to the run "
+                         "and full tiers")
     if args.seed is not None and args.seed > MAX_SEED:
         raise UsageError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     if args.workers is None:
@@ -690,6 +812,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 **({"features": True} if args.model_features else {}),
                 **({"tier": args.tier} if args.tier != "run" else {}),
                 **({"shrink": False} if args.no_shrink else {}),
+                **({"bounds": bounds} if bounds else {}),
+                **({"waive": waivers} if waivers else {}),
+                **({"keep_going": args.keep_going} if args.keep_going > 1 else {}),
             )
     finally:
         printer.finish(None if outcome is None else outcome.examples)
@@ -709,7 +834,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         print(_fuzz_summary(outcome, args.max_examples, args.database))
-        if report is not None:
+        failures = list(zip(outcome.failures, outcome.failure_keys)) if args.keep_going > 1 else []
+        if failures:
+            for n, (failed, keys) in enumerate(failures, 1):
+                print(f"failure {n} of {len(failures)} ({', '.join(keys) or 'no new key'}), minimal failing config:")
+                print(json.dumps(failed.config.to_dict(), indent=2, sort_keys=True))
+                print(failed.render())
+        elif report is not None:
             print("minimal failing config:")
             print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
             print(report.render())
@@ -755,7 +886,8 @@ def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> st
     if outcome.interrupted:
         head += ", interrupted"
     if outcome.report is None:
-        return head + (", no finding so far" if outcome.interrupted else f", no finding in up to {max_examples} examples")
+        return head + (", no finding so far" if outcome.interrupted else f", no finding in up to {max_examples} examples") \
+            + _waived_note(outcome)
     parts = [head]
     if outcome.seconds_to_first_failure is not None:
         parts.append(f"first failure after {outcome.seconds_to_first_failure:.1f} s")
@@ -764,7 +896,14 @@ def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> st
     if outcome.interrupted:
         parts.append("the config below is the smallest failure found before the interrupt")
     parts.extend(outcome.notes)
-    return "; ".join(parts)
+    if len(outcome.failures) > 1:
+        parts.append(f"{len(outcome.failures)} distinct failures")
+    return "; ".join(parts) + _waived_note(outcome)
+
+
+def _waived_note(outcome) -> str:
+    waived = getattr(outcome, "waived_examples", 0)
+    return f"; {waived} example{'s' if waived != 1 else ''} had only waived findings" if waived else ""
 
 
 # ---- plan -------------------------------------------------------------------------------
@@ -1005,8 +1144,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--seed", type=_non_negative_int, metavar="S", help="fuzzing seed (default: a fresh one, printed)")
     fz.add_argument("--planner", choices=PLANNERS, default="fixed", help="planner of every drawn config (default fixed)")
     _add_impl_option(fz)
-    fz.add_argument("--max-tokens", type=_positive_int, default=96, metavar="T", help="largest T drawn (default 96)")
-    fz.add_argument("--max-experts", type=_positive_int, default=64, metavar="E", help="largest E drawn (default 64)")
+    fz.add_argument("--max-tokens", type=_positive_int, default=None, metavar="T", help="largest T drawn (default 96; or bound T with --tokens)")
+    fz.add_argument("--max-experts", type=_positive_int, default=None, metavar="E", help="largest E drawn (default 64; or bound E with --experts)")
     fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default every one but the opt-in ones)")
     fz.add_argument("--special-rows", action=argparse.BooleanOptionalAction, default=True,
                     help="draw all-zero (padding), NaN and Inf token rows (default: zero rows in about half the examples, NaN and Inf in an eighth each)")
@@ -1020,6 +1159,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="processes running the execution tier, sharing the database and splitting --max-examples (default: the usable cores; 1: this process)")
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     fz.add_argument("--save-failure", metavar="FILE.json", help="write the minimal failing config here (replay with check --config)")
+    _add_fuzz_controls(fz)
     fz.set_defaults(handler=cmd_fuzz)
 
     plan = sub.add_parser("plan", help="show the workspace plan and its overlaps", description="Show the workspace plan and its overlaps.")
