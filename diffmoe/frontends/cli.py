@@ -20,7 +20,8 @@ Exit codes (EXIT_*; they cannot lie: 0 is only ever a verdict):
   1    findings: what the implementation did wrong, crashes, sys.exit() in its code, a worker
        that died, broken contracts and timeouts included (for `plan`: an overlap);
   2    usage errors: bad arguments, an invalid config, an --impl that cannot be imported
-       (its module's error named; one line on stderr, no traceback);
+       (its module's error named), a config its `supports` refuses, a peer whose pinned wheel
+       is not cached (the `diffmoe peers fetch` named); one line on stderr, no traceback;
   3    the harness could not judge: an internal error of diffmoe, or of its worker process
        (`diffmoe: internal error: ...` and the traceback on stderr; no verdict either way);
   130  interrupted (Ctrl-C or SIGTERM): a check stops its worker process group first; a fuzz
@@ -374,6 +375,39 @@ def fuzz_bounds(args: argparse.Namespace):
         raise UsageError(str(exc)) from None
 
 
+# Draws tried for a config the implementation's `supports` accepts within the bounds: the fuzz itself
+# gives up (Hypothesis's Unsatisfiable) well before this many consecutive refusals would pass.
+SUPPORTED_PROBE_EXAMPLES = 500
+
+
+def _bounds_leave_a_supported_config(strategy, bounds, factory, name: str) -> None:
+    """A usage error (one line, naming the bounds and one refusal) when every bounded draw is a
+    config the implementation's own `supports` refuses (`fuzz --impl vllm --quant fp8-token --fused`):
+    otherwise the fuzz would end in an internal error, every example rejected."""
+    from diffmoe.adapters.contract import SUPPORTS, factory_attribute, unsupported
+
+    if factory is None or factory_attribute(factory, SUPPORTS) is None:
+        return
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis.errors import NoSuchExample, Unsatisfiable
+
+    refusals: list[str] = []
+
+    def runs(config) -> bool:
+        reason = unsupported(factory, config)
+        if reason is not None and not refusals:
+            refusals.append(reason)
+        return reason is None
+
+    try:
+        find(strategy, runs, settings=settings(max_examples=SUPPORTED_PROBE_EXAMPLES, database=None, derandomize=True,
+                                               phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
+    except (NoSuchExample, Unsatisfiable):
+        why = f": {refusals[0]}" if refusals else ""
+        raise UsageError(f"{name} does not run any config within the bounds ({bounds.describe()}){why} "
+                         "(its `supports`; widen or change the bounds)") from None
+
+
 def fuzz_waivers(args: argparse.Namespace):
     """The Waivers of --waive and --waive-file; UsageError naming the flag (or file line) and the form."""
     from diffmoe.fuzz.waivers import MAX_WAIVER_FILE_CHARS, Waivers, parse_waiver, parse_waiver_text
@@ -469,11 +503,49 @@ def load_implementation(spec: str | None):
     """(factory or None for the default, the name reports and replay commands use)."""
     if spec is None:
         return None, DEFAULT_IMPLEMENTATION_NAME
+    interpreter_on_a_cpu()
     try:
-        return _runner().load_factory(spec), spec
+        factory = _runner().load_factory(spec)
     except (ImportError, TypeError, ValueError) as exc:
         message = str(exc)
         raise UsageError(message if "--impl" in message else f"--impl {spec}: {message}") from None
+    require_cached_wheel(factory, spec)
+    return factory, spec
+
+
+def interpreter_on_a_cpu() -> None:
+    """Without CUDA, the Triton interpreter (TRITON_INTERPRET=1) before any --impl module is imported:
+    Triton picks interpreted or compiled kernels when `@triton.jit` decorates them, so an adapter that
+    imports triton before anything of diffmoe did would get compiled kernels on a CPU ("0 active
+    drivers", "Cannot call @triton.jit'd outside of the scope of a kernel"), reported as its crash
+    (issue 28). An explicit TRITON_INTERPRET (compile-check's 0) is left as it is."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def require_cached_wheel(factory, spec: str) -> None:
+    """A peer whose pinned wheel is not in the cache (the factory's `peer_wheel`): a usage error naming
+    the `diffmoe peers fetch` to run, before any run (it would be a crash finding of a kernel that
+    never ran: issue 28)."""
+    from diffmoe.adapters.contract import factory_peer_wheel
+
+    try:
+        wheel = factory_peer_wheel(factory)
+    except TypeError as exc:
+        raise UsageError(f"--impl {spec}: {exc}") from None
+    if wheel is None:
+        return
+    from diffmoe.adapters.peer_wheels import PeerError, cache_dir, is_cached, not_cached_message
+
+    try:
+        if not is_cached(wheel):
+            raise UsageError(f"--impl {spec}: {not_cached_message([wheel], cache_dir())}")
+    except PeerError as exc:  # a name the peer table does not know
+        raise UsageError(f"--impl {spec}: its {wheel!r} wheel: {exc}") from None
 
 
 def parse_device(text: str | None) -> str | None:
@@ -751,12 +823,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.keep_going > 1:
         args.workers = 1
     args.controlled = bool(bounds or waivers or args.keep_going > 1)
+    bounded = None
     if bounds and args.tier != "plan":
         from diffmoe.fuzz.strategies import moe_configs
 
         try:  # the bounds together (and with the other flags): an empty combination is a usage error now
-            moe_configs(planner=args.planner, max_tokens=args.max_tokens, max_experts=args.max_experts,
-                        special_rows=args.special_rows, features=args.model_features, bounds=bounds)
+            bounded = moe_configs(planner=args.planner, max_tokens=args.max_tokens, max_experts=args.max_experts,
+                                  special_rows=args.special_rows, features=args.model_features, bounds=bounds)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if args.tier == "plan" and (bounds or waivers or args.keep_going > 1):
@@ -779,6 +852,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             raise UsageError(f"--database {args.database} exists and is not a folder")
     oracles = parse_oracles(args.oracles)
     factory, name = load_implementation(args.impl)
+    if bounded is not None:
+        _bounds_leave_a_supported_config(bounded, bounds, factory, name)
     if args.save_failure is not None:
         _check_writable(args.save_failure)  # before the first example, not after the whole fuzz
     # A seed is always chosen and printed, so any run can be repeated exactly; except with a
@@ -914,9 +989,23 @@ def default_factory():
     return _runner().load_factory(DEFAULT_IMPLEMENTATION)
 
 
+def refuse_unsupported(factory, name: str, config: MoEConfig) -> None:
+    """A config the implementation's own `supports` refuses: a usage error in one line (as `check`'s
+    ConfigRefused), before the implementation is asked for anything."""
+    from diffmoe.adapters.contract import unsupported
+
+    try:
+        reason = unsupported(factory, config)
+    except TypeError as exc:
+        raise UsageError(f"--impl {name}: {exc}") from None
+    if reason is not None:
+        raise UsageError(f"{name} does not run this config: {reason} (its `supports`; choose a config it runs)")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    factory, _ = load_implementation(args.impl)  # an --impl that cannot be loaded: a usage error, exit 2
+    factory, name = load_implementation(args.impl)  # an --impl that cannot be loaded: a usage error, exit 2
+    refuse_unsupported(factory, name, config)  # not "the implementation's plan failed" (exit 1): nothing to judge
     try:
         with implementation_output_to_stderr():
             # asked through the contract: the factory's cheap `plan_workspaces` where it has one, else built
@@ -1065,6 +1154,8 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
         raise UsageError("--sweep cannot be combined with a config (flags or --config)")
     if given or args.config is not None:
         configs = [config_from_args(args)]
+        gate_factory, gate_name = load_implementation(args.impl)
+        refuse_unsupported(gate_factory, gate_name, configs[0])
     else:
         configs = gate.sweep_configs() if args.sweep else gate.representative_configs()
     classes = _csv(args.tile_class)
