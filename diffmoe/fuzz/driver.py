@@ -81,8 +81,8 @@ from diffmoe.fuzz.waivers import Waiver, Waivers, finding_key, report_keys
 PHASE_GENERATE = "generate"
 PHASE_SHRINK = "shrink"
 MAX_EXAMPLES_LIMIT = 1_000_000
-# --keep-going's bound: one failure per oracle@stage key; 14 oracles (crash and timeout
-# included) at 8 stages each is about 110 keys, so 1000 never cuts a real search short.
+# --keep-going's bound: one failure per oracle@stage key; 15 oracles (crash and timeout
+# included, waivers.WAIVABLE_ORACLES) at 8 stages each is 120 keys, so 1000 never cuts a search short.
 MAX_KEEP_GOING = 1000
 
 ProgressCallback = Callable[[int, str, float, str], None]
@@ -312,7 +312,9 @@ def fuzz(
         key = (config, how.oracles, None if how.schedules is None else tuple(str(s) for s in how.schedules))
         if round_index[0] and key in memo:
             return memo[key]
-        memo[key] = report = judge_afresh(config, how)
+        report = judge_afresh(config, how)
+        if keep_going > 1:  # only a later round reads it: a single search keeps no reports
+            memo[key] = report
         return report
 
     def judge_afresh(config: MoEConfig, how: Judging) -> Report:
