@@ -109,6 +109,13 @@ def test_opt_in_fields_are_pinned_too():
     assert seen and all(b.holds(c) for c in seen)
 
 
+def test_a_pinned_profile_for_one_scheme_goes_with_that_scheme():
+    """lmdeploy's profile describes fp8-block only: pinned with it, every draw is fp8-block."""
+    b = FieldBounds(values={"numerics": ("lmdeploy",), "quant": ("fp8-block",)})
+    seen = draws(moe_configs(bounds=b), 20)
+    assert seen and all(c.numerics == "lmdeploy" and c.quant == "fp8-block" for c in seen)
+
+
 def test_no_bounds_draw_exactly_the_configs_they_drew_before():
     """An empty FieldBounds changes nothing: same seed, same examples as the strategy without it."""
     assert draws(moe_configs(bounds=FieldBounds()), 40) == draws(moe_configs(), 40)

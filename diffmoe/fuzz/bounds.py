@@ -24,6 +24,7 @@ from diffmoe.problem.config import (
     OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS,
     MoEConfig,
 )
+from diffmoe.problem.numerics import parse_spec
 
 RANGE_SEPARATOR = ".."
 # The fuzz's own domain caps (diffmoe.fuzz.strategies.MAX_EXPERTS, MAX_SIZE; not imported: the
@@ -95,7 +96,10 @@ class FieldBounds:
                 if len(allowed) != 1:
                     raise ValueError(f"{name} can only be pinned to one value, got {len(allowed)}")
                 try:
-                    MoEConfig(**_witness(name, allowed[0]))
+                    if name == "numerics":  # a spec alone: its scheme-only choices are the config's to judge
+                        parse_spec(allowed[0], "numerics")
+                    else:
+                        MoEConfig(**_witness(name, allowed[0]))
                 except (TypeError, ValueError) as exc:
                     raise ValueError(str(exc)) from None
 
