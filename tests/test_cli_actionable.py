@@ -67,6 +67,14 @@ def test_plan_of_a_refused_config_is_a_usage_error(capsys):
     assert "does not run this config: no fused act+quant here" in one_line(err)
 
 
+def test_compile_check_of_a_refused_config_is_a_usage_error(capsys, monkeypatch):
+    # compile-check sets TRITON_INTERPRET=0 for its compiles: restored after the test
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
+    code = cli.main(["compile-check", *SMALL, "--fused", "--impl", "test_cli_actionable:refuses_fused"])
+    assert code == cli.EXIT_USAGE
+    assert "does not run this config: no fused act+quant here" in one_line(capsys.readouterr().err)
+
+
 @pytest.fixture
 def fake_runner(monkeypatch):
     fake = types.ModuleType("diffmoe.check.runner")
