@@ -142,6 +142,8 @@ def test_a_bad_int_bound_names_the_field_and_its_range(text, needle):
     (["--swiglu-limit", "-1"], "swiglu_limit"),
     (["--waive", "nonsense@down_gemm"], "--waive must be ORACLE@STAGE"),
     (["--keep-going", "2", "--workers", "2"], "--keep-going 2 runs in one process"),
+    (["--keep-going", "1001"], "--keep-going must be in [1, 1000]"),
+    (["--tier", "plan", "--topk", "1"], "--tier plan draws its own plan domain"),
 ])
 def test_bad_fuzz_controls_exit_2_with_one_line(runner, capsys, argv, needle):
     fake = runner()

@@ -789,7 +789,7 @@ def _save_failure(args, report) -> int | None:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from diffmoe.fuzz.workers import MAX_WORKERS, default_workers, fuzz_in_workers
-    from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT
+    from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT, MAX_KEEP_GOING
     from diffmoe.fuzz.profiles import SHARED_DATABASE_ENV, shared_database_path
     from diffmoe.fuzz.plan_tier import MAX_PLAN_EXAMPLES
     from diffmoe.fuzz.strategies import MAX_EXPERTS as FUZZ_MAX_EXPERTS
@@ -817,6 +817,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-tokens must be in [1, {MAX_TOKENS}], got {args.max_tokens}")
     if args.max_experts > FUZZ_MAX_EXPERTS:
         raise UsageError(f"--max-experts must be in [1, {FUZZ_MAX_EXPERTS}], got {args.max_experts}")
+    if args.keep_going > MAX_KEEP_GOING:
+        raise UsageError(f"--keep-going must be in [1, {MAX_KEEP_GOING}], got {args.keep_going}")
     if args.keep_going > 1 and args.workers is not None and args.workers > 1:
         raise UsageError(f"--keep-going {args.keep_going} runs in one process: it cannot be combined with --workers "
                          f"{args.workers} (give --workers 1, or leave --workers out)")
