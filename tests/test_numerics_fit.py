@@ -23,7 +23,7 @@ from diffmoe.check.runner import load_factory, run_differential
 from diffmoe.frontends.cli import main
 from diffmoe.numerics_fit import fit_profile
 from diffmoe.numerics_fit.calibration import FEATURES, calibration_configs, scheme_pairs
-from diffmoe.numerics_fit.search import STAGE_POINTS, stage_points
+from diffmoe.numerics_fit.search import NAN_OF_FINITE, STAGE_POINTS, stage_points
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.numerics import POINT_NAMES, PROFILES, profile, profile_from_toml
 from optimized.moe import TritonFP8MoE
@@ -150,6 +150,22 @@ def test_a_residue_is_refused_not_absorbed():
         report.toml()
     refused = {ev.point for ev in report.evidence if ev.status == "refused"}
     assert "token_codes" in refused
+
+
+def test_a_choice_making_nan_of_finite_inputs_explains_nothing():
+    """scale-floor-dropped is token_scale=no_floor exactly: 0 / 0 on its all-zero token. Fitted to that
+    choice it passed every oracle; a NaN made of finite inputs is a failure, not a rounding."""
+    mutant = MUTANTS["scale-floor-dropped"]
+    report = fit_profile(mutant.factory, configs=[mutant.config])
+    assert report.exit_code == 1, report.render()
+    residue = next(f for f in report.residues if f.stage == "quant_input")
+    assert "token_scale=no_floor" in " ".join(residue.figures["refused_nan_of_finite"])
+    assert "a NaN of the stage's finite inputs" in residue.message and NAN_OF_FINITE
+
+
+def test_the_shipped_kernel_fits_the_same_zero_token_config():
+    report = fit_profile(load_factory(SHIPPED), configs=[MUTANTS["scale-floor-dropped"].config])
+    assert report.complete and report.profile.same_choices(profile("diffmoe")), report.render()
 
 
 # ---- the command line ---------------------------------------------------------------------------

@@ -16,7 +16,8 @@ choice gives the stage the very same bits (the other points at the base profile'
 not act on this config (a NaN code without a NaN, a clamp without a limit) and is left out of the
 stage's joint search; the rest are searched jointly, every combination of their menus, since the
 choices of one stage interact (a scale floor and the codes' division). A choice the config cannot
-describe (MoEConfig.validate refuses it) explains nothing there.
+describe (MoEConfig.validate refuses it) explains nothing there, and neither does one under which the
+reference makes a NaN of finite inputs (NAN_OF_FINITE: that reproduces a failure, not a rounding).
 
 Owns the candidate's calibration runs and the scoring of assignments. Must not decide the profile
 (diffmoe/numerics_fit/solve.py does) or print anything.
@@ -63,6 +64,11 @@ STAGE_POINTS: dict[str, tuple[str, ...]] = {
 # scale acting) is 2*2*3*4*2*3*4 = 2304 assignments.
 MAX_ASSIGNMENTS = 4096
 ORACLE = "numerics-fit"
+# No rounding makes a NaN of finite numbers: an assignment whose reference does (a scale without its
+# floor dividing an all-zero token, 0 / 0) reproduces a failure, not a rounding, and explains
+# nothing. Without it the bug zoo's scale-floor-dropped was fitted to token_scale=no_floor and then
+# passed every oracle.
+NAN_OF_FINITE = "the reference under this choice makes a NaN of the stage's finite inputs"
 
 
 def stage_points(stage: str, config: MoEConfig) -> tuple[str, ...]:
@@ -169,6 +175,7 @@ class Scorer:
         # buffers an activation of the float32 product recomputes the GEMM from
         self.inputs = {n: t for n, t in buffers.items() if n not in stage.writes}
         self._cache: dict[str, tuple[dict | None, Score]] = {}
+        self._finite: bool | None = None
 
     def spec(self, choices: dict[str, str]) -> str:
         return Profile(self.base.base, tuple((p, choices.get(p, c)) for p, c in self.base.choices)).spec
@@ -195,6 +202,9 @@ class Scorer:
                 want = reference_stage(self.stage.name, dict(self.inputs), problem)
         except Exception as exc:  # noqa: BLE001 - a malformed candidate buffer is the candidate's, not a fit's
             return None, Score(compared, compared, problem=f"{type(exc).__name__}: {exc}")
+        if self._finite_reads() and any(want[n].is_floating_point() and bool(torch.isnan(want[n].float()).any())
+                                        for n in self.written):
+            return want, Score(compared, compared, problem=NAN_OF_FINITE)
         unexplained, worst = 0, 0
         for name in self.written:
             c = self._compare(name, want[name], problem, spec)
@@ -203,6 +213,14 @@ class Scorer:
             unexplained += c.mismatches
             worst = max(worst, c.max_ulp)
         return want, Score(unexplained, compared, worst)
+
+    def _finite_reads(self) -> bool:
+        """Whether every floating buffer the stage reads (the candidate's, or the problem's inputs) is finite."""
+        if self._finite is None:
+            given = {**self.check.problem.inputs(), **self.inputs}
+            reads = [given[n] for n in self.stage.reads if n in given]
+            self._finite = all(bool(torch.isfinite(t.float()).all()) for t in reads if t.is_floating_point())
+        return self._finite
 
     def _compare(self, name: str, want: torch.Tensor, problem, spec: str) -> Comparison:
         cfg = problem.config

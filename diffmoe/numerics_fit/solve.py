@@ -26,7 +26,7 @@ from typing import Any
 
 from diffmoe.check.report import Finding
 from diffmoe.problem.numerics import MENUS, POINT_NAMES, PROFILE_NAMES, PROFILES, Profile, parse_spec
-from diffmoe.numerics_fit.search import ORACLE, ConfigRun, StageSearch
+from diffmoe.numerics_fit.search import NAN_OF_FINITE, ORACLE, ConfigRun, StageSearch
 
 
 @dataclass
@@ -66,14 +66,19 @@ def _residue(search: StageSearch) -> Finding:
     cfg = search.config
     points = ", ".join(search.points + search.inert) or "any point"
     if score.problem:
-        message = (f"{search.stage} of config {search.config_index + 1} ({cfg.short()}): no choice of "
-                   f"{points} lets the reference run on the candidate's buffers "
-                   f"({score.problem})")
+        message = (f"{search.stage} of config {search.config_index + 1} ({cfg.short()}): no choice of {points} "
+                   f"explains it; the closest ({best}): {score.problem}")
     else:
         message = (f"{search.stage} of config {search.config_index + 1} ({cfg.short()}): {score.unexplained} of "
                    f"{score.compared} elements are explained by no choice of {points}; "
                    f"largest {score.max_ulp} ulp (the closest: {best})")
+    nan_made = [", ".join(f"{p}={c}" for p, c in zip(search.points, a)) for a, sc in search.scores.items()
+                if sc.problem == NAN_OF_FINITE]
+    if nan_made and not score.problem:
+        message += (f"; refused, the reference making a NaN of the stage's finite inputs under them: "
+                    f"{'; '.join(nan_made[:3])}{' ...' if len(nan_made) > 3 else ''}")
     return Finding(oracle=ORACLE, stage=search.stage, buffers=list(search.buffers), message=message, figures={
+        "refused_nan_of_finite": nan_made,
         "config": search.config_index + 1, "elements_unexplained": score.unexplained, "elements": score.compared,
         "max_ulp": score.max_ulp, "points": list(search.points + search.inert), "closest": best})
 
