@@ -141,6 +141,17 @@ def choose_base(domains: dict[str, set[str]], acted: set[str], declared: str | N
     return min([*first, *PROFILE_NAMES], key=disagreements)
 
 
+def _describable(searches: list[StageSearch]) -> dict[str, set[str]]:
+    """Every point's menu less the choices some calibration config cannot take (MoEConfig.validate):
+    the profile must describe every config it was fitted on."""
+    domains = {p: set(MENUS[p]) for p in POINT_NAMES}
+    for s in searches:
+        for p, choices in s.invalid.items():
+            if p not in s.points:
+                domains[p] -= set(choices)
+    return domains
+
+
 def solve(runs: list[ConfigRun], declared: str | None = None, base: str | None = None) -> Solution:
     """The profile the searches of `runs` support (module docstring). `declared`: the
     implementation's declared profile spec (its base breaks ties); `base`: a base to keep whatever
@@ -155,11 +166,7 @@ def solve(runs: list[ConfigRun], declared: str | None = None, base: str | None =
         else:
             residues.append(_residue(s))
             refused.update(s.points + s.inert)  # every point of the stage: none of them is known to be right
-    domains = {p: set(MENUS[p]) for p in POINT_NAMES}
-    for s in searches:  # a choice a config cannot describe explains nothing there
-        for p, choices in s.invalid.items():
-            if p not in s.points:
-                domains[p] -= set(choices)
+    domains = _describable(searches)
     conflicts = _arc_consistent(constraints, domains)
     if conflicts:
         for s in conflicts:
@@ -171,8 +178,8 @@ def solve(runs: list[ConfigRun], declared: str | None = None, base: str | None =
                          "explaining_here": [dict(zip(s.points, a)) for a in s.explaining()]}))
             refused.update(s.points)
         constraints = [s for s in constraints if s not in conflicts and not set(s.points) & refused]
-        domains = {p: set(MENUS[p]) for p in POINT_NAMES}
-        _arc_consistent(constraints, domains)
+        domains = _describable(searches)
+        _arc_consistent(constraints, domains)  # what conflicts still is left to the final scoring below
     acted = {p for s in searches for p in s.points} - refused
     declared_base = parse_spec(declared).base if declared else None
     chosen_base = base or choose_base(domains, acted, declared_base)
