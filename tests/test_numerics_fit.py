@@ -25,7 +25,8 @@ from diffmoe.numerics_fit import fit_profile
 from diffmoe.numerics_fit.calibration import FEATURES, calibration_configs, scheme_pairs
 from diffmoe.numerics_fit.search import NAN_OF_FINITE, STAGE_POINTS, stage_points
 from diffmoe.problem.config import MoEConfig
-from diffmoe.problem.numerics import POINT_NAMES, PROFILES, profile, profile_from_toml
+from diffmoe.numerics_fit.solve import choose_base
+from diffmoe.problem.numerics import MENUS, POINT_NAMES, profile, profile_from_toml
 from optimized.moe import TritonFP8MoE
 import optimized.kernels.act_quant_kernel as act_quant_kernel_module
 from optimized.kernels.act_quant_kernel import E4M3_MAX
@@ -108,6 +109,13 @@ def test_the_calibration_set_keeps_to_what_the_implementation_supports():
 def test_bad_calibration_arguments_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         calibration_configs(None, **kwargs)
+
+
+def test_the_base_is_the_profile_the_evidence_agrees_with_not_the_declared_one():
+    domains = {p: set(MENUS[p]) for p in POINT_NAMES}
+    domains.update(fused_act_quant={"fp32_block"}, swiglu_clamp={"bf16"}, reduce={"bf16_k2_to_4", "bf16"})
+    assert choose_base(domains, {"fused_act_quant", "swiglu_clamp", "reduce"}, declared="diffmoe") == "vllm"
+    assert choose_base(domains, set(), declared="liger") == "liger"  # nothing fitted: the declaration decides
 
 
 def test_fit_refuses_a_base_it_does_not_know():
