@@ -118,6 +118,21 @@ def test_the_base_is_the_profile_the_evidence_agrees_with_not_the_declared_one()
     assert choose_base(domains, set(), declared="liger") == "liger"  # nothing fitted: the declaration decides
 
 
+def test_a_calibration_set_refused_whole_is_a_value_error():
+    def make(config):  # pragma: no cover - never built
+        raise AssertionError
+
+    make.supports = lambda config: "this kernel runs nothing"
+    with pytest.raises(ValueError, match="no calibration config.*this kernel runs nothing"):
+        fit_profile(make)
+
+
+def test_the_same_configs_give_the_same_fit():
+    first, second = (fit_profile(load_factory(SHIPPED), configs=[TOKEN_CONFIG]).to_dict() for _ in range(2))
+    first.pop("seconds"), second.pop("seconds")
+    assert first == second
+
+
 def test_fit_refuses_a_base_it_does_not_know():
     with pytest.raises(ValueError, match="base must be one of"):
         fit_profile(load_factory(SHIPPED), base="sglang")
