@@ -42,7 +42,9 @@ from diffmoe.problem.vocabulary import Stages, pipeline_stages
 from diffmoe.tolerance.compare import DERIVED, Comparison, Rule, compare
 from diffmoe.tolerance.gemm_interval import stage_bound
 from diffmoe.tolerance.table import FORCED, rule_for
+from diffmoe.check.call_environment import numpy_quiet
 from diffmoe.check.report import Finding
+from reference.moe import reference_stage  # pure PyTorch, as diffmoe.check.execution imports it
 
 _UNIT = {"fp8-tensor": "tensor", "fp8-token": "token", "fp8-block": "group"}
 _QUANT = ("amax", "{unit}_scale", "{unit}_codes", "{unit}_nan_code")
@@ -59,15 +61,20 @@ STAGE_POINTS: dict[str, tuple[str, ...]] = {
     Stages.DOWN_GEMM: ("fp8_gemm", "router_weight"),
     Stages.REDUCE: ("router_weight", "reduce"),
 }
-# A joint search larger than this is a bug of STAGE_POINTS, not a search to run: the largest real
-# one (a fused FP8 stage: fused_act_quant, the activation's four points and the unit's codes and
-# scale acting) is 2*2*3*4*2*3*4 = 2304 assignments.
-MAX_ASSIGNMENTS = 4096
+# A joint search larger than this is a bug of STAGE_POINTS, not a search to run. The largest a
+# calibration feature can make is a fused FP8 stage on a NaN row: fused_act_quant (2),
+# activation_input (2), silu (4), silu_rounding (2), amax (2), the unit's scale (4), codes (3) and
+# NaN code (3), and fp8_gemm through the float32 product (3): 13,824 assignments (the SwiGLU clamp
+# acts only with a limit and input_weight only with router_weight='input', other features). The
+# shipped kernel's default set searches at most 288 (a fused fp8-token stage on a NaN row, measured
+# 2026-12-05).
+MAX_ASSIGNMENTS = 2**15
 ORACLE = "numerics-fit"
 # No rounding makes a NaN of finite numbers: an assignment whose reference does (a scale without its
 # floor dividing an all-zero token, 0 / 0) reproduces a failure, not a rounding, and explains
 # nothing. Without it the bug zoo's scale-floor-dropped was fitted to token_scale=no_floor and then
 # passed every oracle.
+CANNOT_DESCRIBE = "the config cannot take this choice"  # MoEConfig.validate refuses it
 NAN_OF_FINITE = "the reference under this choice makes a NaN of the stage's finite inputs"
 
 
@@ -187,16 +194,13 @@ class Scorer:
         compared = sum(self.buffers[n].numel() for n in self.written)
         problem = _with_profile(self.check.problem, self.check.config, spec)
         if problem is None:
-            result = (None, Score(compared, compared, problem="the config cannot take this choice"))
+            result = (None, Score(compared, compared, problem=CANNOT_DESCRIBE))
         else:
             result = self._score(problem, spec, compared)
         self._cache[spec] = result
         return result
 
     def _score(self, problem, spec: str, compared: int) -> tuple[dict | None, Score]:
-        from diffmoe.check.call_environment import numpy_quiet
-        from reference.moe import reference_stage
-
         try:
             with numpy_quiet():
                 want = reference_stage(self.stage.name, dict(self.inputs), problem)
@@ -251,7 +255,7 @@ def search_stage(index: int, check: Check, buffers: dict, stage, base: Profile) 
         refused = []
         for choice in MENUS[point]:
             want, score = scorer.evaluate({point: choice})
-            if want is None and score.problem == "the config cannot take this choice":
+            if want is None and score.problem == CANNOT_DESCRIBE:
                 refused.append(choice)
                 continue
             outputs.append(want)
