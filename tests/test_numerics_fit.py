@@ -26,6 +26,7 @@ from diffmoe.numerics_fit.calibration import FEATURES, calibration_configs, sche
 from diffmoe.numerics_fit.search import NAN_OF_FINITE, STAGE_POINTS, stage_points
 from diffmoe.problem.config import MoEConfig
 from diffmoe.numerics_fit.solve import choose_base
+from diffmoe.numerics_fit.watchdog import Silence, silence_limit
 from diffmoe.problem.numerics import MENUS, POINT_NAMES, profile, profile_from_toml
 from optimized.moe import TritonFP8MoE
 import optimized.kernels.act_quant_kernel as act_quant_kernel_module
@@ -204,6 +205,31 @@ def test_the_shipped_kernel_fits_the_same_zero_token_config():
     assert report.complete and report.profile.same_choices(profile("diffmoe")), report.render()
 
 
+def test_the_watchdog_stops_a_silent_run_and_not_a_beating_one():
+    import signal
+    import time
+
+    before = signal.getsignal(signal.SIGALRM)
+    with pytest.raises(Silence, match="time limit of 0.2 s"):
+        with silence_limit(0.2):
+            while True:
+                time.sleep(0.01)
+    with silence_limit(0.2) as beat:  # progress every 0.05 s for 0.5 s: never silent that long
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            time.sleep(0.05)
+            beat("phase", None, [])
+    with silence_limit(None) as beat:
+        beat()
+    assert signal.getsignal(signal.SIGALRM) is before
+
+
+def test_a_spinning_run_is_a_residue_within_the_time_limit():
+    mutant = OUTCOME_MUTANTS["reduce-waits-for-all-programs"]
+    report = fit_profile(mutant.factory, configs=[mutant.config], time_limit=2.0)
+    assert report.exit_code == 1 and "time limit of 2 s" in report.residues[0].message, report.render()
+
+
 # ---- the command line ---------------------------------------------------------------------------
 
 
@@ -277,9 +303,12 @@ def test_the_shipped_kernel_is_fitted_to_diffmoe_on_one_round():
 
 # ---- the bug zoo: fitting never makes a mutant pass -----------------------------------------------
 
-# fused-tile-not-power-of-two crashes (its run is the fit's residue); reduce-waits-for-all-programs
-# hangs under the interpreter, and a fit has no time limit: it stays out.
-ZOO = {**MUTANTS, "fused-tile-not-power-of-two": OUTCOME_MUTANTS["fused-tile-not-power-of-two"]}
+# the whole zoo: the outcome mutants too (one crashes, one spins forever under the interpreter: the
+# fit's time limit stops its run, and both configs are residues)
+ZOO = {**MUTANTS, **OUTCOME_MUTANTS}
+# a silence far past any launch of these small configs (each under a second here, at a load of 12),
+# short enough that the spinning mutant costs the suite little
+ZOO_TIME_LIMIT = 30.0
 
 
 @pytest.mark.slow
@@ -287,7 +316,8 @@ ZOO = {**MUTANTS, "fused-tile-not-power-of-two": OUTCOME_MUTANTS["fused-tile-not
 def test_fitting_never_makes_a_mutant_pass(name):
     mutant = ZOO[name]
     mutant.fetch_peer()
-    report = fit_profile(mutant.factory, configs=[mutant.config], implementation_name=mutant.impl)
+    report = fit_profile(mutant.factory, configs=[mutant.config], implementation_name=mutant.impl,
+                         time_limit=ZOO_TIME_LIMIT)
     if report.residues:
         assert report.exit_code == 1 and report.profile is None
         return

@@ -10,7 +10,8 @@
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
     diffmoe museum [NAME ...] [--list] [--json]
-    diffmoe numerics fit [--impl ...] [--quant Q,...] [--configs N] [--seed S] [--base PROFILE] [--json]
+    diffmoe numerics fit [--impl ...] [--quant Q,...] [--configs N] [--seed S] [--base PROFILE]
+                  [--time-limit S] [--json]
     diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
                   [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
                   [--jobs N] [--json]
@@ -883,7 +884,8 @@ def cmd_numerics(args: argparse.Namespace) -> int:
     try:
         with _sigterm_interrupts(), implementation_output_to_stderr():
             report = fit_profile(factory, quants=quants, count=args.configs, seed=args.seed, base=args.base,
-                                 device=device, implementation_name=name, progress=progress)
+                                 device=device, implementation_name=name, progress=progress,
+                                 **time_limit_kwargs(_runner(), args.time_limit, device))
     except ValueError as exc:  # a calibration set the implementation refuses whole
         raise UsageError(f"numerics fit: {exc}") from None
     finally:
@@ -1124,6 +1126,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--seed", type=_non_negative_int, default=0, metavar="S", help="seed of the first calibration config (default 0; the next ones S+1, ...)")
     fit.add_argument("--base", choices=PROFILE_NAMES, help="the built-in profile the TOML starts from (default: the one agreeing with the most fitted points)")
     fit.add_argument("--device", help="torch device (default: the implementation's)")
+    fit.add_argument("--time-limit", type=_time_limit, metavar="S",
+                     help="stop a candidate run that makes no progress (no launch) for S seconds: that config is a residue (0: no limit; default 120 on the interpreter, none on CUDA)")
     fit.add_argument("--json", action="store_true", help="print the fit as one JSON object")
     fit.set_defaults(handler=cmd_numerics)
     numerics.set_defaults(handler=cmd_numerics, numerics_command=None)

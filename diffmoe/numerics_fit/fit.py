@@ -22,6 +22,7 @@ import torch
 
 from diffmoe.adapters.contract import default_device, factory_numerics
 from diffmoe.check.report import Finding
+from diffmoe.check.worker import check_time_limit
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.numerics import PROFILE_NAMES, PROFILES, Profile, parse_spec
 from diffmoe.numerics_fit.calibration import calibration_configs
@@ -106,7 +107,7 @@ class FitReport:
 def fit_profile(implementation: Callable, *, quants: Sequence[str] | None = None, count: int | None = None,
                 seed: int = 0, configs: Sequence[MoEConfig] | None = None, base: str | None = None,
                 device: str | torch.device | None = None, implementation_name: str | None = None,
-                progress: Progress | None = None) -> FitReport:
+                progress: Progress | None = None, time_limit: float | None = None) -> FitReport:
     """Fit the numerics profile `implementation` (a factory) computes.
 
     quants, count, seed: the calibration set (calibration.calibration_configs: `count` configs over
@@ -114,6 +115,8 @@ def fit_profile(implementation: Callable, *, quants: Sequence[str] | None = None
         supported scheme and fused flag); or `configs`, given configs instead (the bug zoo's).
     base: a built-in profile the printed TOML starts from, whatever fits best (default: the
         built-in profile agreeing with the most fitted points).
+    time_limit: seconds a candidate run may go without progress (no phase, no launch) before it
+        is stopped and its config is a residue (None: no limit; watchdog.py: main thread only).
     Raises ValueError (a bad argument, or a calibration set the factory refuses whole) and
     TypeError; a candidate that crashes is a residue, not an exception."""
     if not callable(implementation):
@@ -134,6 +137,7 @@ def fit_profile(implementation: Callable, *, quants: Sequence[str] | None = None
         raise ValueError("no calibration config: the implementation refuses every scheme asked for"
                          + (f" ({'; '.join(left_out)})" if left_out else ""))
     start_profile = parse_spec(base or declared or PROFILE_NAMES[0])
+    limit = check_time_limit(time_limit)
     dev = torch.device(device) if device is not None else default_device()
     name = implementation_name or getattr(implementation, "__name__", "implementation")
     started = time.monotonic()
@@ -144,7 +148,7 @@ def fit_profile(implementation: Callable, *, quants: Sequence[str] | None = None
                 progress(i, len(drawn), f"{config.short()}: {stage}")
 
         stage_progress("the candidate's run")
-        runs.append(search_config(i, config, feature, implementation, dev, name, start_profile, stage_progress))
+        runs.append(search_config(i, config, feature, implementation, dev, name, start_profile, stage_progress, limit))
     if progress is not None:
         progress(len(drawn), len(drawn), "joining the stages")
     solution = solve(runs, declared=declared, base=base)

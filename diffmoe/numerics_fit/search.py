@@ -43,7 +43,8 @@ from diffmoe.tolerance.compare import DERIVED, Comparison, Rule, compare
 from diffmoe.tolerance.gemm_interval import stage_bound
 from diffmoe.tolerance.table import FORCED, rule_for
 from diffmoe.check.call_environment import numpy_quiet
-from diffmoe.check.report import Finding
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.numerics_fit.watchdog import Silence, silence_limit
 from reference.moe import reference_stage  # pure PyTorch, as diffmoe.check.execution imports it
 
 _UNIT = {"fp8-tensor": "tensor", "fp8-token": "token", "fp8-block": "group"}
@@ -145,10 +146,20 @@ class ConfigRun:
     failure: Finding | None = None
 
 
-def run_candidate(config: MoEConfig, factory: Callable, device: torch.device, name: str) -> tuple[Check, dict] | Finding:
+def run_candidate(config: MoEConfig, factory: Callable, device: torch.device, name: str,
+                  time_limit: float | None = None) -> tuple[Check, dict] | Finding:
     """(the check, the candidate's buffers) of one guarded call of the first program order, or the
-    finding (crash, contract) that stopped it."""
-    check = Check(config, factory, [], [Schedule.parse("identity")], device, name)
+    finding (crash, contract; a run silent for `time_limit` seconds: watchdog.py) that stopped it."""
+    try:
+        with silence_limit(time_limit) as beat:
+            return _run_candidate(config, factory, device, name, beat)
+    except Silence as exc:  # outside the implementation's guarded calls (its calls make it a crash finding)
+        return Finding(oracle=Oracles.TIMEOUT, message=f"the candidate's run on {config.short()}: {exc}",
+                       figures={"time_limit_s": time_limit})
+
+
+def _run_candidate(config: MoEConfig, factory: Callable, device: torch.device, name: str, beat) -> tuple[Check, dict] | Finding:
+    check = Check(config, factory, [], [Schedule.parse("identity")], device, name, progress=beat)
     try:
         impl = check.build(config)
         shapes = check.workspace_shapes(impl, config.num_tokens)
@@ -305,10 +316,11 @@ _INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def search_config(index: int, config: MoEConfig, feature: str, factory: Callable, device: torch.device, name: str,
-                  base: Profile, progress: Callable[[str], None] | None = None) -> ConfigRun:
+                  base: Profile, progress: Callable[[str], None] | None = None,
+                  time_limit: float | None = None) -> ConfigRun:
     """Run the candidate on one calibration config and search every stage it reports."""
     judged = config.replace(numerics=base.spec)
-    result = run_candidate(judged, factory, device, name)
+    result = run_candidate(judged, factory, device, name, time_limit)
     out = ConfigRun(index, judged, feature)
     if isinstance(result, Finding):
         out.failure = result
