@@ -11,6 +11,8 @@
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
     diffmoe museum [NAME ...] [--list] [--json]
+    diffmoe numerics fit [--impl ...] [--quant Q,...] [--configs N] [--seed S] [--base PROFILE]
+                  [--time-limit S] [--json]
     diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
                   [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
                   [--jobs N] [--json]
@@ -52,7 +54,11 @@ pytest profiles' shared database, diffmoe/fuzz/profiles.py) names the database; 
 still wins over it. --workers N (default: the cores this process may use) runs the execution
 tier in N processes sharing the database (diffmoe/fuzz/workers.py); the plan tier runs here.
 
-Long runs (fuzz, compile-check and its --sweep, museum) report progress on stderr through
+`numerics fit` exits 0 when a profile explains every stage of every calibration config, 1 when a
+residue is left (a stage no menu choice explains, or a candidate that fails on a config), 2 for
+usage errors (and a calibration set the implementation refuses whole).
+
+Long runs (fuzz, compile-check and its --sweep, museum, numerics fit) report progress on stderr through
 diffmoe/frontends/progress.py: a live bar (counts, rate, time left) on a terminal, plain lines
 otherwise; stdout and the results are untouched.
 
@@ -1071,6 +1077,56 @@ def cmd_museum(args: argparse.Namespace) -> int:
     return museum_run(args, prog=f"{PROG} museum")
 
 
+class FitProgress:
+    """`numerics fit` progress on stderr (diffmoe/frontends/progress.py): a bar of calibration configs
+    on a terminal, otherwise a plain line per config and stage ("numerics fit: 2/14 CONFIG: STAGE")."""
+
+    def __init__(self, stream: TextIO, live: bool | None = None) -> None:
+        self.stream, self.live, self.bar = stream, live, None
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        if self.bar is None:
+            from diffmoe.frontends.progress import Progress
+
+            self.bar = Progress(self.stream, "numerics fit", total=total, unit="config", each=True, live=self.live)
+        self.bar.update(done, detail=what, line=f"numerics fit: {done}/{total} {what}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def cmd_numerics(args: argparse.Namespace) -> int:
+    if args.numerics_command != "fit":
+        raise UsageError("a numerics command is required: fit (see diffmoe numerics --help)")
+    quants = _csv(args.quant)
+    if quants is not None:
+        unknown = [q for q in quants if q not in QUANT_SCHEMES]
+        if unknown or not quants:
+            raise UsageError(f"--quant must be a comma-separated list from {list(QUANT_SCHEMES)}, got {args.quant!r}")
+    factory, name = load_implementation(args.impl)
+    if factory is None:
+        factory = default_factory()
+    device = parse_device(args.device)
+    from diffmoe.numerics_fit import fit_profile
+
+    progress = FitProgress(sys.stderr)
+    try:
+        with _sigterm_interrupts(), implementation_output_to_stderr():
+            report = fit_profile(factory, quants=quants, count=args.configs, seed=args.seed, base=args.base,
+                                 device=device, implementation_name=name, progress=progress,
+                                 **time_limit_kwargs(_runner(), args.time_limit, device))
+    except ValueError as exc:  # a calibration set the implementation refuses whole
+        raise UsageError(f"numerics fit: {exc}") from None
+    finally:
+        progress.close()
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.render(), end="")
+    return report.exit_code
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     # The probes are the harness's; what the default implementation does about each primitive
@@ -1212,7 +1268,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum,numerics}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -1287,6 +1343,28 @@ def build_parser() -> argparse.ArgumentParser:
     museum_module.add_arguments(museum)
     museum.set_defaults(handler=cmd_museum)
 
+    numerics = sub.add_parser(
+        "numerics", help="fit the numerics profile an implementation computes (diffmoe numerics fit)",
+        description="diffmoe numerics fit: the rounding-point choices that reproduce an implementation's stages bit for bit")
+    numerics_sub = numerics.add_subparsers(dest="numerics_command", metavar="{fit}")
+    fit = numerics_sub.add_parser(
+        "fit", help="fit a profile (base + overrides, the TOML --numerics-file reads) on a calibration set",
+        description="Run the implementation once per calibration config and, stage by stage on its own inputs, find the "
+                    "menu choice of every rounding point that reproduces its outputs bit for bit (GEMMs: within their "
+                    "derived interval) over every config. Prints the profile as TOML with its evidence; a stage no "
+                    "choice explains is a residue, shown as a finding (exit 1), never absorbed.")
+    _add_impl_option(fit)
+    fit.add_argument("--quant", metavar="Q,...", help=f"calibrate on these schemes only (default: every one the implementation supports: {', '.join(QUANT_SCHEMES)})")
+    fit.add_argument("--configs", type=_positive_int, metavar="N", help="calibration configs (default: one per feature, four, per supported scheme and fused flag)")
+    fit.add_argument("--seed", type=_non_negative_int, default=0, metavar="S", help="seed of the first calibration config (default 0; the next ones S+1, ...)")
+    fit.add_argument("--base", choices=PROFILE_NAMES, help="the built-in profile the TOML starts from (default: the one agreeing with the most fitted points)")
+    fit.add_argument("--device", help="torch device (default: the implementation's)")
+    fit.add_argument("--time-limit", type=_time_limit, metavar="S",
+                     help="stop a candidate run that makes no progress (no launch) for S seconds: that config is a residue (0: no limit; default 120 on the interpreter, none on CUDA)")
+    fit.add_argument("--json", action="store_true", help="print the fit as one JSON object")
+    fit.set_defaults(handler=cmd_numerics)
+    numerics.set_defaults(handler=cmd_numerics, numerics_command=None)
+
     cc = sub.add_parser(
         "compile-check", help="compile every kernel specialization for a GPU, no GPU needed",
         description="Run the implementation on CPU tensors with every Triton launch intercepted, then compile each "
@@ -1315,13 +1393,19 @@ def reference_text() -> str:
     """Every subcommand's usage, from build_parser(), at a fixed width: the block of docs/cli.md between
     `<!-- cli-reference:start -->` and `<!-- cli-reference:end -->` (tests/test_cli_reference.py
     holds it to this; `python tests/test_cli_reference.py --write` regenerates it)."""
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    usages = []
-    for command in sub.choices.values():
-        formatter = command.formatter_class(prog=command.prog, width=REFERENCE_WIDTH)
-        formatter.add_usage(command.usage, command._actions, command._mutually_exclusive_groups, prefix="")
-        usages.append(formatter.format_help().rstrip())
+    usages: list[str] = []
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        for command in sub.choices.values():
+            if any(isinstance(a, argparse._SubParsersAction) for a in command._actions):
+                add(command)  # `numerics fit`: each nested command's own usage
+                continue
+            formatter = command.formatter_class(prog=command.prog, width=REFERENCE_WIDTH)
+            formatter.add_usage(command.usage, command._actions, command._mutually_exclusive_groups, prefix="")
+            usages.append(formatter.format_help().rstrip())
+
+    add(build_parser())
     return "\n".join(usages) + "\n"
 
 
@@ -1345,7 +1429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers or museum (see diffmoe --help)")
+            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers, museum or numerics (see diffmoe --help)")
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
         return status
