@@ -220,4 +220,5 @@ def make(config: MoEConfig, device=None) -> LigerFusedMoE:
 
 make.plan_workspaces = plan_workspaces
 make.numerics = "liger"  # diffmoe.adapters.contract.NUMERICS: judged against Liger's rounding points (diffmoe.problem.numerics)
+make.peer_wheel = PEER  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
 make.supports = supports_from(check_supported)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses

@@ -255,4 +255,5 @@ def make(config: MoEConfig, device=None) -> LmdeployBlockedFP8MoE:
 
 make.plan_workspaces = plan_workspaces
 make.numerics = "lmdeploy"  # diffmoe.adapters.contract.NUMERICS: judged against lmdeploy's rounding points (diffmoe.problem.numerics)
+make.peer_wheel = PEER  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
 make.supports = supports_from(check_supported)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses

@@ -532,6 +532,7 @@ def attach(make, release: Release):
         check_supported(config, release)
 
     make.plan_workspaces = plan
+    make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
     make.supports = supports_from(check)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses
     # diffmoe.adapters.contract.NUMERICS: every release is judged against the `vllm` profile (diffmoe.problem.numerics):
     # the compiled ops it follows (quant, silu_and_mul, moe_sum) round alike in 0.28.0 to 0.33.0, so

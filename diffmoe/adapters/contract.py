@@ -56,6 +56,11 @@ token's results are independent of the batch it is computed in (a tile or split 
 batch size), so the opt-in batch-invariance oracle skips it with that reason instead of reporting
 the design as a bug. Without the attribute, or with True, the oracle judges it when selected.
 
+A factory that runs a third party's code from a pinned wheel says which: `peer_wheel = "vllm==0.28.0"`
+(a name of diffmoe.adapters.peer_wheels.PEERS, what `diffmoe peers fetch` takes). Before any run the
+CLI asks the peer cache for it (`factory_peer_wheel`), so a missing wheel is one line naming the
+`diffmoe peers fetch` to run (exit 2), not a crash finding of a kernel that never ran.
+
 An implementation (the built object, not its factory) may set `orders_programs = True` when its
 `run` applies the schedule itself, as the shipped kernels do with an order table they read. Without
 it the harness runs `run` inside diffmoe.interpreter.grid_order's control, which reorders every launch made
@@ -261,6 +266,19 @@ def factory_attribute(factory: Callable, name: str) -> Callable | str | None:
         return factory_numerics(factory)
     attr = getattr(factory, name, None)
     return attr if callable(attr) else None
+
+
+PEER_WHEEL = "peer_wheel"
+
+
+def factory_peer_wheel(factory: Callable | None) -> str | None:
+    """The peer wheel the factory runs from (its PEER_WHEEL attribute), or None; a TypeError for a
+    value that is not a string."""
+    name = None if factory is None else getattr(factory, PEER_WHEEL, None)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"a factory's {PEER_WHEEL} must be a peer's name (a str, as `diffmoe peers fetch` takes it), "
+                        f"got {type(name).__name__}")
+    return name
 
 
 def factory_numerics(factory: Callable | None) -> str | None:

@@ -4,12 +4,15 @@
                   [--time-limit S] [--json]
     diffmoe fuzz  [--max-examples N] [--seed S | --database DIR] [--workers N] [--planner P] [--impl ...]
                   [--max-tokens T] [--max-experts E] [--oracles a,b] [--time-limit S] [--json]
-                  [--save-failure FILE.json]
+                  [--save-failure FILE.json] [config flags as bounds: --topk 1..2 --quant fp8-block --fused ...]
+                  [--waive ORACLE@STAGE ... | --waive-file F] [--keep-going N]
     diffmoe plan  [config options | --config FILE.json] [--impl ...] [--png FILE]
     diffmoe demo
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
     diffmoe museum [NAME ...] [--list] [--json]
+    diffmoe numerics fit [--impl ...] [--quant Q,...] [--configs N] [--seed S] [--base PROFILE]
+                  [--time-limit S] [--json]
     diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
                   [config options | --config FILE.json | --sweep] [--forbid-spills V,...]
                   [--jobs N] [--json]
@@ -19,7 +22,8 @@ Exit codes (EXIT_*; they cannot lie: 0 is only ever a verdict):
   1    findings: what the implementation did wrong, crashes, sys.exit() in its code, a worker
        that died, broken contracts and timeouts included (for `plan`: an overlap);
   2    usage errors: bad arguments, an invalid config, an --impl that cannot be imported
-       (its module's error named; one line on stderr, no traceback);
+       (its module's error named), a config its `supports` refuses, a peer whose pinned wheel
+       is not cached (the `diffmoe peers fetch` named); one line on stderr, no traceback;
   3    the harness could not judge: an internal error of diffmoe, or of its worker process
        (`diffmoe: internal error: ...` and the traceback on stderr; no verdict either way);
   130  interrupted (Ctrl-C or SIGTERM): a check stops its worker process group first; a fuzz
@@ -50,7 +54,11 @@ pytest profiles' shared database, diffmoe/fuzz/profiles.py) names the database; 
 still wins over it. --workers N (default: the cores this process may use) runs the execution
 tier in N processes sharing the database (diffmoe/fuzz/workers.py); the plan tier runs here.
 
-Long runs (fuzz, compile-check and its --sweep, museum) report progress on stderr through
+`numerics fit` exits 0 when a profile explains every stage of every calibration config, 1 when a
+residue is left (a stage no menu choice explains, or a candidate that fails on a config), 2 for
+usage errors (and a calibration set the implementation refuses whole).
+
+Long runs (fuzz, compile-check and its --sweep, museum, numerics fit) report progress on stderr through
 diffmoe/frontends/progress.py: a live bar (counts, rate, time left) on a terminal, plain lines
 otherwise; stdout and the results are untouched.
 
@@ -301,6 +309,127 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--config", metavar="FILE.json", help="read the whole config from a JSON file instead")
 
 
+# `diffmoe fuzz` bounds: check's config flags, each taking N or LO..HI (integers) or A[,B] (choices).
+# The problem seed is --problem-seed: fuzz's --seed is the search's own seed.
+FUZZ_BOUND_FLAGS = {flag: name for flag, name in CONFIG_FLAGS.items() if flag not in ("seed", "planner")}
+FUZZ_BOUND_FLAGS["problem_seed"] = "seed"
+FUZZ_SWITCHES = ("renormalize", "tie_heavy")  # --X / --no-X pins them
+DEFAULT_FUZZ_MAX_TOKENS = 96  # diffmoe.fuzz.strategies.DEFAULT_MAX_TOKENS (not imported: it pulls in hypothesis)
+
+
+def _add_fuzz_controls(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("field bounds (check's config flags: N or LO..HI for integers, A or A,B for choices; "
+                             "each field drawn only within its bound)")
+    for flag, name in FUZZ_BOUND_FLAGS.items():
+        option = "--" + flag.replace("_", "-")
+        if name == "fused":
+            fused = g.add_mutually_exclusive_group()
+            fused.add_argument("--fused", dest="fused", action="store_const", const=True, help="draw only fused configs")
+            fused.add_argument("--unfused", dest="fused", action="store_const", const=False, help="draw only unfused configs")
+        elif flag in FUZZ_SWITCHES:
+            g.add_argument(option, action=argparse.BooleanOptionalAction, default=None, help=f"pin {name} on (or off)")
+        elif name == "expert_map":
+            g.add_argument(option, metavar="A,B,...", help="pin the expert map (write --expert-map=0,-1,1); pins E to its length")
+        elif name in ("numerics", "swiglu_limit"):
+            g.add_argument(option, metavar="VALUE", help=f"pin {name}")
+        else:
+            from diffmoe.fuzz.bounds import CHOICE_FIELDS, INT_FIELDS
+
+            if name in INT_FIELDS:
+                lo, hi = INT_FIELDS[name]
+                g.add_argument(option, metavar="N|LO..HI", help=f"bound {name} within [{lo}, {hi}]")
+            else:
+                g.add_argument(option, metavar="A[,B]", help=f"{name}: one or more of {', '.join(map(str, CHOICE_FIELDS[name]))}")
+    w = p.add_argument_group("known findings and several failures")
+    w.add_argument("--waive", action="append", metavar="ORACLE@STAGE",
+                   help="search past findings of ORACLE at STAGE (ORACLE alone or ORACLE@*: at any stage); repeatable")
+    w.add_argument("--waive-file", metavar="FILE", help="waivers, one ORACLE@STAGE per line, # comments allowed")
+    w.add_argument("--keep-going", type=_positive_int, default=1, metavar="N",
+                   help="collect up to N distinct failures (by oracle@stage), each shrunk, each with its replay line "
+                        "(default 1: stop at the first; runs with --workers 1)")
+
+
+def fuzz_bounds(args: argparse.Namespace):
+    """The FieldBounds the fuzz's bound flags describe; UsageError naming the flag and the allowed range."""
+    from diffmoe.fuzz.bounds import CHOICE_FIELDS, INT_FIELDS, FieldBounds, parse_choices, parse_int_bound
+
+    ranges: dict[str, tuple[int, int]] = {}
+    values: dict[str, tuple] = {}
+    try:
+        for flag, name in FUZZ_BOUND_FLAGS.items():
+            text = getattr(args, flag, None)
+            if text is None:
+                continue
+            option = "--" + flag.replace("_", "-")
+            if name in INT_FIELDS:
+                ranges[name] = parse_int_bound(name, text, option)
+            elif isinstance(text, bool):
+                values[name] = (text,)
+            elif name in CHOICE_FIELDS:
+                values[name] = parse_choices(name, text, option)
+            elif name == "expert_map":
+                values[name] = (parse_expert_map(text),)
+            elif name == "numerics":
+                values[name] = (numerics_spec(text),)
+            else:  # swiglu_limit
+                try:
+                    values[name] = (float(text),)
+                except ValueError:
+                    raise ValueError(f"{option} must be a number in (0, {MAX_SWIGLU_LIMIT:g}], got {text[:60]!r}") from None
+        return FieldBounds(ranges=ranges, values=values)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# Draws tried for a config the implementation's `supports` accepts within the bounds: the fuzz itself
+# gives up (Hypothesis's Unsatisfiable) well before this many consecutive refusals would pass.
+SUPPORTED_PROBE_EXAMPLES = 500
+
+
+def _bounds_leave_a_supported_config(strategy, bounds, factory, name: str) -> None:
+    """A usage error (one line, naming the bounds and one refusal) when every bounded draw is a
+    config the implementation's own `supports` refuses (`fuzz --impl vllm --quant fp8-token --fused`):
+    otherwise the fuzz would end in an internal error, every example rejected."""
+    from diffmoe.adapters.contract import SUPPORTS, factory_attribute, unsupported
+
+    if factory is None or factory_attribute(factory, SUPPORTS) is None:
+        return
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis.errors import NoSuchExample, Unsatisfiable
+
+    refusals: list[str] = []
+
+    def runs(config) -> bool:
+        reason = unsupported(factory, config)
+        if reason is not None and not refusals:
+            refusals.append(reason)
+        return reason is None
+
+    try:
+        find(strategy, runs, settings=settings(max_examples=SUPPORTED_PROBE_EXAMPLES, database=None, derandomize=True,
+                                               phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
+    except (NoSuchExample, Unsatisfiable):
+        why = f": {refusals[0]}" if refusals else ""
+        raise UsageError(f"{name} does not run any config within the bounds ({bounds.describe()}){why} "
+                         "(its `supports`; widen or change the bounds)") from None
+
+
+def fuzz_waivers(args: argparse.Namespace):
+    """The Waivers of --waive and --waive-file; UsageError naming the flag (or file line) and the form."""
+    from diffmoe.fuzz.waivers import MAX_WAIVER_FILE_CHARS, Waivers, parse_waiver, parse_waiver_text
+
+    try:
+        items = [parse_waiver(text) for text in args.waive or ()]
+        if args.waive_file is not None:
+            text = _read_small_text(args.waive_file, "waiver file", MAX_WAIVER_FILE_CHARS)
+            if len(text) > MAX_WAIVER_FILE_CHARS:
+                raise UsageError(f"waiver file {args.waive_file} is larger than {MAX_WAIVER_FILE_CHARS} characters")
+            items += parse_waiver_text(text, f"--waive-file {args.waive_file}")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return Waivers(items)
+
+
 def _add_impl_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
                                                           "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers; "
@@ -400,15 +529,54 @@ def load_implementation(spec: str | None, isolation: str = "none"):
     usage error, one refused by the import guard is the check's contract finding."""
     if spec is None:
         return None, DEFAULT_IMPLEMENTATION_NAME
+    interpreter_on_a_cpu()
     try:
         if isolation == "process":
             from diffmoe.isolation.client import RemoteFactory
 
-            return RemoteFactory(spec), spec
-        return _runner().load_factory(spec), spec
+            factory = RemoteFactory(spec)
+        else:
+            factory = _runner().load_factory(spec)
     except (ImportError, TypeError, ValueError) as exc:
         message = str(exc)
         raise UsageError(message if "--impl" in message else f"--impl {spec}: {message}") from None
+    require_cached_wheel(factory, spec)
+    return factory, spec
+
+
+def interpreter_on_a_cpu() -> None:
+    """Without CUDA, the Triton interpreter (TRITON_INTERPRET=1) before any --impl module is imported:
+    Triton picks interpreted or compiled kernels when `@triton.jit` decorates them, so an adapter that
+    imports triton before anything of diffmoe did would get compiled kernels on a CPU ("0 active
+    drivers", "Cannot call @triton.jit'd outside of the scope of a kernel"), reported as its crash
+    (issue 28). An explicit TRITON_INTERPRET (compile-check's 0) is left as it is."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def require_cached_wheel(factory, spec: str) -> None:
+    """A peer whose pinned wheel is not in the cache (the factory's `peer_wheel`): a usage error naming
+    the `diffmoe peers fetch` to run, before any run (it would be a crash finding of a kernel that
+    never ran: issue 28)."""
+    from diffmoe.adapters.contract import factory_peer_wheel
+
+    try:
+        wheel = factory_peer_wheel(factory)
+    except TypeError as exc:
+        raise UsageError(f"--impl {spec}: {exc}") from None
+    if wheel is None:
+        return
+    from diffmoe.adapters.peer_wheels import PeerError, cache_dir, is_cached, not_cached_message
+
+    try:
+        if not is_cached(wheel):
+            raise UsageError(f"--impl {spec}: {not_cached_message([wheel], cache_dir())}")
+    except PeerError as exc:  # a name the peer table does not know
+        raise UsageError(f"--impl {spec}: its {wheel!r} wheel: {exc}") from None
 
 
 def parse_device(text: str | None) -> str | None:
@@ -576,6 +744,12 @@ def _plan_phase(args, factory, name, seed: int | None):
 
     only = args.tier == "plan"
     count = args.max_examples if only else args.plan_examples
+    if count and not only and getattr(args, "controlled", False):
+        # the plan tier draws its own domain and stops at its first finding: it would ignore the
+        # bounds and the waivers. The execution tier judges every example's plan (static-aliasing).
+        print(f"{PROG}: fuzz: no plan tier with field bounds, --waive or --keep-going (the execution tier judges "
+              "each example's plan)", file=sys.stderr)
+        return None
     if count == 0:
         return None
     if factory is not None and factory_attribute(factory, PLAN_WORKSPACES) is None:
@@ -647,7 +821,7 @@ def _save_failure(args, report) -> int | None:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from diffmoe.fuzz.workers import MAX_WORKERS, default_workers, fuzz_in_workers
-    from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT
+    from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT, MAX_KEEP_GOING
     from diffmoe.fuzz.profiles import SHARED_DATABASE_ENV, shared_database_path
     from diffmoe.fuzz.plan_tier import MAX_PLAN_EXAMPLES
     from diffmoe.fuzz.strategies import MAX_EXPERTS as FUZZ_MAX_EXPERTS
@@ -661,10 +835,40 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError(f"--plan-examples must be in [0, {MAX_PLAN_EXAMPLES}], got {args.plan_examples}")
     if args.tier != "plan" and args.max_examples > MAX_EXAMPLES_LIMIT:
         raise UsageError(f"--max-examples must be in [1, {MAX_EXAMPLES_LIMIT}], got {args.max_examples}")
+    bounds = fuzz_bounds(args)
+    waivers = fuzz_waivers(args)
+    # --tokens / --experts bound T and E themselves: with them, --max-T/E would be a second bound
+    for field, flag, limit in (("num_tokens", "tokens", "max_tokens"), ("num_experts", "experts", "max_experts")):
+        if field in bounds.ranges and getattr(args, limit) is not None:
+            raise UsageError(f"--{flag} and --{limit.replace('_', '-')} cannot be combined: --{flag} LO..HI bounds it alone")
+    if args.max_tokens is None:
+        args.max_tokens = MAX_TOKENS if "num_tokens" in bounds.ranges else DEFAULT_FUZZ_MAX_TOKENS
+    if args.max_experts is None:
+        args.max_experts = FUZZ_MAX_EXPERTS
     if args.max_tokens > MAX_TOKENS:
         raise UsageError(f"--max-tokens must be in [1, {MAX_TOKENS}], got {args.max_tokens}")
     if args.max_experts > FUZZ_MAX_EXPERTS:
         raise UsageError(f"--max-experts must be in [1, {FUZZ_MAX_EXPERTS}], got {args.max_experts}")
+    if args.keep_going > MAX_KEEP_GOING:
+        raise UsageError(f"--keep-going must be in [1, {MAX_KEEP_GOING}], got {args.keep_going}")
+    if args.keep_going > 1 and args.workers is not None and args.workers > 1:
+        raise UsageError(f"--keep-going {args.keep_going} runs in one process: it cannot be combined with --workers "
+                         f"{args.workers} (give --workers 1, or leave --workers out)")
+    if args.keep_going > 1:
+        args.workers = 1
+    args.controlled = bool(bounds or waivers or args.keep_going > 1)
+    bounded = None
+    if bounds and args.tier != "plan":
+        from diffmoe.fuzz.strategies import moe_configs
+
+        try:  # the bounds together (and with the other flags): an empty combination is a usage error now
+            bounded = moe_configs(planner=args.planner, max_tokens=args.max_tokens, max_experts=args.max_experts,
+                                  special_rows=args.special_rows, features=args.model_features, bounds=bounds)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if args.tier == "plan" and (bounds or waivers or args.keep_going > 1):
+        raise UsageError("--tier plan draws its own plan domain: field bounds, --waive and --keep-going apply to the run "
+                         "and full tiers")
     if args.seed is not None and args.seed > MAX_SEED:
         raise UsageError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     if args.workers is None:
@@ -682,6 +886,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             raise UsageError(f"--database {args.database} exists and is not a folder")
     oracles = parse_oracles(args.oracles)
     factory, name = load_implementation(args.impl, args.isolation)
+    if bounded is not None:
+        _bounds_leave_a_supported_config(bounded, bounds, factory, name)
     if args.save_failure is not None:
         _check_writable(args.save_failure)  # before the first example, not after the whole fuzz
     # A seed is always chosen and printed, so any run can be repeated exactly; except with a
@@ -716,6 +922,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 **({"features": True} if args.model_features else {}),
                 **({"tier": args.tier} if args.tier != "run" else {}),
                 **({"shrink": False} if args.no_shrink else {}),
+                **({"bounds": bounds} if bounds else {}),
+                **({"waive": waivers} if waivers else {}),
+                **({"keep_going": args.keep_going} if args.keep_going > 1 else {}),
             )
     finally:
         printer.finish(None if outcome is None else outcome.examples)
@@ -735,7 +944,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         print(_fuzz_summary(outcome, args.max_examples, args.database))
-        if report is not None:
+        failures = list(zip(outcome.failures, outcome.failure_keys)) if args.keep_going > 1 else []
+        if failures:
+            for n, (failed, keys) in enumerate(failures, 1):
+                print(f"failure {n} of {len(failures)} ({', '.join(keys) or 'no new key'}), minimal failing config:")
+                print(json.dumps(failed.config.to_dict(), indent=2, sort_keys=True))
+                print(failed.render())
+        elif report is not None:
             print("minimal failing config:")
             print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
             print(report.render())
@@ -781,7 +996,8 @@ def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> st
     if outcome.interrupted:
         head += ", interrupted"
     if outcome.report is None:
-        return head + (", no finding so far" if outcome.interrupted else f", no finding in up to {max_examples} examples")
+        return head + (", no finding so far" if outcome.interrupted else f", no finding in up to {max_examples} examples") \
+            + _waived_note(outcome)
     parts = [head]
     if outcome.seconds_to_first_failure is not None:
         parts.append(f"first failure after {outcome.seconds_to_first_failure:.1f} s")
@@ -790,7 +1006,14 @@ def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> st
     if outcome.interrupted:
         parts.append("the config below is the smallest failure found before the interrupt")
     parts.extend(outcome.notes)
-    return "; ".join(parts)
+    if len(outcome.failures) > 1:
+        parts.append(f"{len(outcome.failures)} distinct failures")
+    return "; ".join(parts) + _waived_note(outcome)
+
+
+def _waived_note(outcome) -> str:
+    waived = getattr(outcome, "waived_examples", 0)
+    return f"; {waived} example{'s' if waived != 1 else ''} had only waived findings" if waived else ""
 
 
 # ---- plan -------------------------------------------------------------------------------
@@ -801,9 +1024,23 @@ def default_factory():
     return _runner().load_factory(DEFAULT_IMPLEMENTATION)
 
 
+def refuse_unsupported(factory, name: str, config: MoEConfig) -> None:
+    """A config the implementation's own `supports` refuses: a usage error in one line (as `check`'s
+    ConfigRefused), before the implementation is asked for anything."""
+    from diffmoe.adapters.contract import unsupported
+
+    try:
+        reason = unsupported(factory, config)
+    except TypeError as exc:
+        raise UsageError(f"--impl {name}: {exc}") from None
+    if reason is not None:
+        raise UsageError(f"{name} does not run this config: {reason} (its `supports`; choose a config it runs)")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    factory, _ = load_implementation(args.impl)  # an --impl that cannot be loaded: a usage error, exit 2
+    factory, name = load_implementation(args.impl)  # an --impl that cannot be loaded: a usage error, exit 2
+    refuse_unsupported(factory, name, config)  # not "the implementation's plan failed" (exit 1): nothing to judge
     try:
         with implementation_output_to_stderr():
             # asked through the contract: the factory's cheap `plan_workspaces` where it has one, else built
@@ -865,6 +1102,56 @@ def cmd_museum(args: argparse.Namespace) -> int:
     from diffmoe.adapters.museum import run as museum_run
 
     return museum_run(args, prog=f"{PROG} museum")
+
+
+class FitProgress:
+    """`numerics fit` progress on stderr (diffmoe/frontends/progress.py): a bar of calibration configs
+    on a terminal, otherwise a plain line per config and stage ("numerics fit: 2/14 CONFIG: STAGE")."""
+
+    def __init__(self, stream: TextIO, live: bool | None = None) -> None:
+        self.stream, self.live, self.bar = stream, live, None
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        if self.bar is None:
+            from diffmoe.frontends.progress import Progress
+
+            self.bar = Progress(self.stream, "numerics fit", total=total, unit="config", each=True, live=self.live)
+        self.bar.update(done, detail=what, line=f"numerics fit: {done}/{total} {what}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def cmd_numerics(args: argparse.Namespace) -> int:
+    if args.numerics_command != "fit":
+        raise UsageError("a numerics command is required: fit (see diffmoe numerics --help)")
+    quants = _csv(args.quant)
+    if quants is not None:
+        unknown = [q for q in quants if q not in QUANT_SCHEMES]
+        if unknown or not quants:
+            raise UsageError(f"--quant must be a comma-separated list from {list(QUANT_SCHEMES)}, got {args.quant!r}")
+    factory, name = load_implementation(args.impl)
+    if factory is None:
+        factory = default_factory()
+    device = parse_device(args.device)
+    from diffmoe.numerics_fit import fit_profile
+
+    progress = FitProgress(sys.stderr)
+    try:
+        with _sigterm_interrupts(), implementation_output_to_stderr():
+            report = fit_profile(factory, quants=quants, count=args.configs, seed=args.seed, base=args.base,
+                                 device=device, implementation_name=name, progress=progress,
+                                 **time_limit_kwargs(_runner(), args.time_limit, device))
+    except ValueError as exc:  # a calibration set the implementation refuses whole
+        raise UsageError(f"numerics fit: {exc}") from None
+    finally:
+        progress.close()
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.render(), end="")
+    return report.exit_code
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -952,6 +1239,8 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
         raise UsageError("--sweep cannot be combined with a config (flags or --config)")
     if given or args.config is not None:
         configs = [config_from_args(args)]
+        gate_factory, gate_name = load_implementation(args.impl)
+        refuse_unsupported(gate_factory, gate_name, configs[0])
     else:
         configs = gate.sweep_configs() if args.sweep else gate.representative_configs()
     classes = _csv(args.tile_class)
@@ -1006,7 +1295,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum,numerics}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -1032,8 +1321,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--seed", type=_non_negative_int, metavar="S", help="fuzzing seed (default: a fresh one, printed)")
     fz.add_argument("--planner", choices=PLANNERS, default="fixed", help="planner of every drawn config (default fixed)")
     _add_impl_option(fz)
-    fz.add_argument("--max-tokens", type=_positive_int, default=96, metavar="T", help="largest T drawn (default 96)")
-    fz.add_argument("--max-experts", type=_positive_int, default=64, metavar="E", help="largest E drawn (default 64)")
+    fz.add_argument("--max-tokens", type=_positive_int, default=None, metavar="T", help="largest T drawn (default 96; or bound T with --tokens)")
+    fz.add_argument("--max-experts", type=_positive_int, default=None, metavar="E", help="largest E drawn (default 64; or bound E with --experts)")
     fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default every one but the opt-in ones)")
     fz.add_argument("--special-rows", action=argparse.BooleanOptionalAction, default=True,
                     help="draw all-zero (padding), NaN and Inf token rows (default: zero rows in about half the examples, NaN and Inf in an eighth each)")
@@ -1048,6 +1337,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_isolation_option(fz)
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     fz.add_argument("--save-failure", metavar="FILE.json", help="write the minimal failing config here (replay with check --config)")
+    _add_fuzz_controls(fz)
     fz.set_defaults(handler=cmd_fuzz)
 
     plan = sub.add_parser("plan", help="show the workspace plan and its overlaps", description="Show the workspace plan and its overlaps.")
@@ -1082,6 +1372,28 @@ def build_parser() -> argparse.ArgumentParser:
     museum_module.add_arguments(museum)
     museum.set_defaults(handler=cmd_museum)
 
+    numerics = sub.add_parser(
+        "numerics", help="fit the numerics profile an implementation computes (diffmoe numerics fit)",
+        description="diffmoe numerics fit: the rounding-point choices that reproduce an implementation's stages bit for bit")
+    numerics_sub = numerics.add_subparsers(dest="numerics_command", metavar="{fit}")
+    fit = numerics_sub.add_parser(
+        "fit", help="fit a profile (base + overrides, the TOML --numerics-file reads) on a calibration set",
+        description="Run the implementation once per calibration config and, stage by stage on its own inputs, find the "
+                    "menu choice of every rounding point that reproduces its outputs bit for bit (GEMMs: within their "
+                    "derived interval) over every config. Prints the profile as TOML with its evidence; a stage no "
+                    "choice explains is a residue, shown as a finding (exit 1), never absorbed.")
+    _add_impl_option(fit)
+    fit.add_argument("--quant", metavar="Q,...", help=f"calibrate on these schemes only (default: every one the implementation supports: {', '.join(QUANT_SCHEMES)})")
+    fit.add_argument("--configs", type=_positive_int, metavar="N", help="calibration configs (default: one per feature, four, per supported scheme and fused flag)")
+    fit.add_argument("--seed", type=_non_negative_int, default=0, metavar="S", help="seed of the first calibration config (default 0; the next ones S+1, ...)")
+    fit.add_argument("--base", choices=PROFILE_NAMES, help="the built-in profile the TOML starts from (default: the one agreeing with the most fitted points)")
+    fit.add_argument("--device", help="torch device (default: the implementation's)")
+    fit.add_argument("--time-limit", type=_time_limit, metavar="S",
+                     help="stop a candidate run that makes no progress (no launch) for S seconds: that config is a residue (0: no limit; default 120 on the interpreter, none on CUDA)")
+    fit.add_argument("--json", action="store_true", help="print the fit as one JSON object")
+    fit.set_defaults(handler=cmd_numerics)
+    numerics.set_defaults(handler=cmd_numerics, numerics_command=None)
+
     cc = sub.add_parser(
         "compile-check", help="compile every kernel specialization for a GPU, no GPU needed",
         description="Run the implementation on CPU tensors with every Triton launch intercepted, then compile each "
@@ -1110,13 +1422,19 @@ def reference_text() -> str:
     """Every subcommand's usage, from build_parser(), at a fixed width: the block of docs/cli.md between
     `<!-- cli-reference:start -->` and `<!-- cli-reference:end -->` (tests/test_cli_reference.py
     holds it to this; `python tests/test_cli_reference.py --write` regenerates it)."""
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    usages = []
-    for command in sub.choices.values():
-        formatter = command.formatter_class(prog=command.prog, width=REFERENCE_WIDTH)
-        formatter.add_usage(command.usage, command._actions, command._mutually_exclusive_groups, prefix="")
-        usages.append(formatter.format_help().rstrip())
+    usages: list[str] = []
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        for command in sub.choices.values():
+            if any(isinstance(a, argparse._SubParsersAction) for a in command._actions):
+                add(command)  # `numerics fit`: each nested command's own usage
+                continue
+            formatter = command.formatter_class(prog=command.prog, width=REFERENCE_WIDTH)
+            formatter.add_usage(command.usage, command._actions, command._mutually_exclusive_groups, prefix="")
+            usages.append(formatter.format_help().rstrip())
+
+    add(build_parser())
     return "\n".join(usages) + "\n"
 
 
@@ -1140,7 +1458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers or museum (see diffmoe --help)")
+            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers, museum or numerics (see diffmoe --help)")
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
         return status

@@ -31,6 +31,18 @@ shrinking runs, a database replay and sibling runs come on top and are counted a
 
 A database replay resumes shrinking (diffmoe/fuzz/database.py: `ResumingDatabase`).
 
+Known findings (diffmoe/fuzz/waivers.py): an example whose every finding a waiver covers
+(`waive=["differential@down_gemm"]`) is not a failure; the search goes on, and
+`FuzzOutcome.waived_examples` counts the distinct configs that had only waived findings.
+`keep_going=N` collects up to N distinct failures: once a failure is shrunk, the keys of its
+unwaived findings (`oracle@stage`) become known and the search starts again from the same
+seed, an example failing only with known keys passing; each round's failure holds at least
+one key no earlier failure had. A round replays the examples of the rounds before it (same
+seed, same draws) from their memoised reports, so each config is run once and
+max_examples still bounds the configs generated over all rounds. Rounds stop at N failures,
+at a round that finds nothing, or at an interrupt; `FuzzOutcome.failures` holds them in the
+order found, `report` the first.
+
 Crashes, timeouts and contract violations of the implementation are findings of the report
 (diffmoe.check.runner), so they shrink like any other failure. A crash of the harness itself on
 some config (an exception out of `run_differential`) is treated as a failure too, reported
@@ -38,6 +50,8 @@ under the crash oracle. `time_limit` bounds every example (a `timeout` finding p
 a hanging implementation cannot stall the search.
 
 Owns driving Hypothesis and shrinking. Must not judge: every verdict is run_differential's.
+Longer than 400 lines because the property, its rounds (keep_going) and the outcome share one
+search's state (the tier policy, the memo, the failures so far); split, each would take all of it.
 """
 
 from __future__ import annotations
@@ -53,17 +67,23 @@ from typing import Any, Callable, Collection, Sequence
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+from hypothesis.errors import Unsatisfiable
 
 from diffmoe.problem.config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
 from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
 from diffmoe.fuzz.database import ResumingDatabase
 from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
 from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.fuzz.strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
+from diffmoe.fuzz.waivers import Waiver, Waivers, finding_key, report_keys
 
 PHASE_GENERATE = "generate"
 PHASE_SHRINK = "shrink"
 MAX_EXAMPLES_LIMIT = 1_000_000
+# --keep-going's bound: one failure per oracle@stage key; 15 oracles (crash and timeout
+# included, waivers.WAIVABLE_ORACLES) at 8 stages each is 120 keys, so 1000 never cuts a search short.
+MAX_KEEP_GOING = 1000
 
 ProgressCallback = Callable[[int, str, float, str], None]
 """progress(examples_run_so_far, phase, elapsed_seconds, config.short())"""
@@ -101,6 +121,9 @@ class FuzzOutcome:
     interrupted: bool = False
     seed: int | None = None
     notes: list[str] = field(default_factory=list)
+    waived_examples: int = 0  # distinct configs whose every finding a waiver covered (the search went on)
+    failures: list[Report] = field(default_factory=list)  # keep_going: the distinct failures, in the order found
+    failure_keys: list[tuple[str, ...]] = field(default_factory=list)  # per failure: the keys no earlier one had
 
     @property
     def passed(self) -> bool:
@@ -130,6 +153,8 @@ class FuzzOutcome:
             "seconds_shrinking": None if self.seconds_shrinking is None else round(self.seconds_shrinking, 4),
             "seed": self.seed,
             "notes": list(self.notes),
+            "waived_examples": self.waived_examples,
+            "failures": [dict(keys=list(k), report=r.to_dict()) for r, k in zip(self.failures, self.failure_keys)],
             "report": None if self.report is None else self.report.to_dict(),
         }
 
@@ -200,6 +225,9 @@ def fuzz(
     full_every: int = FULL_EVERY,
     full_offset: int | None = None,
     shrink: bool = True,
+    bounds: FieldBounds | None = None,
+    waive: Waivers | Sequence[Waiver | str] = (),
+    keep_going: int = 1,
     isolation: str = "none",
 ) -> FuzzOutcome:
     """Draw up to `max_examples` configs; stop at the first failure and shrink it.
@@ -223,7 +251,10 @@ def fuzz(
     the full set's first generated example is the (full_offset + 1)-th; None: the seed's phase,
     `full_phase(seed)` (seed % full_every; 0 unseeded). Naming
     `oracles` or `schedules` turns the tiers off. shrink: False reports the first failing
-    example as found, unshrunk (Hypothesis's shrink phase off).
+    example as found, unshrunk (Hypothesis's shrink phase off). bounds: pins and ranges of config
+    fields (diffmoe.fuzz.bounds), drawn only within them. waive: findings searched past
+    (diffmoe.fuzz.waivers: `oracle@stage`). keep_going: collect up to this many distinct failures
+    (module doc), 1..MAX_KEEP_GOING.
     """
     check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)
     if seed is not None:
@@ -245,11 +276,13 @@ def fuzz(
     for flag, value in (("special_rows", special_rows), ("features", features), ("shrink", shrink)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {value!r}")
+    check_int("keep_going", keep_going, 1, MAX_KEEP_GOING)
+    waivers = waive if isinstance(waive, Waivers) else Waivers(waive)
     if full_offset is None:
         full_offset = full_phase(seed, full_every) if isinstance(full_every, int) and full_every >= 1 else 0
     policy = TierPolicy(tier, oracles, schedules, full_every, full_offset)
     strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts, special_rows=special_rows,
-                           features=features)
+                           features=features, bounds=bounds)
     # Imported here, not at module import: tests replace the module, and importing the
     # runner pulls in the optimized implementation only when a fuzz actually starts.
     runner = importlib.import_module("diffmoe.check.runner")
@@ -266,7 +299,26 @@ def fuzz(
     first_failure_at: list[float] = []
     smallest: list[FailingReport] = []
 
+    known: set[str] = set()  # keys of the failures collected so far (keep_going)
+    memo: dict[tuple, Report] = {}  # (config, judging) -> report: a later round replays, not reruns
+    waived_configs: set[MoEConfig] = set()
+    round_index = [0]
+    earlier_rounds: set[MoEConfig] = set()  # configs the rounds before this one ran
+
+    def failing(report: Report) -> bool:
+        """Whether the report holds a finding no waiver covers and no earlier failure had."""
+        return any(finding_key(f) not in known for f in waivers.unwaived(report.findings))
+
     def judge(config: MoEConfig, how: Judging) -> Report:
+        key = (config, how.oracles, None if how.schedules is None else tuple(str(s) for s in how.schedules))
+        if round_index[0] and key in memo:
+            return memo[key]
+        report = judge_afresh(config, how)
+        if keep_going > 1:  # only a later round reads it: a single search keeps no reports
+            memo[key] = report
+        return report
+
+    def judge_afresh(config: MoEConfig, how: Judging) -> Report:
         try:
             report = runner.run_differential(
                 config,
@@ -294,29 +346,36 @@ def fuzz(
         if unsupported(implementation, config) is not None:
             reject()  # the implementation's own `supports` refuses it: not an example (contract.SUPPORTS)
         config = judged_config(config, implementation)  # as run_differential resolves it: drawn == reported
-        outcome.examples += 1
         phase = PHASE_SHRINK if first_failure_at else PHASE_GENERATE
-        if first_failure_at:
-            outcome.shrink_examples += 1
         how = policy.judging(config, failed_before=bool(first_failure_at), replaying=replaying[0])
+        fresh = config not in earlier_rounds
+        if fresh:  # a config an earlier round ran is replayed from its report, not counted again
+            outcome.examples += 1
+            if first_failure_at:
+                outcome.shrink_examples += 1
         label = config.short() if how.full or not policy.tiered else f"{config.short()} (cheap oracle set)"
-        if progress is not None:
+        if progress is not None and fresh:
             progress(outcome.examples, phase, time.perf_counter() - start, label)
         report = judge(config, how)
         if not report.passed and not how.full and policy.tiered:  # escalate: the full set's report
             how = policy.full_judging()
-            outcome.escalations += 1
+            outcome.escalations += fresh
             full_report = judge(config, how)
             report = full_report if not full_report.passed else report
-        outcome.full_examples += how.full
-        sibling = None if report.passed else _sibling_of(report)
+        outcome.full_examples += how.full and fresh
+        sibling = None if not failing(report) else _sibling_of(report)
         if sibling is not None:  # only the metamorphic oracle saw it: judge the sibling too
-            outcome.sibling_runs += 1
+            outcome.sibling_runs += fresh
             if progress is not None:
                 progress(outcome.examples, phase, time.perf_counter() - start, f"{sibling.short()} (metamorphic sibling)")
             sibling_report = judge(sibling, how)
-            if _fails_on_its_own(sibling_report):
+            if _fails_on_its_own(sibling_report) and failing(sibling_report):
                 report = sibling_report
+        if not report.passed and not failing(report):
+            # only waived findings, or only failures already collected: the search goes on
+            if waivers and not waivers.unwaived(report.findings):
+                waived_configs.add(config)
+            return
         if not report.passed:
             if not first_failure_at:
                 first_failure_at.append(time.perf_counter())
@@ -353,35 +412,65 @@ def fuzz(
             replaying[0] = False
         hypothesis_test([Phase.generate, *shrinking])()
 
-    final: FailingReport | None = None
-    try:
-        search()
-        if db is not None:
-            db.mark_shrunk()
-    except FailingReport as exc:
-        final = exc
-        if db is not None:
-            db.mark_shrunk()  # the shrink completed: what the database holds is minimal
-    except KeyboardInterrupt:
-        outcome.interrupted = True
-        final = smallest[0] if smallest else None
-    except Exception as exc:
-        # Hypothesis reports a failure it could not replay (a flaky implementation) as its own
-        # error; the failures seen are still real, so keep the smallest and say so.
-        if not smallest:
-            raise
-        final = smallest[0]
-        outcome.notes.append(f"the minimal example did not fail again on replay ({type(exc).__name__}): flaky")
-    if final is not None:
-        outcome.report = final.report
+    found_first: list[float] = []  # when the first round's failure was met
+    while True:
+        final, stop = search_round(search, db, smallest, outcome)
+        if first_failure_at and not found_first:
+            found_first.append(first_failure_at[0])
+        if final is None:
+            break
         if final.drawn != final.report.config:
             outcome.notes.append(
                 f"the drawn config {final.drawn.short()} failed only the metamorphic oracle; its sibling "
                 f"(fused={final.report.config.fused}) fails other oracles on its own and is the config reported"
             )
+        new = tuple(k for k in report_keys(waivers.unwaived(final.report.findings)) if k not in known)
+        outcome.failures.append(final.report)
+        outcome.failure_keys.append(new)
+        known.update(new)
+        if stop or len(outcome.failures) >= keep_going:
+            break
+        # the next round: the same seed draws the same examples, replayed from `memo`
+        round_index[0] += 1
+        earlier_rounds.update(k[0] for k in memo)
+        policy = TierPolicy(tier, oracles, schedules, full_every, full_offset)
+        first_failure_at.clear()
+        smallest.clear()
+    outcome.waived_examples = len(waived_configs)
+    if outcome.failures:
+        outcome.report = outcome.failures[0]
     end = time.perf_counter()
     outcome.seconds = end - start
-    if first_failure_at:
-        outcome.seconds_to_first_failure = first_failure_at[0] - start
-        outcome.seconds_shrinking = end - first_failure_at[0]
+    if found_first:
+        outcome.seconds_to_first_failure = found_first[0] - start
+        outcome.seconds_shrinking = end - found_first[0]
     return outcome
+
+
+def search_round(search: Callable[[], None], db, smallest: list[FailingReport],
+                 outcome: FuzzOutcome) -> tuple[FailingReport | None, bool]:
+    """One search: (its shrunk failure or None, whether the fuzz must stop here: an interrupt)."""
+    try:
+        search()
+        if db is not None:
+            db.mark_shrunk()
+    except FailingReport as exc:
+        if db is not None:
+            db.mark_shrunk()  # the shrink completed: what the database holds is minimal
+        return exc, False
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        return (smallest[0] if smallest else None), True
+    except Unsatisfiable:
+        if not smallest:
+            raise ValueError("the field bounds leave no config the implementation runs: Hypothesis found no valid "
+                             "example (widen a bound, or pin fields that fit together)") from None
+        return smallest[0], True
+    except Exception as exc:
+        # Hypothesis reports a failure it could not replay (a flaky implementation) as its own
+        # error; the failures seen are still real, so keep the smallest and say so.
+        if not smallest:
+            raise
+        outcome.notes.append(f"the minimal example did not fail again on replay ({type(exc).__name__}): flaky")
+        return smallest[0], False
+    return None, False

@@ -75,18 +75,29 @@ The minimal draw is ``MINIMAL_CONFIG`` (fp8-tensor, T=E=K=1, H=I=16, unfused, ro
 on the down GEMM, no expert map, uniform skew, separate output, fixed planner, seed 0);
 the minimal draw with the fused flag on is ``MINIMAL_FUSED_CONFIG``, the same config fused.
 
+Bounds (diffmoe.fuzz.bounds, `moe_configs(bounds=...)`, `diffmoe fuzz --topk 1..2`): every bounded
+size is drawn within its bound (the caps above derived from the bounds' lower ends, the budgets
+grown to hold the smallest bounded config: a pin asks for it); a bounded choice is drawn from the
+values it allows; a bounded opt-in field keeps a drawn value inside its bound and otherwise takes
+one drawn from it, and a draw the config then refuses (3 NaN rows in a 2-token call) is rejected.
+Without bounds the draws are exactly the unbounded ones (same seed, same examples).
+
 Owns the drawn domains. Must not run a check: fuzzing.py and the tests do.
+Longer than 400 lines because every field's domain lives here, the bounded one beside the
+default, so the draw order (the shrink order) reads in one place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
+from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.problem.config import (
-    MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS,
+    ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS,
     MoEConfig, check_int,
 )
 from diffmoe.adapters.contract import SCHEDULE_KINDS, Schedule
@@ -188,25 +199,27 @@ def biased_integers(lo: int, hi: int, specials: Sequence[int]) -> SearchStrategy
     return choices.map(lambda c: kept[c[1]] if c[0] else c[2])
 
 
-def token_counts(cap: int) -> SearchStrategy[int]:
-    """T in 1..cap, biased to the block boundaries that fit and to the cap itself."""
-    return biased_integers(1, cap, (*TOKEN_BOUNDARIES, cap))
+def token_counts(cap: int, lo: int = 1) -> SearchStrategy[int]:
+    """T in lo..cap, biased to the block boundaries that fit and to the cap itself."""
+    return biased_integers(lo, cap, (*TOKEN_BOUNDARIES, cap))
 
 
-def expert_counts(cap: int = MAX_EXPERTS) -> SearchStrategy[int]:
-    """E in 1..cap, biased to primes."""
-    return biased_integers(1, cap, PRIMES)
+def expert_counts(cap: int = MAX_EXPERTS, lo: int = 1) -> SearchStrategy[int]:
+    """E in lo..cap, biased to primes."""
+    return biased_integers(lo, cap, PRIMES)
 
 
-def hidden_sizes(quant: str, cap: int) -> SearchStrategy[int]:
-    """H or I for `quant` in floor..min(cap, MAX_SIZE): multiples of 128 for fp8-block."""
-    floor = size_floor(quant)
+def hidden_sizes(quant: str, cap: int, lo: int | None = None) -> SearchStrategy[int]:
+    """H or I for `quant` in floor..min(cap, MAX_SIZE): multiples of 128 for fp8-block. `lo`
+    (a bound, diffmoe.fuzz.bounds) replaces the floor; for fp8-block it is rounded up to a multiple."""
+    floor = size_floor(quant) if lo is None else lo
     cap = min(cap, MAX_SIZE)
     if cap < floor:
         raise ValueError(f"size cap must be at least {floor} for quant={quant!r}, got {cap}")
     if quant == "fp8-block":
         # Same shape of choices as the other schemes, so switching scheme costs nothing.
-        return biased_integers(1, cap // QUANT_BLOCK, (cap // QUANT_BLOCK,)).map(lambda n: n * QUANT_BLOCK)
+        first = max(1, -(-floor // QUANT_BLOCK))
+        return biased_integers(first, cap // QUANT_BLOCK, (cap // QUANT_BLOCK,)).map(lambda n: n * QUANT_BLOCK)
     return biased_integers(floor, cap, SIZE_HINTS)
 
 
@@ -240,6 +253,7 @@ def moe_configs(
     inputs: bool = True,
     special_rows: bool = True,
     features: bool = False,
+    bounds: FieldBounds | None = None,
 ) -> SearchStrategy[MoEConfig]:
     """Valid MoEConfigs within the module's documented domains.
 
@@ -249,6 +263,8 @@ def moe_configs(
     inputs: False never draws the opt-in inputs (call_tokens, router, spread, tie_heavy).
     special_rows: True (default) draws all-zero, NaN and Inf rows at the module's shares; False never.
     features: True also draws the MoE-model features (swiglu_limit, dropped_slots, shared_experts).
+    bounds: pins and ranges of any field (diffmoe.fuzz.bounds; `diffmoe fuzz --topk 1..2`), drawn
+    only within them (see `_bounded_plan`).
     """
     if planner is not None and planner not in PLANNERS:
         raise ValueError(f"planner must be None or one of {list(PLANNERS)}, got {planner!r}")
@@ -260,42 +276,76 @@ def moe_configs(
                         ("features", features)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
+    if bounds is not None and not isinstance(bounds, FieldBounds):
+        raise TypeError(f"bounds must be None or a diffmoe.fuzz.bounds.FieldBounds, got {bounds!r}")
+    b = bounds or FieldBounds()
+    if fused is None and len(b.allowed("fused", (False, True))) == 1:
+        fused = b.pinned("fused")
     quants = _quant_choices(quant, fused)
+    planners = PLANNERS if planner is None else (planner,)
+    if b:
+        quants, planners, token_budget, weight_budget = _bounded_plan(b, quants, planners, max_tokens, max_experts,
+                                                                      token_budget, weight_budget)
     floor = max(size_floor(q) for q in quants)
     # The smallest config of every allowed scheme must fit, or construction could dead-end.
     check_int("token_budget", token_budget, floor, 2**40)
     check_int("weight_budget", weight_budget, 2 * max_experts * floor * floor, 2**40)
-    planners = PLANNERS if planner is None else (planner,)
+    em_pin = b.values.get("expert_map", (None,))[0]
+    rw_allowed = b.allowed("router_weight", ROUTER_WEIGHT_ORDER)
+    k_lo, k_hi = b.range("topk", 1, 1 if rw_allowed == ("input",) else MAX_EXPERTS)
+    e_lo, e_hi = b.range("num_experts", max(1, k_lo), max_experts)
+    if em_pin is not None:
+        e_lo = e_hi = len(em_pin)
+
+    def size_bounds(q: str, name: str) -> tuple[int | None, int]:
+        """(floor or None when unbounded, ceiling) of H or I for scheme q."""
+        if name not in b.ranges:
+            return None, MAX_SIZE
+        lo, hi = b.ranges[name]
+        if q == "fp8-block":
+            return max(QUANT_BLOCK, -(-lo // QUANT_BLOCK) * QUANT_BLOCK), hi // QUANT_BLOCK * QUANT_BLOCK
+        return lo, hi
 
     @st.composite
     def build(draw) -> MoEConfig:
         q = draw(st.sampled_from(quants))
         lo = size_floor(q)
-        t = draw(token_counts(min(max_tokens, token_budget // lo)))
-        e = draw(expert_counts(max_experts))
-        k_cap = min(e, token_budget // (t * lo))
+        (h_lo, h_hi), (i_lo, i_hi) = size_bounds(q, "hidden"), size_bounds(q, "inter")
+        h_min, i_min = lo if h_lo is None else h_lo, lo if i_lo is None else i_lo
+        act_min = max(h_min, i_min)
+        t_lo, t_hi = b.range("num_tokens", 1, max_tokens)
+        t = draw(token_counts(min(t_hi, token_budget // (k_lo * act_min)), t_lo))
+        e = draw(expert_counts(min(e_hi, weight_budget // (2 * h_min * i_min)), e_lo))
+        k_cap = min(e, k_hi, token_budget // (t * act_min))
         # K == E drawn on purpose: with every expert busy, block padding is at its largest.
-        k = draw(biased_integers(1, k_cap, (k_cap,)))
+        k = draw(biased_integers(k_lo, k_cap, (k_cap,)))
         act_cap = token_budget // (t * k)  # max(H, I) under the token budget
-        h = draw(hidden_sizes(q, min(act_cap, weight_budget // (2 * e * lo))))
-        i = draw(hidden_sizes(q, min(act_cap, weight_budget // (2 * e * h))))
+        h = draw(hidden_sizes(q, min(h_hi, act_cap, weight_budget // (2 * e * i_min)), h_lo))
+        i = draw(hidden_sizes(q, min(i_hi, act_cap, weight_budget // (2 * e * h)), i_lo))
         # Drawn whether or not they apply (see biased_integers: a skipped choice would make
         # bf16 or K > 1 look simpler to the shrinker than they are).
         drawn_fused = draw(st.booleans())
-        drawn_rw = draw(st.sampled_from(ROUTER_WEIGHT_ORDER))
+        drawn_rw = draw(st.sampled_from(rw_allowed))
         f = False if q == "bf16" else (drawn_fused if fused is None else fused)
         rw = drawn_rw if k == 1 else "down"
-        em = draw(st.one_of(st.none(), expert_maps(e))) if expert_map else None
-        skew = draw(st.sampled_from(ROUTING_SKEWS))
-        output = draw(st.sampled_from(OUTPUT_ORDER))
+        if em_pin is not None:
+            em = em_pin
+        else:
+            em = draw(st.one_of(st.none(), expert_maps(e))) if expert_map else None
+        skew = draw(st.sampled_from(b.allowed("skew", ROUTING_SKEWS, ALL_ROUTING_SKEWS)))
+        output = draw(st.sampled_from(b.allowed("output", OUTPUT_ORDER)))
         chosen_planner = draw(st.sampled_from(planners))
-        seed = draw(st.integers(0, MAX_DRAWN_SEED))
+        seed = draw(st.integers(*b.ranges.get("seed", (0, MAX_DRAWN_SEED))))
         extra = draw(_input_fields(t)) if inputs else {}
+        if b:
+            extra = draw(_within_bounds(b, extra, INPUT_FIELDS))
         if special_rows:
             extra.update(draw(_special_row_fields(t if extra.get("call_tokens") is None else extra["call_tokens"])))
         if features:
             extra.update(draw(_feature_fields(t, k)))
-        return MoEConfig(
+        if b:
+            extra = draw(_within_bounds(b, extra, LATER_FIELDS))
+        fields = dict(
             num_tokens=t,
             num_experts=e,
             topk=k,
@@ -311,8 +361,89 @@ def moe_configs(
             seed=seed,
             **extra,
         )
+        if not b:
+            return MoEConfig(**fields)
+        try:  # a pinned opt-in field the drawn sizes cannot hold (3 NaN rows in a 2-token call): not an example
+            return MoEConfig(**fields)
+        except ValueError:
+            reject()
 
     return build()
+
+
+# The opt-in fields a bound may override after the sizes are drawn: the inputs (before the special
+# rows, which are cut to the call's tokens), then the rest.
+INPUT_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "tie_heavy")
+LATER_FIELDS = ("zero_rows", "nan_rows", "inf_rows", "random_orders", "numerics", "swiglu_limit", "dropped_slots",
+                "shared_experts")
+_DEFAULTS = MoEConfig()
+
+
+def _within_bounds(b: FieldBounds, extra: dict, names: Sequence[str]) -> SearchStrategy[dict]:
+    """`extra` with every bounded field among `names` moved inside its bound: a drawn value already
+    inside stays, any other is replaced by one drawn from the bound (always drawn: fixed shape)."""
+    ranged = [n for n in names if n in b.ranges]
+    valued = [n for n in names if n in b.values]
+    choices = st.tuples(*(st.integers(*b.ranges[n]) for n in ranged), *(st.sampled_from(b.values[n]) for n in valued))
+
+    def to_fields(c: tuple) -> dict:
+        out = dict(extra)
+        for n, v in zip((*ranged, *valued), c):
+            current = out.get(n, getattr(_DEFAULTS, n))
+            inside = current is not None and b.ranges[n][0] <= current <= b.ranges[n][1] if n in b.ranges else \
+                current in b.values[n]
+            if not inside:
+                out[n] = v
+        if "router" in names and out.get("router") != "softmax-topk" and "renormalize" not in b.values:
+            out["renormalize"] = False  # a router pinned away from softmax-topk takes renormalize off with it
+        return out
+
+    return choices.map(to_fields)
+
+
+def _bounded_plan(b: FieldBounds, quants: tuple[str, ...], planners: tuple[str, ...], max_tokens: int,
+                  max_experts: int, token_budget: int, weight_budget: int):
+    """The schemes and planners the bounds leave, and the budgets grown to hold the smallest
+    bounded config of every scheme left (a pin asks for that config: the budgets bound cost, they
+    must not refuse what was asked). ValueError naming the field when nothing is left."""
+    quants = b.allowed("quant", quants)
+    if not quants:
+        raise ValueError(f"quant must be one of {list(b.values['quant'])} and an fp8 scheme when fused is pinned on; none is left")
+    planners = b.allowed("planner", planners)
+    if not planners:
+        raise ValueError(f"planner must be one of {list(b.values['planner'])} and match the fuzz's planner; none is left")
+    t_lo, t_hi = b.range("num_tokens", 1, max_tokens)
+    if t_lo > t_hi:
+        raise ValueError(f"num_tokens must be bounded within [1, max_tokens = {max_tokens}], got {b.ranges['num_tokens']}")
+    rw = b.allowed("router_weight", ROUTER_WEIGHT_ORDER)
+    k_lo, k_hi = b.range("topk", 1, 1 if rw == ("input",) else MAX_EXPERTS)
+    if k_lo > k_hi:
+        raise ValueError("topk must be 1 when router_weight is pinned to 'input' (the weight scales the token itself)")
+    e_lo, e_hi = b.range("num_experts", max(1, k_lo), max_experts)
+    em = b.values.get("expert_map", (None,))[0]
+    if em is not None and not e_lo <= len(em) <= e_hi:
+        raise ValueError(f"expert_map pins num_experts to {len(em)}, outside the other bounds (num_experts {e_lo}..{e_hi}, topk >= {k_lo})")
+    if e_lo > e_hi:
+        raise ValueError(f"num_experts must be at least topk's lower bound {k_lo} and at most {e_hi}: the bounds leave none")
+    if em is not None:
+        e_lo = len(em)
+    kept = []
+    for q in quants:
+        sizes = []
+        for name in ("hidden", "inter"):
+            lo, hi = b.ranges.get(name, (size_floor(q), MAX_SIZE))
+            if q == "fp8-block":
+                lo, hi = max(QUANT_BLOCK, -(-lo // QUANT_BLOCK) * QUANT_BLOCK), hi // QUANT_BLOCK * QUANT_BLOCK
+            sizes.append((lo, hi))
+        if all(lo <= hi for lo, hi in sizes):
+            kept.append(q)
+            (h, _), (i, _) = sizes
+            token_budget = max(token_budget, t_lo * k_lo * max(h, i))
+            weight_budget = max(weight_budget, 2 * e_lo * h * i, 2 * max_experts * size_floor(q) ** 2)
+    if not kept:
+        raise ValueError(f"hidden and inter must hold a multiple of {QUANT_BLOCK} for quant='fp8-block' (the only "
+                         f"scheme left), got {b.ranges.get('hidden')} and {b.ranges.get('inter')}")
+    return tuple(kept), planners, token_budget, weight_budget
 
 
 def _input_fields(num_tokens: int) -> SearchStrategy[dict]:

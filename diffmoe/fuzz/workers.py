@@ -31,6 +31,8 @@ the machine; `fuzz_in_workers(workers=N, ...)` runs N searches at once, each a p
   STOP_GRACE_SECONDS to send its outcome, and is killed after that. The outcome is
   interrupted and carries the smallest failure any worker reported. A second Ctrl-C in this
   process stops waiting and kills them at once.
+* Waived findings (diffmoe/fuzz/waivers.py): each worker searches past them, their counts summed.
+  `keep_going` > 1 needs workers=1 (ValueError; CLI exit 2): a first failure stops the others.
 * A worker that dies without an outcome, or whose search raises, is not a pass: this raises
   WorkerFailed (the CLI exits 3), after stopping the others.
 
@@ -197,6 +199,9 @@ def fuzz_in_workers(*, workers: int, max_examples: int, seed: int | None,
     (database must then be None or a directory path, as every worker opens it itself).
     """
     check_int("workers", workers, 1, MAX_WORKERS)
+    if workers > 1 and fuzz_kwargs.get("keep_going", 1) != 1:
+        # the first failure stops every worker still generating (module doc): one search collects several
+        raise ValueError(f"keep_going={fuzz_kwargs['keep_going']} needs workers=1: the first failure stops the other workers")
     check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)  # fuzz()'s own bound, checked before any worker starts
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable or None, got {progress!r}")
@@ -373,7 +378,7 @@ def _merge(pool: list[_Worker], seed: int | None, interrupted: bool, start: floa
     outcomes = [(w, w.outcome) for w in pool if w.outcome is not None]
     merged = FuzzOutcome(seed=seed, seconds=end - start, interrupted=interrupted)
     for _, o in outcomes:
-        for name in ("examples", "shrink_examples", "full_examples", "escalations", "sibling_runs"):
+        for name in ("examples", "shrink_examples", "full_examples", "escalations", "sibling_runs", "waived_examples"):
             setattr(merged, name, getattr(merged, name) + getattr(o, name))
         merged.notes += [n for n in o.notes if n not in merged.notes]
     lost = [w for w in pool if w.outcome is None]
@@ -383,6 +388,7 @@ def _merge(pool: list[_Worker], seed: int | None, interrupted: bool, start: floa
     if found:
         w, o = min(found, key=lambda wo: (wo[1].interrupted, wo[0].first_failure_at or float("inf"), wo[0].index))
         merged.report = o.report
+        merged.failures, merged.failure_keys = list(o.failures), list(o.failure_keys)
         first = min(x.first_failure_at for x, _ in found if x.first_failure_at is not None)
         merged.seconds_to_first_failure = first - start
         merged.seconds_shrinking = end - first

@@ -275,7 +275,7 @@ class _TypeNamed:
 class RemoteFactory:
     """A factory named by its MODULE:FACTORY spec whose module is imported only in the candidate's
     process: what the judge reads of a factory (its numerics profile, batch-invariance claim,
-    `supports`, `plan_workspaces`) is asked of a child of the zygote, so the implementation's
+    peer wheel, `supports`, `plan_workspaces`) is asked of a child of the zygote, so the implementation's
     module never runs in the judge's process (whose comparison its import-time code could
     otherwise patch). Calling it is refused: instances are built in the candidate's process.
     A module that fails to load there declares nothing here; the check then reports the failure
@@ -289,6 +289,7 @@ class RemoteFactory:
         declared = reply if isinstance(reply, dict) else {}
         self.numerics = declared.get("numerics")
         self.batch_invariant = declared.get("batch_invariant")
+        self.peer_wheel = declared.get("peer_wheel")
         if declared.get("supports"):
             self.supports = self._supports
         if declared.get("plan_workspaces"):

@@ -239,6 +239,7 @@ def describe(conn, factory_ref, judge_pid: int) -> None:
         declared = {
             "numerics": getattr(factory, contract.NUMERICS, None),
             "batch_invariant": getattr(factory, contract.BATCH_INVARIANT, None),
+            "peer_wheel": getattr(factory, contract.PEER_WHEEL, None),
             "supports": contract.factory_attribute(factory, contract.SUPPORTS) is not None,
             "plan_workspaces": contract.factory_attribute(factory, contract.PLAN_WORKSPACES) is not None,
         }
