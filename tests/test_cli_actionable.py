@@ -89,6 +89,7 @@ def fake_runner(monkeypatch):
     monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
     monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
     monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
+    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in's factory exists only here
     monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake
 

@@ -7,10 +7,8 @@ program order, the interpreter's address recorder), and a teacher-forced stage
 (`Candidate.run_stage`). It returns what it saw (a `Run`, findings of the watchers); the judge
 (diffmoe/check/execution.py and the oracles) decides what it means.
 
-This module runs in the candidate's process under isolation (diffmoe/isolation/): it must not
-import the reference, the tolerance or the oracles (but guards and address analysis), and
-nothing that imports them; tests/test_isolation.py imports it under the isolation's import
-guard to hold that.
+Under isolation it runs in the candidate's process (diffmoe/isolation/): it must not import the
+reference (tests/test_isolation.py imports it under the isolation's import guard).
 
 Robustness: nothing the implementation does ends the check without a Report.
   * An exception from the implementation (Triton compile and interpreter errors included),

@@ -11,4 +11,6 @@ results, nor the judge.
 
 Problems go in as bytes (pickled, never shared memory), runs come out as bytes; the judge
 compares them in its own process. See docs/robustness.md ("Isolation").
+
+Owns nothing itself; must not import the reference anywhere below (import_guard.py).
 """
