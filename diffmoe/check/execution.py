@@ -23,14 +23,20 @@ Robustness: nothing the implementation does ends the check without a Report.
   * Every input is kept as a bitwise copy, compared after each run (and, in the first run,
     before and after each launch, so the finding names the stage), and restored, so the later
     runs still see the original inputs; a changed input is a `contract` finding.
+  * Every call runs under the bounds guard (`memory_guarded`): under the interpreter an access
+    outside the allocation it addresses is refused, never performed, so no call corrupts the heap.
+
+Longer than 400 lines because `execute` composes every watch on one call (poison, the recorders,
+the red-zone and input watchers, the program order, the bounds guard) with the state the other
+services share (the instance, its workspaces, the runs); split, each half would need the other's.
 """
 
 from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -69,6 +75,7 @@ class Run:
     returned: torch.Tensor | None = None  # the tensor run() returned (not a copy)
     reported: set[str] = field(default_factory=set)  # intermediates run() returned itself
     addresses: Any = None  # the interpreter's per-program address record (RaceRecorder), first run only
+    out_of_bounds: list = field(default_factory=list)  # accesses the bounds guard refused (bounds_guard.OutOfBounds)
 
 
 class Judge(Protocol):
@@ -182,9 +189,26 @@ class Check:
         self.sequenced = False
         # selected oracles that could not run on this check, and why (the report says so)
         self.skipped: dict[str, str] = {}
+        self.out_of_bounds: list = []  # every access the bounds guard refused, every call, in order
 
     def selected(self, oracle: str) -> bool:
         return oracle in self.oracles
+
+    @contextmanager
+    def memory_guarded(self, named: dict[str, torch.Tensor]) -> Iterator[Any]:
+        """One call under the bounds guard (diffmoe/interpreter/bounds_guard.py: on under the interpreter
+        whatever the selection), its refused accesses added to `out_of_bounds`; yields the guard (a
+        LaunchRecorder) or None where it cannot hook. The bounds oracle words what it refused."""
+        from diffmoe.interpreter.bounds_guard import guard_for_call  # imports triton
+
+        guard, why = guard_for_call(named)
+        if guard is None and self.selected(Oracles.BOUNDS):
+            self.skipped.setdefault(Oracles.BOUNDS, why)
+        with guard or nullcontext():
+            try:
+                yield guard
+            finally:
+                self.out_of_bounds += guard.events if guard else []
 
     # ---- progress -------------------------------------------------------------------
     def report_progress(self, stage: str | None) -> None:
@@ -308,9 +332,13 @@ class Check:
         watch = RedZoneWatch(guarded, output)
         run = self.method(impl, "run", what)
         self.inputs.start(attribute_input_writes)
-        recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, extra_recorder)
+        named = {**(problem or self.problem).inputs(), **dict(zip(("ws1", "ws2"), guarded.workspaces)),
+                 **({Buffers.OUTPUT: output.tensor} if output is not None else {})}
         try:
-            with numpy_quiet(), exits_intercepted(), self.program_order(impl, schedule):
+            # the guard innermost: a race recorder entered around this call records only what it let through
+            with numpy_quiet(), exits_intercepted(), self.program_order(impl, schedule), self.memory_guarded(named) as guard:
+                recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, guard,
+                                           extra_recorder)
                 result = run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
                              schedule=schedule, recorder=recorder)
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
@@ -344,7 +372,8 @@ class Check:
         buffers[Buffers.OUTPUT] = out
         self.settle_uncomputed_rows(buffers, problem)
         watch.check()  # writes made outside any reported launch
-        return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates))
+        return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates),
+                   out_of_bounds=guard.events if guard else [])
 
     def program_order(self, impl, schedule: Schedule):
         """The control `run` is called in: diffmoe.interpreter.grid_order's, which reorders the programs of every

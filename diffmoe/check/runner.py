@@ -385,6 +385,8 @@ class _Job:
         try:
             state.run()
         except Crash as crash:
+            for oracle in state.active:
+                state.findings += oracle.after_crash(state)
             state.findings.append(crash.finding)
         return self.report(state.findings, time.perf_counter() - start, state.skipped)
 

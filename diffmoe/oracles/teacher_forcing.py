@@ -48,7 +48,7 @@ class TeacherForcing(Oracle):
             what = f"teacher-forced stage {stage.name}"
             check.inputs.start(False)
             try:
-                with numpy_quiet(), exits_intercepted():
+                with numpy_quiet(), exits_intercepted(), check.memory_guarded({**check.problem.inputs(), **inputs}):
                     outputs = check.impl.run_stage(stage.name, inputs, check.problem)
             except BaseException as exc:  # noqa: BLE001 - SystemExit included: see execution.implementation_failed
                 if not implementation_failed(exc):
