@@ -72,18 +72,18 @@ def bounds_finding(event: OutOfBounds, known: Mapping[int, str] = {}) -> Finding
     label, short, start, end = _reference(event, known)
     s, e = event.span
     if s >= end:
-        where = f"{s - end} bytes past the end of {label}" if s > end else f"right after the end of {label}"
+        where = f"{s - end} bytes past its end" if s > end else "right after its end"
     elif e <= start:
-        where = f"{start - e} bytes before the start of {label}" if e < start else f"right before the start of {label}"
+        where = f"{start - e} bytes before its start" if e < start else "right before its start"
     else:
-        where = f"across the end of {label}"
+        where = "inside it and runs across its end"
     rng = ByteRange(short, s - start, e - start)
     figures.update({"nearest": short, "nearest_kernel_args": list(event.nearest.args)})
     others = f" ({_plural(event.programs, 'program')} in all)" if event.programs > 1 else ""
     message = (f"program {event.program} of {event.kernel} {_VERB[event.kind]} "
-               f"{_plural(event.nbytes, 'byte')} outside the allocation it addresses{others}, "
-               f"the first {_plural(e - s, 'byte')} {where} (bytes [{s - start}, {e - start}) of a "
-               f"{end - start}-byte buffer): the {_NOUN[event.kind]} was not performed")
+               f"{_plural(event.nbytes, 'byte')} outside the allocation it addresses{others}: the first refused run, "
+               f"bytes [{s - start}, {e - start}) of the {end - start}-byte {label}, starts {where}; "
+               f"the {_NOUN[event.kind]} was not performed")
     return Finding(oracle=Oracles.BOUNDS, stage=event.stage, buffers=[short], byte_ranges=[rng],
                    message=message, figures=figures)
 
