@@ -57,7 +57,7 @@ from reference import reference_moe  # pure PyTorch, Triton-free like the harnes
 from reference.moe import reference_stage
 
 from diffmoe.problem.vocabulary import Buffers, materialised_buffers
-from diffmoe.check.watchers import InputWatch, RedZoneWatch, StageTracker
+from diffmoe.check.watchers import InputWatch, RedZoneWatch, StageTracker, UnwrittenReads
 
 ProgressCallback = Callable[[str, "str | None", "list[Finding]"], None]
 """progress(phase, stage or None, findings so far): called at every phase change and launch."""
@@ -76,6 +76,7 @@ class Run:
     reported: set[str] = field(default_factory=set)  # intermediates run() returned itself
     addresses: Any = None  # the interpreter's per-program address record (RaceRecorder), first run only
     out_of_bounds: list = field(default_factory=list)  # accesses the bounds guard refused (bounds_guard.OutOfBounds)
+    unwritten_reads: list = field(default_factory=list)  # reads of bytes nothing wrote (watchers.UnwrittenReads)
 
 
 class Judge(Protocol):
@@ -334,11 +335,14 @@ class Check:
         self.inputs.start(attribute_input_writes)
         named = {**(problem or self.problem).inputs(), **dict(zip(("ws1", "ws2"), guarded.workspaces)),
                  **({Buffers.OUTPUT: output.tensor} if output is not None else {})}
+        unwritten = UnwrittenReads(t.untyped_storage().data_ptr() for t in named.values())
         try:
+            # the call's own allocations poisoned, so a tensor nobody wrote is told from one written;
             # the guard innermost: a race recorder entered around this call records only what it let through
-            with numpy_quiet(), exits_intercepted(), self.program_order(impl, schedule), self.memory_guarded(named) as guard:
-                recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, guard,
-                                           extra_recorder)
+            with numpy_quiet(), exits_intercepted(), allocations_poisoned(), self.program_order(impl, schedule), \
+                    self.memory_guarded(named) as guard:
+                recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, unwritten,
+                                           guard, extra_recorder)
                 result = run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
                              schedule=schedule, recorder=recorder)
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
@@ -373,7 +377,7 @@ class Check:
         self.settle_uncomputed_rows(buffers, problem)
         watch.check()  # writes made outside any reported launch
         return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates),
-                   out_of_bounds=guard.events if guard else [])
+                   out_of_bounds=guard.events if guard else [], unwritten_reads=unwritten.found)
 
     def program_order(self, impl, schedule: Schedule):
         """The control `run` is called in: diffmoe.interpreter.grid_order's, which reorders the programs of every

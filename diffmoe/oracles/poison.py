@@ -34,6 +34,18 @@ def poison_findings(check: Check, first: Run, again: Run, tokens: int | None = N
     )]
 
 
+def unwritten_read_findings(run: Run) -> list[Finding]:
+    """A finding per launch and buffer that read bytes of the implementation's own tensor that no
+    launch of this call wrote (diffmoe.check.watchers.UnwrittenReads): said as that, not as a
+    dependence on workspace bytes or on the program order, which the garbage also causes."""
+    return [Finding(
+        oracle=Oracles.POISON, stage=stage, buffers=[name],
+        message=f"{stage} ({kernel}, launch {index}) reads {nbytes} byte{'s' if nbytes != 1 else ''} of {name} "
+                f"(allocated by the implementation, written by no launch) that no launch of this call wrote",
+        figures={"launch": index, "kernel": kernel, "unwritten_bytes": nbytes},
+    ) for index, stage, kernel, name, nbytes in run.unwritten_reads]
+
+
 class Poison(Oracle):
     name = Oracles.POISON
     checks = "stale or uninitialised reads"
@@ -41,6 +53,9 @@ class Poison(Oracle):
            "buffer that changes read bytes it did not write. With `call-sequence` selected, the second run is that "
            "oracle's T call on a fresh pair poisoned 0xA5, and only a divergence buys the runs that tell the causes apart")
     rank = 80
+
+    def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]:
+        return unwritten_read_findings(run) if first else []
 
     def finish(self, check: Check) -> list[Finding]:
         if check.sequenced:
