@@ -208,6 +208,12 @@ def _hooked_restore(original: Any) -> Any:
     return restore
 
 
+def _addresses(ptrs: Any) -> np.ndarray:
+    """The pointer block's addresses as int64, without a copy for the interpreter's uint64 ones."""
+    data = np.asarray(ptrs.data)
+    return data.view(np.int64) if data.dtype == np.uint64 else data.astype(np.int64)
+
+
 def _refused(launch: _Launch, ptrs: Any, mask: Any) -> tuple[np.ndarray, int] | None:
     """(the lanes to refuse, a bool array of the pointers' shape; the index of the allocation the
     access belongs to, or -1), or None when every live lane is inside one allocation.
@@ -216,10 +222,15 @@ def _refused(launch: _Launch, ptrs: Any, mask: Any) -> tuple[np.ndarray, int] | 
     allocation: the one holding its first live lane (else the one holding most of them). Lanes
     in another argument's storage are refused too, so that where an overflow lands (the heap
     puts small tensors side by side) cannot change the verdict."""
-    addresses = np.asarray(ptrs.data).astype(np.int64, copy=False)
+    addresses = _addresses(ptrs)
     if addresses.size == 0:
         return None
     size = _element_bytes(ptrs)
+    # fastest path, before the mask is looked at: every lane, masked or not, inside one allocation
+    lo, hi = int(addresses.min()), int(addresses.max()) + size
+    i = int(np.searchsorted(launch.starts, lo, side="right")) - 1
+    if i >= 0 and hi <= launch.ends[i]:
+        return None
     live = None
     if mask is not None:
         live = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
@@ -275,7 +286,7 @@ def _hooked(original: Any, kind: str, ptr: tuple[int, str], mask: tuple[int, str
         if verdict is None:
             return original(self, *args, **kwargs)
         refused, home = verdict
-        addresses = np.asarray(ptrs.data).astype(np.int64, copy=False)
+        addresses = _addresses(ptrs)
         bad = np.broadcast_to(addresses, refused.shape)[refused]
         grid = tuple(getattr(self, "grid_dim", (1, 1, 1)))
         x, y, z = getattr(self, "grid_idx", None) or (-1, 0, 0)
