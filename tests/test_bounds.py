@@ -167,3 +167,38 @@ def test_the_bounds_oracle_is_quiet_on_the_shipped_implementation():
     config = MoEConfig(num_tokens=3, num_experts=2, topk=2, hidden=128, inter=128, quant="fp8-token", fused=True)
     report = run_differential(config, oracles=[Oracles.BOUNDS, Oracles.TEACHER_FORCING])
     assert report.passed, report.render()
+
+
+def test_a_crash_after_a_refused_store_is_reported_after_the_refusal():
+    import bug_zoo
+
+    class RaisesAfterTheReduce(bug_zoo.ReduceStoreMaskDropped):
+        def _reduce(self, stage, ctx, down, out):
+            super()._reduce(stage, ctx, down, out)
+            raise RuntimeError("planted failure after the reduce")
+
+    mutant = bug_zoo.MUTANTS["reduce-store-mask-dropped"]
+    report = run_differential(mutant.config, RaisesAfterTheReduce, oracles=[Oracles.BOUNDS])
+    assert [f.oracle for f in report.findings] == [Oracles.BOUNDS, Oracles.CRASH], report.render()
+    assert report.findings[0].buffers == ["output"] and "planted failure" in report.findings[1].message
+
+
+def test_a_refused_access_only_a_later_call_makes_is_reported_once_the_check_is_over():
+    import bug_zoo
+
+    class OnlyTheStageEntryDropsTheMask(bug_zoo.ReduceStoreMaskDropped):
+        """The whole-pipeline path masks its store; the per-stage entry (teacher forcing) does not."""
+
+        def run(self, *args, **kwargs):
+            self.MASK_STORE = True
+            try:
+                return super().run(*args, **kwargs)
+            finally:
+                self.MASK_STORE = False
+
+    mutant = bug_zoo.MUTANTS["reduce-store-mask-dropped"]
+    report = run_differential(mutant.config, OnlyTheStageEntryDropsTheMask,
+                              oracles=[Oracles.BOUNDS, Oracles.TEACHER_FORCING])
+    [finding] = [f for f in report.findings if f.oracle == Oracles.BOUNDS]
+    assert finding.stage == "reduce" and "stores 768 bytes" in finding.message, report.render()
+    assert "of the 256-byte buffer argument `out_ptr` of the launch of _zoo_block_reduce_kernel" in finding.message

@@ -196,13 +196,13 @@ class Check:
         return oracle in self.oracles
 
     @contextmanager
-    def memory_guarded(self, named: dict[str, torch.Tensor]) -> Iterator[Any]:
+    def memory_guarded(self, named: dict[str, torch.Tensor], stage: str | None = None) -> Iterator[Any]:
         """One call under the bounds guard (diffmoe/interpreter/bounds_guard.py: on under the interpreter
         whatever the selection), its refused accesses added to `out_of_bounds`; yields the guard (a
         LaunchRecorder) or None where it cannot hook. The bounds oracle words what it refused."""
         from diffmoe.interpreter.bounds_guard import guard_for_call  # imports triton
 
-        guard, why = guard_for_call(named)
+        guard, why = guard_for_call(named, stage)
         if guard is None and self.selected(Oracles.BOUNDS):
             self.skipped.setdefault(Oracles.BOUNDS, why)
         with guard or nullcontext():

@@ -245,6 +245,8 @@ class DifferentialRun(Check):
             self.findings += self.judge_run(run, first=index == 0)
         for oracle in self.active:
             self.findings += oracle.finish(self)
+        for oracle in self.active:
+            self.findings += oracle.after_finish(self)
 
     def _address_recorder(self):
         """The interpreter's per-program address recorder, when an active oracle judges it."""

@@ -115,7 +115,7 @@ def _triton_problem() -> str | None:
     return None
 
 
-def guard_for_call(named: Mapping[str, Any]) -> tuple[MemoryGuard | None, str | None]:
+def guard_for_call(named: Mapping[str, Any], stage: str | None = None) -> tuple[MemoryGuard | None, str | None]:
     """(a guard for one call of the implementation, None) or (None, why no access can be guarded
     here). Without a GPU and with Triton not imported yet, Triton here can only be the
     interpreter (as the race recorder assumes too)."""
@@ -128,7 +128,7 @@ def guard_for_call(named: Mapping[str, Any]) -> tuple[MemoryGuard | None, str | 
         if not torch.cuda.is_available():
             os.environ.setdefault("TRITON_INTERPRET", "1")
     problem = _triton_problem()
-    return (None, problem) if problem is not None else (MemoryGuard(named), None)
+    return (None, problem) if problem is not None else (MemoryGuard(named, stage), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,8 +342,9 @@ class MemoryGuard:
     name the nearest buffer. Entering it where the interpreter cannot be hooked raises
     RuntimeError (`guard_for_call` says why instead)."""
 
-    def __init__(self, named: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, named: Mapping[str, Any] | None = None, stage: str | None = None) -> None:
         self._named = dict(named or {})
+        self._stage = stage  # of launches no LaunchInfo announces (teacher forcing's run_stage)
         self.events: list[OutOfBounds] = []
         self._depth = 0
         self._launches = 0
@@ -422,7 +423,7 @@ class MemoryGuard:
             return
         info = self._announced[-1] if self._announced else None
         event = OutOfBounds(index, launch.kernel, kind, pid, grid, (int(starts[0]), int(ends[0])), outside, 1, nearest,
-                            stage=info.stage if info is not None else None,
+                            stage=info.stage if info is not None else self._stage,
                             announced=getattr(self, "_announced_index", None) if info is not None else None,
                             views=self._views())
         self._by_key[key] = (event, {pid})

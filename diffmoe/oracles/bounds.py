@@ -38,7 +38,7 @@ def _reference(event: OutOfBounds, known: Mapping[int, str]) -> tuple[str, str, 
     A named view (the launch's declared views, the check's workspaces, output and inputs) inside
     the nearest allocation first: the one starting last at or below the refused bytes. Else the
     allocation as the launch argument passing it, the way the implementation's own tensors are
-    named: "the buffer argument `out_ptr` of launch 3 (stage reduce)"."""
+    named: "buffer argument `out_ptr` of launch 3 (stage reduce)" (after "the 256-byte")."""
     a = event.nearest
     assert a is not None
     at = event.span[0]
@@ -53,7 +53,7 @@ def _reference(event: OutOfBounds, known: Mapping[int, str]) -> tuple[str, str, 
         where = f"launch {event.announced} (stage {event.stage})"
     else:
         where = f"the launch of {event.kernel}"
-    return f"the buffer argument `{arg}` of {where}", arg, s, e
+    return f"buffer argument `{arg}` of {where}", arg, s, e
 
 
 def bounds_finding(event: OutOfBounds, known: Mapping[int, str] = {}) -> Finding:  # noqa: B006 - read only
@@ -120,9 +120,9 @@ class Bounds(Oracle):
     def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]:
         return _distinct(check, run.out_of_bounds) if first else []
 
-    def finish(self, check: Check) -> list[Finding]:
-        """Refused accesses of the calls after the first run (other orders, other oracles' calls)
-        of a kind the first run did not make."""
+    def after_finish(self, check: Check) -> list[Finding]:
+        """Refused accesses of the calls after the first run (other orders, every oracle's own calls,
+        teacher forcing's stages) of a kind the first run did not make."""
         first = {id(e) for e in check.runs[0].out_of_bounds} if check.runs else set()
         made = {(e.kernel, e.kind, e.stage) for e in check.runs[0].out_of_bounds} if check.runs else set()
         later = [e for e in check.out_of_bounds if id(e) not in first and (e.kernel, e.kind, e.stage) not in made]

@@ -47,8 +47,9 @@ class TeacherForcing(Oracle):
             inputs = {n: ref[n].clone() for n in stage.reads if n in ref}
             what = f"teacher-forced stage {stage.name}"
             check.inputs.start(False)
+            named = {**check.problem.inputs(), **inputs}
             try:
-                with numpy_quiet(), exits_intercepted(), check.memory_guarded({**check.problem.inputs(), **inputs}):
+                with numpy_quiet(), exits_intercepted(), check.memory_guarded(named, stage.name):
                     outputs = check.impl.run_stage(stage.name, inputs, check.problem)
             except BaseException as exc:  # noqa: BLE001 - SystemExit included: see execution.implementation_failed
                 if not implementation_failed(exc):
