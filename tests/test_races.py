@@ -259,6 +259,20 @@ def test_unannounced_launch_is_checked_and_names_the_argument_not_the_address():
 
 
 @needs_interpreter
+def test_an_undeclared_tensor_is_named_after_the_announced_launch_that_first_received_it():
+    # issue 28: "the buffer argument `C` of launch 3 (stage down_gemm)", never an address
+    x = torch.arange(128, dtype=torch.float32)
+    y = torch.zeros(128, dtype=torch.float32)
+    with RaceRecorder() as rec:
+        _launch(rec, "quant_input", shift_kernel, (2,), {}, {}, y, y, 128, BLOCK=64)  # y: first received here
+        _launch(rec, "reduce", shift_kernel, (2,), {}, {}, x, y, 128, BLOCK=64)
+        _launch(rec, "reduce", shift_kernel, (2,), {}, {}, y, y, 128, BLOCK=64)
+    findings = rec.findings()
+    assert [f.buffers[0] for f in findings] == ["the buffer argument `x_ptr, out_ptr` of launch 0 (stage quant_input)"] * 2
+    assert all("0x" not in f.message for f in findings)
+
+
+@needs_interpreter
 def test_program_id_is_the_flattened_grid_index():
     out = torch.zeros(4, dtype=torch.int32)
     with RaceRecorder() as rec:

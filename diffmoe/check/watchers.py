@@ -1,8 +1,9 @@
 """Recorders that watch one call of the implementation, launch by launch.
 
 Owns: the stage in flight (so a crash or a timeout can name it), bitwise copies of the
-problem's inputs (which input a run wrote, when, and restoring it), and the guard bytes
-checked after every launch. Each is a `LaunchRecorder` (diffmoe/adapters/contract.py) chained into the
+problem's inputs (which input a run wrote, when, and restoring it), the guard bytes
+checked after every launch, and the reads of the implementation's own tensors that nothing wrote
+(`UnwrittenReads`, which the poison oracle words). Each is a `LaunchRecorder` (diffmoe/adapters/contract.py) chained into the
 call by `Check.execute`; none judges anything beyond what it watches.
 
 Must not report under an oracle's name other than the contract's (input writes).
