@@ -202,3 +202,20 @@ def test_a_refused_access_only_a_later_call_makes_is_reported_once_the_check_is_
     [finding] = [f for f in report.findings if f.oracle == Oracles.BOUNDS]
     assert finding.stage == "reduce" and "stores 768 bytes" in finding.message, report.render()
     assert "of the 256-byte buffer argument `out_ptr` of the launch of _zoo_block_reduce_kernel" in finding.message
+
+
+@triton.jit
+def _store_iota(y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, offs)
+
+
+def test_a_reinterpreted_tensor_is_judged_by_the_storage_beneath_it():
+    from triton.runtime.jit import reinterpret
+
+    buf, (y,) = _views(32, 8)
+    with MemoryGuard() as guard:
+        _store_iota[(1,)](reinterpret(y, tl.int32), BLOCK=16)
+    assert (buf[8:] == 0).all() and y.view(torch.int32).tolist() == list(range(8))
+    [event] = guard.events
+    assert (event.kind, event.nbytes, event.nearest.args) == ("store", 32, ("y_ptr",))
