@@ -219,6 +219,11 @@ class RemoteCandidate:
         found, self.pending = self.pending, []
         return found
 
+    def take_refused(self) -> list:
+        if self._crash is not None:
+            return []
+        return self._request("take_refused")
+
     def close(self) -> None:
         try:
             send(self.conn, ("close",))
