@@ -149,11 +149,15 @@ def test_accesses_are_not_judged_without_an_active_guard():
     assert not bounds_guard.instrumentation_installed()
 
 
-def test_a_check_reports_the_dropped_store_mask_by_the_buffer_name_and_survives():
+@pytest.mark.parametrize("isolation", ["none", "process"])
+def test_a_check_reports_the_dropped_store_mask_by_the_buffer_name_and_survives(isolation):
+    """In the judge's process and in the candidate's (diffmoe/isolation/): the refused store travels
+    with the run and is named at the candidate's addresses."""
     import bug_zoo
 
     mutant = bug_zoo.MUTANTS["reduce-store-mask-dropped"]
-    report = run_differential(mutant.config, mutant.factory, oracles=[Oracles.BOUNDS, Oracles.DIFFERENTIAL])
+    report = run_differential(mutant.config, mutant.factory, oracles=[Oracles.BOUNDS, Oracles.DIFFERENTIAL],
+                              isolation=isolation)
     [finding] = report.findings
     assert finding.oracle == Oracles.BOUNDS and finding.stage == "reduce" and finding.buffers == ["output"]
     assert "output (allocated by the implementation)" in finding.message
