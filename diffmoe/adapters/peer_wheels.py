@@ -107,10 +107,8 @@ VLLM_RELEASES: dict[str, PeerWheel] = {
 }
 _LIGER = "liger_kernel"
 _SGLANG_MOE = "sglang/srt/layers/moe/moe_runner/triton_utils"
-# The SGLang files the adapter loads (peers/sglang_0_5.py), the same paths in both supported
-# releases. The tuned tile configs (triton_utils/configs/) are not kept: they are keyed by GPU
-# name and E, N of real models, none of which a diffmoe config has, so the lookup falls back to
-# SGLang's default config either way.
+# The SGLang files the adapter loads (peers/sglang_core.py), the same paths in both supported
+# releases.
 _SGLANG_FILES = (
     f"{_SGLANG_MOE}/fused_moe.py",  # fused_experts, _fused_moe_kernel_sequence, moe_combine_topk: the run sequence
     f"{_SGLANG_MOE}/moe_align_block_size.py",  # the Python side of the alignment op (+1 bucket)
@@ -119,6 +117,7 @@ _SGLANG_FILES = (
     "sglang/kernels/ops/moe/moe_align_small_numel.py",  # the Triton align for one-token batches over > 63 experts
     "sglang/kernels/ops/quantization/fp8_kernel.py",  # scaled_fp8_quant, the per-token-group quants
     "sglang/kernels/ops/quantization/fp8_utils.py",  # fp8_dtype_to_triton (fp8_kernel.py imports it)
+    f"{_SGLANG_MOE}/configs/",  # the tuned tile configs per Triton release and GPU (~390 JSON files, ~1.6 MB)
 )
 
 

@@ -5,7 +5,8 @@ imports the world) and without installing anything.
 `load_modules(source, files, stubs=..., before=...)` executes each (module name, path inside the
 source) of `files` in order, each seeing the ones before it, inside `stubs` (stubs.py: the
 modules they import but the adapted path never calls). Every package a file's name lies in is
-an empty module unless `before` gives one (a stand-in module). The result, `LoadedModules`, maps
+`before`'s module of that name (a stand-in module), else its stub when the stubs cover it, else
+an empty module. The result, `LoadedModules`, maps
 names to modules; `installed()` makes the package's names resolve to them while a run imports
 some at call time, and puts `sys.modules` back afterwards.
 
@@ -105,7 +106,9 @@ def load_modules(source: PackageSource, files: Iterable[tuple[str, str]], *, stu
         parts = name.split(".")
         for i in range(1, len(parts)):
             package = ".".join(parts[:i])
-            if package not in loaded:
+            if package not in loaded and stubs is not None and stubs.covers(package):
+                loaded[package] = stubs.module(package)  # its other names are stubs too (values given)
+            elif package not in loaded:
                 module = types.ModuleType(package)
                 module.__path__ = []
                 loaded[package] = module
