@@ -233,5 +233,5 @@ def test_the_sglang_pins():
         pin = peer_wheels.PEERS[name]
         assert pin.requirement == name and pin.version == version and len(pin.sha256) == 64 and int(pin.sha256, 16)
         assert pin.python == "3.11" and pin.filename.startswith(f"sglang-{version}-cp311-cp311-")
-        assert all(f.startswith("sglang/") and f.endswith(".py") for f in pin.files)
+        assert all(f.startswith("sglang/") and f.endswith((".py", "/")) for f in pin.files)
     assert peer_wheels.PEERS["sglang==0.5.20"].sha256 != peer_wheels.PEERS["sglang"].sha256
