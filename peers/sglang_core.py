@@ -274,6 +274,7 @@ def factory(release: Release, cuda: bool, module: str):
         return cls(config, device)
 
     make.__module__ = module
+    make.__name__ = make.__qualname__ = "make" if cuda else "make_fallback"  # the spec a replay line names
     make.numerics = "sglang" if cuda else "sglang_fallback"  # diffmoe.adapters.contract.NUMERICS
     make.supports = supports_from(lambda c: check_supported(c, cuda))  # diffmoe.adapters.contract.SUPPORTS
     make.batch_invariant = False  # diffmoe.adapters.contract.BATCH_INVARIANT: the tile config follows the token count

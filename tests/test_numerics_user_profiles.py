@@ -139,7 +139,7 @@ def test_a_bad_toml_file_is_refused_naming_the_key(text, message):
 @pytest.mark.parametrize("argv, says", [
     (["--numerics", "vllm+quant_codes=reciprocal"], "--numerics: unknown rounding point 'quant_codes'; points: ["),
     (["--numerics", "vllm+reduce=fp16"], "--numerics: reduce must be one of ['fp32', 'fp32_from_zero', 'bf16', "
-                                         "'bf16_from_zero', 'bf16_k2_to_4'], got 'fp16'"),
+                                         "'bf16_from_zero', 'bf16_k2_to_4', 'fp32_from_zero_past_k2'], got 'fp16'"),
     (["--numerics", "fast"], "--numerics must be one of ['diffmoe', 'vllm', 'liger', 'lmdeploy', 'sglang', 'sglang_fallback'], got 'fast'"),
     (["--numerics-file", "{bad}"], "[points]: silu must be one of ['divide', 'reciprocal', 'sigmoid', 'torch'], got 'exp'"),
     (["--numerics-file", "{missing}"], "cannot read numerics file"),
