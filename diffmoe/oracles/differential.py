@@ -14,7 +14,7 @@ import torch
 from diffmoe.tolerance.compare import Comparison, Rule, compare
 from diffmoe.tolerance.gemm_interval import stage_bound
 from diffmoe.check.report import Finding, Oracles
-from diffmoe.tolerance.table import FORCED, rule_for
+from diffmoe.tolerance.table import END_TO_END, FORCED, rule_for
 from diffmoe.problem.vocabulary import Buffers, Stages, pipeline_stages
 from diffmoe.oracles.base import Oracle
 
@@ -135,6 +135,14 @@ class Differential(Oracle):
         extra: dict[str, Any] = {}
         if not failed:
             derived = derived_output_bound(check, run, down_interval)
+            if derived is None and set(run.buffers) == {Buffers.OUTPUT}:
+                # nothing but the output to judge (a fused_experts family function, diffmoe.adapters.families):
+                # the output's end-to-end row of the tolerance table
+                rule = rule_for(check.config.quant, Buffers.OUTPUT, END_TO_END, backend=check.tolerance_backend,
+                                numerics=check.config.numerics_profile)
+                c = compare(Buffers.OUTPUT, check.reference.output, run.buffers[Buffers.OUTPUT], rule)
+                return [] if c.ok else stage_findings(Oracles.DIFFERENTIAL, [(Stages.REDUCE, c)], {
+                    "schedule": str(run.schedule), "judged_on": "the output alone (no stage reported)"})
             if derived is None:
                 return []
             bound, extra = derived
