@@ -20,8 +20,11 @@ of a row is fixed by K, N and the row's own values, whatever M or the other rows
 own method still does everything else (the operand conversions, the accumulator add), on the
 same values, so the only change is which BLAS routine sums each row. The cost: a one-row gemv
 per row instead of one gemm, 1.5x to 2x the product's time on the kernels' tile shapes (27 us ->
-49 us for 32x128 @ 128x256, one thread), a few milliseconds of a check (docs/oracles.md has the
-measurement of a whole check).
+49 us for 32x128 @ 128x256, one thread), lost in a check's interpretation: measured 2026-12-05
+on this 2-core machine (process seconds, medians of 3, alternating in one process), the cheap
+check of bench/ab_interpreter_speed.py's three configs took 1.96 s with whole-tile dots and
+1.93 s row by row, a default check of T=16 E=8 K=2 H=I=128 fp8-token fused 0.545 s and 0.538 s:
+no difference above the noise (`TRITON_INTERPRET=1 .venv/bin/python bench/ab_dot_rows.py --rounds 3`).
 
 The correcting fixes (diffmoe.interpreter.fixes) are installed on top of it and compute their
 bf16 and fp8 dots with the same `matmul_by_rows`, so the kernels' float32 software paths (which
