@@ -84,6 +84,12 @@ def zygote(preload: tuple[str, ...] = ()) -> _Zygote:
         return found
 
 
+def zygote_pids() -> set[int]:
+    """The zygotes this process started and that are still running (a test that counts a process's
+    children leaves them out: they outlive a check on purpose, one per process)."""
+    return {z.proc.pid for z in _ZYGOTES.values() if z.owner == os.getpid() and z.proc.poll() is None}
+
+
 def _alive(z: _Zygote) -> bool:
     if z.owner == os.getpid():
         return z.proc.poll() is None
