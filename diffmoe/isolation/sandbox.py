@@ -314,15 +314,15 @@ def _warm_interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
     try:
-        from diffmoe.adapters.contract import Schedule
+        from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, Schedule
+        from diffmoe.adapters.loading import load_factory
         from diffmoe.check.candidate import Candidate
         from diffmoe.oracles.guards import POISON_PATTERNS
         from diffmoe.problem.config import MoEConfig
         from diffmoe.problem.inputs import make_problem
-        from optimized.moe import make_implementation
 
         config = MoEConfig(**_WARM_CONFIG)
-        candidate = Candidate(make_implementation, torch_device(), make_problem(config, torch_device()))
+        candidate = Candidate(load_factory(DEFAULT_IMPLEMENTATION), torch_device(), make_problem(config, torch_device()))
         impl = candidate.build(config)
         guarded = candidate.allocate(candidate.workspace_shapes(impl, config.num_tokens), "warm-up")
         output = candidate.new_output(config.num_tokens, config.hidden)
