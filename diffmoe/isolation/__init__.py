@@ -6,8 +6,10 @@ results, nor the judge.
     sandbox.py       the candidate's process: a clean "zygote" (torch, Triton, the candidate's
                      side of a check, the implementation's module) that forks one child per
                      check; the child serves diffmoe.check.candidate.Candidate's methods
-    client.py        the judge's side: starting the zygote, one child per check, and
-                     `RemoteCandidate`, which Check uses in place of a Candidate
+    zygote.py        the judge's side of the zygote: its start (a fork of a judge that holds
+                     no reference yet, else a fresh interpreter), reuse and stop
+    client.py        the judge's side of a check: `RemoteCandidate`, which Check uses in
+                     place of a Candidate, and `RemoteFactory`
 
 Problems go in as bytes (pickled, never shared memory), runs come out as bytes; the judge
 compares them in its own process. See docs/robustness.md ("Isolation").

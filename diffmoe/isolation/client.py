@@ -1,8 +1,6 @@
-"""The judge's side of isolation: the zygote, one candidate child per check, and `RemoteCandidate`.
+"""The judge's side of isolation: one candidate child per check, `RemoteCandidate` and `RemoteFactory`.
 
-Owns: starting the zygote (sandbox.py) in a fresh interpreter, once per process that asks and
-per set of preloaded modules, and stopping it when that process exits (a forked child, e.g. a
-check worker, uses its parent's); how a factory travels (pickled by reference, or as its
+Owns (the zygote's start and stop are zygote.py's): how a factory travels (pickled by reference, or as its
 MODULE:FACTORY spec); and `RemoteCandidate`, which Check uses in place of
 diffmoe.check.candidate.Candidate: every method sends one request and waits for its answer,
 relaying the candidate's progress (so a time limit still sees launches), raising `Crash` with
@@ -11,15 +9,9 @@ the candidate's finding, and turning refused imports into `contract` findings.
 
 from __future__ import annotations
 
-import atexit
 import os
 import pickle
-import secrets
 import signal
-import subprocess
-import sys
-import threading
-from dataclasses import dataclass
 from multiprocessing import reduction
 from multiprocessing.connection import Client
 from typing import Any
@@ -29,6 +21,9 @@ import torch
 from diffmoe.check.candidate import Crash, Executed
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.isolation.messages import dumps, recv, send
+from diffmoe.isolation.zygote import (  # noqa: F401 - candidate_cpu_seconds, stop_zygotes, zygote_pids: this module's API too
+    _CANDIDATE_CPU, _CLOSE_REPLY_SECONDS, candidate_cpu_seconds, stop_zygotes, zygote, zygote_pids,
+)
 
 ISOLATIONS = ("process", "none")
 """`process`: the candidate runs in its own process (this module); `none`: in the judge's."""
@@ -38,90 +33,6 @@ def check_isolation(isolation: object) -> str:
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
     return isolation  # type: ignore[return-value]
-
-
-@dataclass
-class _Zygote:
-    proc: subprocess.Popen
-    address: str
-    authkey: bytes
-    owner: int  # the pid that started it: only that process stops it
-
-
-_ZYGOTES: dict[tuple, _Zygote] = {}
-_CANDIDATE_CPU = [0.0]  # CPU seconds the candidates of this process's checks used (bench/ab_isolation.py)
-# How long close() waits for a candidate to say how much CPU it used (it answers at once, unless
-# it is stuck in the implementation: then it is killed without an answer).
-_CLOSE_REPLY_SECONDS = 1.0
-
-
-def candidate_cpu_seconds() -> float:
-    """CPU seconds of every isolated check's candidate process so far, in this process's checks."""
-    return _CANDIDATE_CPU[0]
-_LOCK = threading.Lock()
-
-
-def _search_path() -> str:
-    """This process's sys.path for the zygote, so a factory pickled by reference (a test module's
-    class, a module found from the current directory) imports there as it did here."""
-    seen = [p for p in sys.path if p and os.path.isdir(p)]
-    return os.pathsep.join(dict.fromkeys([*seen, os.getcwd()]))
-
-
-def zygote(preload: tuple[str, ...] = ()) -> _Zygote:
-    """The running zygote for `preload` (started by this process or the one it was forked from),
-    or a new one."""
-    key = (preload, os.environ.get("TRITON_INTERPRET", ""))
-    with _LOCK:
-        found = _ZYGOTES.get(key)
-        if found is not None and _alive(found):
-            return found
-        authkey = secrets.token_bytes(32)
-        env = dict(os.environ, PYTHONPATH=_search_path())
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from diffmoe.isolation.sandbox import zygote_main; zygote_main(sys.argv[1:])",
-             *preload],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
-        )
-        proc.stdin.write(authkey)
-        proc.stdin.close()
-        address = proc.stdout.readline().decode().strip()
-        if not address:
-            proc.wait()
-            raise RuntimeError(f"the candidate's zygote process ended at its start (exit code {proc.returncode})")
-        _ZYGOTES[key] = found = _Zygote(proc, address, authkey, os.getpid())
-        return found
-
-
-def zygote_pids() -> set[int]:
-    """The zygotes this process started and that are still running (a test that counts a process's
-    children leaves them out: they outlive a check on purpose, one per process)."""
-    return {z.proc.pid for z in _ZYGOTES.values() if z.owner == os.getpid() and z.proc.poll() is None}
-
-
-def _alive(z: _Zygote) -> bool:
-    if z.owner == os.getpid():
-        return z.proc.poll() is None
-    try:  # started by the process this one was forked from: not a child of this one
-        os.kill(z.proc.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-@atexit.register
-def stop_zygotes() -> None:
-    """Stop the zygotes this process started (not those of the process it was forked from)."""
-    for z in list(_ZYGOTES.values()):
-        if z.owner == os.getpid() and z.proc.poll() is None:
-            z.proc.terminate()  # it kills and reaps its children first (sandbox._stop_children)
-            try:
-                z.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                z.proc.kill()
-                z.proc.wait()
 
 
 def _preload(spec: str) -> tuple[str, ...]:

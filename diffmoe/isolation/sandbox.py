@@ -13,6 +13,10 @@ already holds them, and never held the reference or the judge, costs a few milli
 
 Must not import the reference, before the guard or after (import_guard.py).
 
+Longer than 400 lines because the zygote and the child it forks are one process's two lives:
+the child inherits the zygote's guard, warm-up and signal state, and the zygote's stop reaps
+what the children left; split, each half would re-derive the other's state.
+
 Messages are pickled bytes (`send`/`recv`), never shared memory: what the candidate returns is a
 copy, which it cannot change after it returned.
 """
@@ -20,6 +24,7 @@ copy, which it cannot change after it returned.
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import os
 import pickle
@@ -41,15 +46,20 @@ _GUARD = import_guard.ImportGuard()  # installed by zygote_main, first
 # must not leave a spinning kernel behind for longer than this.
 JUDGE_POLL_SECONDS = 0.25
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_ENV = "DIFFMOE_ZYGOTE_PARENT"  # the pid of the process that started a spawned zygote
 
 
-def _die_with_parent() -> None:
-    """SIGTERM when the process that started the zygote dies, however it dies: the zygote then
-    stops its children (`_stop_children`) rather than leave them to an init that may not reap."""
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM when the process that started the zygote (`parent`) dies, however it dies: the
+    zygote then stops its children (`_stop_children`) rather than leave them to an init that may
+    not reap. A parent already gone before the request took effect: the zygote ends at once (seen:
+    a zygote whose CLI was interrupted during its start outlived it by hours)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 _CHILDREN: set[int] = set()
@@ -340,13 +350,45 @@ def torch_device():
 
 
 def zygote_main(preload: list[str]) -> None:
-    """Read the authentication key from stdin, listen, preload, print the address, fork per check."""
+    """A zygote in a fresh interpreter: the authentication key from stdin, the address to stdout."""
+    sys.meta_path.insert(0, _GUARD)  # before anything below imports more of diffmoe
+    parent = int(os.environ.get(PARENT_ENV, os.getppid()))
+    authkey = sys.stdin.buffer.read(32)
+    _zygote(authkey, preload, lambda address: (sys.stdout.write(address + "\n"), sys.stdout.flush()), parent)
+
+
+def forked_zygote(authkey: bytes, preload: list[str], announce_fd: int, parent: int) -> None:
+    """A zygote forked from a judge that holds no reference yet (client.zygote says when): the
+    address to `announce_fd`. Never returns."""
+    code = 1
+    try:
+        sys.meta_path.insert(0, _GUARD)
+        os.setsid()  # its own session, as the spawned zygote's: a terminal's signals are the judge's
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
+            signal.signal(signum, signal.SIG_DFL)  # not the judge's handlers, inherited by fork
+
+        def announce(address: str) -> None:
+            os.write(announce_fd, (address + "\n").encode())
+            os.close(announce_fd)
+
+        _zygote(authkey, preload, announce, parent)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _zygote(authkey: bytes, preload: list[str], announce, parent: int) -> None:
+    """Listen, preload, warm, announce the address, fork a child per check until stopped."""
     from multiprocessing.connection import Listener
 
-    sys.meta_path.insert(0, _GUARD)  # before anything below imports more of diffmoe
-    authkey = sys.stdin.buffer.read(32)
-    _die_with_parent()
+    _die_with_parent(parent)
     listener = Listener(family="AF_UNIX", authkey=authkey)
+    # announced before the imports and the warm-up: the judge builds its problem and reference
+    # meanwhile, and its first connection waits in the listener's backlog until they are done
+    announce(listener.address)
+    os.dup2(2, 1)  # not into a pipe nobody reads, nor the judge's stdout (each child prints to its judge's stderr)
     import torch  # noqa: F401 - what every child needs, imported once here
 
     import diffmoe.check.candidate  # noqa: F401
@@ -362,9 +404,11 @@ def zygote_main(preload: list[str]) -> None:
         from diffmoe.interpreter import fast_path
 
         fast_path.warm_rewrites()  # every child starts from the rewritten kernels
-    sys.stdout.write(listener.address + "\n")
-    sys.stdout.flush()
-    os.dup2(2, 1)  # not into a pipe nobody reads (each child then prints to its judge's stderr)
+    # Everything imported and warmed so far stays out of the collector's reach in the children: a
+    # collection there would write to every object's header, copying each page of the zygote's
+    # heap it shares (copy-on-write), paid by every check
+    gc.collect()
+    gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     signal.signal(signal.SIGTERM, _stop_children)
     while True:
