@@ -51,7 +51,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from diffmoe.adapters.contract import LaunchInfo
-from diffmoe.interpreter.triton_pin import triton_release
+from diffmoe.interpreter.triton_pin import pinned_interpreter_problem, triton_release
 from diffmoe.check.report import Finding
 from diffmoe.oracles.address_analysis import (  # noqa: F401 - _READ, _WRITE, _Run, _analyse: tests/test_races.py drives them
     RunSummary,
@@ -102,22 +102,13 @@ READ_BUILDER_ATTRIBUTES = ("grid_idx", "grid_dim")
 
 def _triton_problem() -> str | None:
     """Why recording cannot run here, or None when it can."""
-    version, major_minor, broken = triton_release()
-    if broken is not None:
-        return f"triton is not importable: {broken}"
-    import triton
-
-    if major_minor != SUPPORTED_TRITON:
-        return f"interpreter race recording supports triton {SUPPORTED_TRITON[0]}.{SUPPORTED_TRITON[1]}.x, found {version}"
-    try:
-        interpret = bool(triton.knobs.runtime.interpret)
-    except Exception:
-        interpret = False
-    if not interpret:
-        return (
-            "interpreter race recording needs the Triton interpreter: set TRITON_INTERPRET=1 "
-            "before triton is imported (kernels compiled for a GPU expose no per-program accesses)"
-        )
+    problem = pinned_interpreter_problem(
+        "interpreter race recording", SUPPORTED_TRITON,
+        "interpreter race recording needs the Triton interpreter: set TRITON_INTERPRET=1 "
+        "before triton is imported (kernels compiled for a GPU expose no per-program accesses)")
+    if problem is not None:
+        return problem
+    version = triton_release()[0]
     try:
         from triton.runtime import interpreter
     except Exception as exc:

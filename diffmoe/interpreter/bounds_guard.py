@@ -45,7 +45,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from diffmoe.adapters.contract import LaunchInfo
-from diffmoe.interpreter.triton_pin import triton_release
+from diffmoe.interpreter.triton_pin import pinned_interpreter_problem, triton_release
 from diffmoe.oracles.address_analysis import _access_intervals, _element_bytes, _view_extent
 
 SUPPORTED_TRITON = (3, 9)
@@ -92,20 +92,13 @@ class OutOfBounds:
 
 
 def _triton_problem() -> str | None:
-    version, major_minor, broken = triton_release()
-    if broken is not None:
-        return f"triton is not importable: {broken}"
-    import triton
-
-    if major_minor != SUPPORTED_TRITON:
-        return f"the bounds guard supports triton {SUPPORTED_TRITON[0]}.{SUPPORTED_TRITON[1]}.x, found {version}"
-    try:
-        interpret = bool(triton.knobs.runtime.interpret)
-    except Exception:
-        interpret = False
-    if not interpret:
-        return ("the bounds guard checks interpreted accesses: set TRITON_INTERPRET=1 before triton is imported "
-                "(compiled kernels expose no per-access addresses)")
+    problem = pinned_interpreter_problem(
+        "the bounds guard", SUPPORTED_TRITON,
+        "the bounds guard checks interpreted accesses: set TRITON_INTERPRET=1 before triton is imported "
+        "(compiled kernels expose no per-access addresses)")
+    if problem is not None:
+        return problem
+    version = triton_release()[0]
     from triton.runtime import interpreter
 
     missing = [f"InterpreterBuilder.{m}" for m in HOOKED_BUILDER_METHODS if not hasattr(interpreter.InterpreterBuilder, m)]
