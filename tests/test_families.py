@@ -48,7 +48,8 @@ def test_the_cli_runs_fn_and_family_and_replays_it(capsys):
 
 
 def test_sglangs_own_fused_experts_passes_as_the_sglang_family():
-    try:
+    try:  # fetched on first use, as tests/test_peers_sglang.py does (a fresh cache: CI)
+        peer_wheels.fetch("sglang==0.5.23")
         root_files = __import__("peers.sglang_core", fromlist=["SglangFiles"]).SglangFiles.get("sglang==0.5.23", True)
     except peer_wheels.PeerError as exc:
         pytest.skip(f"{exc}")
