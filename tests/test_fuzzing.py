@@ -160,7 +160,7 @@ def test_bad_arguments_are_named(fake_runner, kwargs, error, field):
 
 def test_database_replays_a_saved_failure_first(fake_runner, tmp_path):
     fake_runner()
-    fuzz(max_examples=50, seed=None, planner="legacy", database=tmp_path / "db")
+    fuzz(max_examples=400, seed=None, planner="legacy", database=tmp_path / "db")  # unseeded: see below
     fake = fake_runner()
     outcome = fuzz(max_examples=50, seed=None, planner="legacy", database=str(tmp_path / "db"))
     assert fake.calls[0] == outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
@@ -262,7 +262,9 @@ def test_a_database_replay_of_an_interrupted_shrink_shrinks_on(fake_runner, tmp_
         if phase == "shrink" and seen.count("shrink") == 2:
             raise KeyboardInterrupt
 
-    first = fuzz(max_examples=50, seed=None, planner="legacy", database=tmp_path / "db", progress=interrupt_early_in_the_shrink)
+    # an unseeded search: Hypothesis draws fused configs rarely at first (measured: 1 search in 40 of
+    # 50 examples met none, seen once as a CI failure); 400 examples make a miss negligible
+    first = fuzz(max_examples=400, seed=None, planner="legacy", database=tmp_path / "db", progress=interrupt_early_in_the_shrink)
     assert first.interrupted and first.report is not None
     unshrunk = first.report.config
     assert unshrunk != MINIMAL_FUSED_CONFIG.replace(planner="legacy")  # else the test shows nothing
