@@ -17,24 +17,12 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 import optimized  # noqa: E402,F401 - installs the interpreter fixes and the row-by-row dot beneath them
 from diffmoe.interpreter import dot_rows, fixes  # noqa: E402
 
-SHAPES = [(m, 128, n) for m in (16, 32, 64) for n in (128, 256)]
-
-
-@triton.jit
-def tile_dot_kernel(a_ptr, b_ptr, c_ptr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (1,): c = a @ b, one [BLOCK_M, BLOCK_K] by [BLOCK_K, BLOCK_N] float32 tile product."""
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_n = tl.arange(0, BLOCK_N)
-    a = tl.load(a_ptr + offs_m[:, None] * BLOCK_K + offs_k[None, :])
-    b = tl.load(b_ptr + offs_k[:, None] * BLOCK_N + offs_n[None, :])
-    tl.store(c_ptr + offs_m[:, None] * BLOCK_N + offs_n[None, :], tl.dot(a, b, input_precision="ieee"))
+# the tile shapes and the one-tile kernel of the BLAS-threads probe: one kernel, two probes
+from blas_threads_probe import SHAPES, tile_dot_kernel  # noqa: E402
 
 
 def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
