@@ -248,9 +248,6 @@ class Candidate:
     def has_run_stage(self, impl) -> bool:
         return hasattr(impl, "run_stage")
 
-    def orders_programs(self, impl) -> bool:
-        return applies_own_order(impl)
-
     def allocate(self, shapes: Sequence[int], what: str) -> GuardedWorkspaces:
         """Guarded workspaces of the implementation's `shapes`; a size that cannot be allocated
         (MemoryError, or torch's RuntimeError) is a contract finding, not a harness traceback."""
@@ -327,8 +324,7 @@ class Candidate:
             run = self._execute(impl, guarded, output, schedule, poison, problem, what, attribute_input_writes,
                                 poison_workspaces, order, addresses, skipped)
         run.addresses = addresses
-        found, self.pending = self.pending, []
-        return Executed(run, found, skipped)
+        return Executed(run, self.take_pending(), skipped)
 
     def _execute(self, impl, guarded, output, schedule, poison, problem, what, attribute_input_writes,
                  poison_workspaces, order, extra_recorder, skipped) -> Run:

@@ -90,13 +90,17 @@ class RemoteCandidate:
         send(self.conn, ("open", factory_ref, str(device), dumps(problem), torch.get_num_threads(), os.getpid(),
                          dict(os.environ)))
         _send_stderr(self.conn)
-        reply = self._receive()
+        self.pid = None
+        try:
+            reply = self._receive()
+        except Crash as crash:  # the child ended while opening: every later call is that finding
+            self._crash = crash
+            return
         if reply[0] == "failed":
             _, finding, attempts = reply
             self._note_attempts(attempts)
             # a refused import is why it failed to load: that contract finding, not the ImportError
             self._crash = Crash(self.pending.pop(0) if self.pending else finding)
-            self.pid = None
         else:
             _, self.pid, attempts = reply
             self._note_attempts(attempts)

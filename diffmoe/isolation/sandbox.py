@@ -324,6 +324,8 @@ def _warm_interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
     try:
+        import torch
+
         from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, Schedule
         from diffmoe.adapters.loading import load_factory
         from diffmoe.check.candidate import Candidate
@@ -332,7 +334,8 @@ def _warm_interpreter() -> None:
         from diffmoe.problem.inputs import make_problem
 
         config = MoEConfig(**_WARM_CONFIG)
-        candidate = Candidate(load_factory(DEFAULT_IMPLEMENTATION), torch_device(), make_problem(config, torch_device()))
+        cpu = torch.device("cpu")  # TRITON_INTERPRET=1: the kernels run on the CPU
+        candidate = Candidate(load_factory(DEFAULT_IMPLEMENTATION), cpu, make_problem(config, cpu))
         impl = candidate.build(config)
         guarded = candidate.allocate(candidate.workspace_shapes(impl, config.num_tokens), "warm-up")
         output = candidate.new_output(config.num_tokens, config.hidden)
@@ -341,12 +344,6 @@ def _warm_interpreter() -> None:
         candidate.execute(impl, guarded, output, Schedule.parse("reversed"), POISON_PATTERNS[1])
     except Exception:  # noqa: BLE001 - a warm-up that fails only leaves the children cold
         pass
-
-
-def torch_device():
-    import torch
-
-    return torch.device("cpu")
 
 
 def zygote_main(preload: list[str]) -> None:
