@@ -224,3 +224,54 @@ def test_the_strategies_draw_the_routed_scaling_factor_with_the_model_features()
                  lambda c: c.routed_scaling_factor is not None,
                  settings=settings(max_examples=400, database=None, suppress_health_check=list(HealthCheck)))
     assert found.routed_scaling_factor in (2.5, 16.0, 0.5)
+
+
+# ---- each vLLM release, read from its own wheel (issue 27 item 6, for the scale layouts) ------------
+
+VLLM_RELEASES = ("vllm==0.28.0", "vllm==0.30.0", "vllm==0.33.0")
+# config.SCALE_PAIRS as vLLM's quant-scheme keys (weights, activations)
+VLLM_KEYS = {
+    ("tensor", "tensor"): ("kFp8StaticTensorSym", "kFp8DynamicTensorSym"),
+    ("tensor", "token"): ("kFp8StaticTensorSym", "kFp8DynamicTokenSym"),
+    ("channel", "token"): ("kFp8StaticChannelSym", "kFp8DynamicTokenSym"),
+    ("block", "group"): ("kFp8Static128BlockSym", "kFp8Dynamic128Sym"),
+}
+_PAIR_CONFIG = {("tensor", "tensor"): dict(quant="fp8-tensor"), ("tensor", "token"): dict(quant="fp8-token", weight_scales="tensor"),
+                ("channel", "token"): dict(quant="fp8-token"), ("block", "group"): dict(quant="fp8-block", fused=True)}
+
+
+def _wheel_file(spec: str, path: str) -> str:
+    from diffmoe.adapters import peer_wheels
+
+    return (peer_wheels.fetch(spec) / path).read_text()
+
+
+@pytest.mark.parametrize("spec", VLLM_RELEASES)
+def test_every_pair_is_one_the_releases_own_experts_support_and_the_adapter_runs(spec):
+    """Each release's TritonExperts._supports_quant_scheme (read from its wheel) lists every pair, and
+    the adapter, which passes the pair as that release's FusedMoEQuantConfig holds it, runs each."""
+    from diffmoe.adapters.loading import load_factory
+
+    source = _wheel_file(spec, "vllm/model_executor/layers/fused_moe/experts/triton_moe.py")
+    supports = load_factory(spec).supports
+    assert set(VLLM_KEYS) == set(SCALE_PAIRS)
+    for pair, (weight_key, act_key) in VLLM_KEYS.items():
+        assert f"({weight_key}, {act_key})" in source, f"{spec} does not list {pair}"
+        assert supports(MoEConfig(**_PAIR_CONFIG[pair])) is None, pair
+
+
+def test_vllm_0_28_reads_expert_0s_per_tensor_scale_beside_per_token_activations():
+    """vLLM 0.28.0 and 0.30.0 pass a 1-D (per-tensor, [E]) weight scale to fused_moe_kernel with expert
+    stride 0 (`B_scale.stride(0) if B_scale.ndim >= 2 else 0`, read from the wheel), so beside per-token
+    activations every expert's GEMMs use expert 0's scale; 0.33.0 passes `B_scale.stride(0)`. The pair's
+    edge case (per-expert scales apart) catches it; 0.33.0 passes it."""
+    from diffmoe.adapters.loading import load_factory
+
+    old = _wheel_file("vllm==0.28.0", "vllm/model_executor/layers/fused_moe/fused_moe.py")
+    assert "B_scale.stride(0) if B_scale is not None and B_scale.ndim >= 2 else 0" in old
+    assert "B_scale.stride(0) if B_scale is not None else 0" in _wheel_file(
+        "vllm==0.33.0", "vllm/model_executor/layers/fused_moe/fused_moe.py")
+    caught = run_differential(TENSOR_BESIDE_TOKEN, load_factory("vllm==0.28.0"), oracles=CHEAP,
+                              implementation_name="vllm==0.28.0")
+    assert {f.stage for f in caught.findings if f.oracle == "differential"} & {"gate_up_gemm", "down_gemm"}
+    assert run_differential(TENSOR_BESIDE_TOKEN, load_factory("vllm==0.33.0"), implementation_name="vllm==0.33.0").passed
