@@ -61,6 +61,7 @@ def run_grouped_gemm(
     a_row_div: int,  # K for the gate-up GEMM (A rows are tokens), 1 for the down GEMM
     mul_router_weight: bool,
     router_weight_on_a: bool = False,
+    weight_quant: str | None = None,
 ) -> None:
     # (1) constraints
     (a_name, a_t), (w_name, w_t), (out_name, out_t) = a, w, out
@@ -79,6 +80,12 @@ def run_grouped_gemm(
     w_s = w_scale[1] if w_scale else a_t
     num_n_blocks = triton.cdiv(n, tiles.block_n)
     programs = layout.blocks * num_n_blocks
+    # weights at another granularity than the activations' scheme (per-tensor weights beside per-token
+    # activations): the channel mode, whose [L] weight scale broadcasts over N by its zero stride
+    mixed = weight_quant is not None and weight_quant != quant
+    if mixed and "fp8-block" in (quant, weight_quant):
+        raise ValueError(f"weight_quant={weight_quant!r} with quant={quant!r}: blocks pair with 1x128 groups only")
+    scale_mode = SCALE_MODES["fp8-token"] if mixed else SCALE_MODES[quant]
     a_scale_strides = _strides(a_scale[1] if a_scale else None, 2)
     w_scale_strides = _strides(w_scale[1] if w_scale else None, 3)
     if quant == "fp8-tensor":
@@ -104,7 +111,7 @@ def run_grouped_gemm(
         stride_cm=out_t.stride(0), stride_cn=out_t.stride(1),
         stride_asm=a_scale_strides[0], stride_ask=a_scale_strides[1],
         stride_bse=w_scale_strides[0], stride_bsn=w_scale_strides[1], stride_bsk=w_scale_strides[2],
-        SCALE_MODE=SCALE_MODES[quant], MUL_ROUTER_WEIGHT=mul_router_weight, ROUTER_WEIGHT_ON_A=router_weight_on_a,
+        SCALE_MODE=scale_mode, MUL_ROUTER_WEIGHT=mul_router_weight, ROUTER_WEIGHT_ON_A=router_weight_on_a,
         UPCAST_BF16_DOT=traits.upcast_bf16_dot and quant == "bf16", SOFTWARE_BF16=traits.software_bf16_cast,
         # the backend whose FP8 casts need software rounding also misreads the NaN code
         DECODE_FP8=traits.software_fp8_cast and quant != "bf16", FP8_IMPRECISE_ACC=tiles.fp8_imprecise_acc,

@@ -202,6 +202,7 @@ class TritonFP8MoE:
             ctx, self.tiles, self.traits, stage=stage, quant=self.config.quant, a=a, a_scale=a_scale, w=w,
             w_scale=w_scale if self.config.is_fp8 else None, out=out, layout=layout, topk_weights=weights,
             a_row_div=a_row_div, mul_router_weight=mul_router_weight, router_weight_on_a=router_weight_on_a,
+            weight_quant=self.config.weight_scheme,
         )
 
     def _act_quant(self, stage, row, source, fused, codes_out, scales_out, software_fp8=None):
@@ -210,7 +211,8 @@ class TritonFP8MoE:
                       software_fp8=software_fp8, swiglu_limit=self.config.swiglu_limit if fused else None)
 
     def _reduce(self, stage, ctx, down, out):
-        run_reduce(ctx, self.tiles, self.traits, stage=stage, down=down, out=out, topk=self.config.topk)
+        run_reduce(ctx, self.tiles, self.traits, stage=stage, down=down, out=out, topk=self.config.topk,
+                   routed_scaling_factor=self.config.routed_scaling_factor)
 
     def _align(self, problem: Problem) -> AlignedLayout:
         blocks = align_routed_rows(

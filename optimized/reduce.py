@@ -23,6 +23,7 @@ def run_reduce(
     down: tuple[str, torch.Tensor],  # [TK, H] bf16
     out: tuple[str, torch.Tensor],  # [T, H] bf16
     topk: int,
+    routed_scaling_factor: float | None = None,
 ) -> None:
     (down_name, down_t), (out_name, out_t) = down, out
     t, h = out_t.shape
@@ -33,6 +34,8 @@ def run_reduce(
     launch(
         ctx, moe_reduce_kernel, programs, stage=stage, reads={down_name: down_t}, writes={out_name: out_t},
         down_ptr=down_t, out_ptr=out_t, T=t, H=h, TOPK=topk, num_h_blocks=num_h_blocks,
+        routed_scaling_factor=1.0 if routed_scaling_factor is None else routed_scaling_factor,
+        ROUTED_SCALE=routed_scaling_factor is not None,
         stride_dm=down_t.stride(0), stride_dh=down_t.stride(1),
         stride_om=out_t.stride(0), stride_oh=out_t.stride(1),
         SOFTWARE_BF16=traits.software_bf16_cast,

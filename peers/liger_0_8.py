@@ -183,6 +183,7 @@ def check_supported(config: MoEConfig) -> None:
     if config.activation != "silu":
         raise ValueError(f"activation must be 'silu' for {name}, got {config.activation!r}")
     refuse_set_fields(config, name, {
+        "routed_scaling_factor": "Liger 0.8.5's LigerFusedMoEFunction takes no routed scaling factor",
         "swiglu_limit": "Liger 0.8.5's SwiGLU (in _fused_up_proj_swiglu_kernel) has no clamp",
         "dropped_slots": "Liger's routing histogram counts every topk id as an expert (a -1 id is not skipped)",
     })

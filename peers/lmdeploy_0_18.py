@@ -214,6 +214,7 @@ def check_supported(config: MoEConfig) -> None:
     if config.activation != "silu":
         raise ValueError(f"activation must be 'silu' for {name}, got {config.activation!r}")
     refuse_set_fields(config, name, {
+        "routed_scaling_factor": "lmdeploy 0.18's fused_moe_blocked_fp8 takes no routed scaling factor",
         "swiglu_limit": "lmdeploy 0.18's silu_and_mul has no clamp",
         "dropped_slots": "lmdeploy 0.18's route sort (fused_moe._get_sorted_idx_*) is not known to skip "
                          "topk_ids -1, and the adapter wires no skip",

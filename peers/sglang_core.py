@@ -224,6 +224,10 @@ def check_supported(config: MoEConfig, cuda: bool = True) -> None:
     refuse_set_fields(config, name, {
         "swiglu_limit": "its clamped SwiGLU is DeepSeek V4's path (swiglu_limit == 10 only, act_and_mul_triton)",
         "dropped_slots": "fused_experts is called without -1 ids (its expert filter is off when every expert is local)",
+        "weight_scales": "the adapter passes SGLang's per_channel_quant for the schemes' own pairs only; per-tensor "
+                         "weights beside per-token activations are not wired yet",
+        "routed_scaling_factor": "the adapter's moe runner config passes routed_scaling_factor=None; SGLang's "
+                                 "combine takes one, not wired yet",
     })
 
 

@@ -188,12 +188,17 @@ class VllmFiles(PeerFiles):
 
 
 def quant_config(config: MoEConfig, w1_scale=None, w2_scale=None) -> vllm_standins.FusedMoEQuantConfig:
-    """vLLM's quant config for diffmoe's scheme: dynamic activations, static weight scales."""
+    """vLLM's quant config for diffmoe's scheme: dynamic activations, static weight scales. The two
+    granularities are passed apart, as vLLM's own FusedMoEQuantConfig holds them: per_act_token_quant
+    for per-token activations, per_out_ch_quant for per-channel weights; per-tensor weights beside
+    per-token activations (kFp8StaticTensorSym, kFp8DynamicTokenSym) keep their [E] scale, which
+    fused_moe.py's invoke_fused_moe_triton_kernel broadcasts over N (stride_bsn 0 for a 1-D B_scale)."""
     q = config.quant
     if q == "bf16":
         return vllm_standins.FusedMoEQuantConfig()
     return vllm_standins.FusedMoEQuantConfig(
-        quant_dtype=vllm_ops.FP8, per_act_token_quant=q == "fp8-token", per_out_ch_quant=q == "fp8-token",
+        quant_dtype=vllm_ops.FP8, per_act_token_quant=q == "fp8-token",
+        per_out_ch_quant=config.weight_granularity == "channel",
         block_shape=[QUANT_BLOCK, QUANT_BLOCK] if q == "fp8-block" else None, w1_scale=w1_scale, w2_scale=w2_scale,
     )
 
@@ -223,6 +228,9 @@ def check_supported(config: MoEConfig, release: Release = DEFAULT) -> None:
                          "input's quant only for 128-block FP8")
     if config.activation != "silu":
         raise ValueError(f"activation must be 'silu' for {who}, got {config.activation!r}")
+    if getattr(config, "routed_scaling_factor", None) is not None:
+        raise ValueError(f"routed_scaling_factor must be None for {who}: TritonExperts.apply takes no scaling factor "
+                         "(modular_kernel.py passes routed_scaling_factor to the fused-router monolithic experts only)")
     if config.dropped_slots and config.expert_map is None:
         raise ValueError(f"dropped_slots must be 0 without an expert_map for {who}: vLLM meets topk_ids -1 only under "
                          "expert parallelism (without a map 0.33.0 sums the rows of -1 slots, stale)")

@@ -18,7 +18,12 @@ diffmoe's numerics are the ones DESIGN.md states as vLLM's:
     clamps of the bf16 values, as vLLM 0.33's swiglu_limit_func);
   * router weight multiplied in float32 before the bf16 rounding of the down GEMM output (or
     into the hidden states, when router_weight='input');
-  * reduce: a float32 sum over k in order 0..K-1, rounded to bf16.
+  * reduce: a float32 sum over k in order 0..K-1, rounded to bf16; with `routed_scaling_factor`
+    (DeepSeek-style models) the float32 sum is multiplied by float32(factor) before that rounding,
+    as SGLang 0.5.23's moe_sum_reduce_triton.
+  * weights at their own granularity (`weight_scales`: per tensor beside per-token activations is
+    vLLM 0.33's (kFp8StaticTensorSym, kFp8DynamicTokenSym)): dequantised by the weight layout, the
+    activations by quant's scaling unit.
 
 Inputs outside the generated ranges, decided here because the reference is the spec:
   * NaN or Inf in hidden_states propagate by plain IEEE arithmetic, nothing is clamped or
@@ -104,7 +109,7 @@ def _gemm(codes_or_values: torch.Tensor, a_scale: torch.Tensor | None, local_ids
     expert weight, float32; FP8 as the profile's fp8_gemm point multiplies."""
     if not cfg.is_fp8:
         return expert_gemm(codes_or_values.float(), local_ids, w.float())
-    return _rounding(cfg).fn("fp8_gemm")(codes_or_values, a_scale, local_ids, w, w_scale, cfg.quant)
+    return _rounding(cfg).fn("fp8_gemm")(codes_or_values, a_scale, local_ids, w, w_scale, cfg.scale_schemes)
 
 
 def _weighted_input(x: torch.Tensor, weights: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
@@ -172,7 +177,8 @@ def reference_stage(stage: str, inputs: dict[str, torch.Tensor], problem: Proble
         rows = given[b.DOWN_OUTPUT].view(t, k, cfg.hidden)  # [T, K, H]; H spelled out: -1 is ambiguous at T = 0
         if cfg.router_weight == "down":  # the weight where the profile's router_weight point puts it
             rows = r.fn("router_weight")(rows, given[b.TOPK_WEIGHTS].view(t, k))
-        return {b.OUTPUT: r.fn("reduce")(rows)}  # [T, H] bf16, summed in k order
+        # [T, H] bf16, summed in k order, times routed_scaling_factor before the last rounding
+        return {b.OUTPUT: r.fn("reduce")(rows, cfg.routed_scaling_factor)}
     raise ValueError(f"stage must be one of {[s.name for s in pipeline_stages(cfg)]}, got {stage!r}")
 
 
@@ -200,14 +206,14 @@ def gemm_exact(stage: str, inputs: dict[str, torch.Tensor], problem: Problem) ->
             if cfg.router_weight == "input":
                 x = _weighted_input(x, given[b.TOPK_WEIGHTS], cfg)  # the profile's bf16 rounding point
             a = x.repeat_interleave(k, dim=0).double()  # [TK, H]
-        w = gr.dequantize_weight(problem.w1, problem.w1_scale, cfg.quant, torch.float64)
+        w = gr.dequantize_weight(problem.w1, problem.w1_scale, cfg.weight_scheme, torch.float64)
     elif stage == Stages.DOWN_GEMM:
         if cfg.is_fp8:
             a = gr.dequantize_activation(given[b.QUANTED_DOWN_INPUT], given[b.QUANTED_DOWN_INPUT_SCALES], cfg.quant,
                                          torch.float64)
         else:
             a = given[b.ACTIVATION_OUTPUT].double()  # [TK, I]
-        w = gr.dequantize_weight(problem.w2, problem.w2_scale, cfg.quant, torch.float64)
+        w = gr.dequantize_weight(problem.w2, problem.w2_scale, cfg.weight_scheme, torch.float64)
         if cfg.router_weight == "down" and _rounding(cfg).weighs_in_down_gemm:
             weights = given[b.TOPK_WEIGHTS].reshape(-1, 1).double()  # [TK, 1]
     else:

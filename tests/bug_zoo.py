@@ -316,6 +316,7 @@ class ReduceOneRowTooMany(TritonFP8MoE):
         launch(
             ctx, moe_reduce_kernel, programs, stage=stage, reads={down_name: down_t}, writes={out_name: out_t},
             down_ptr=down_t, out_ptr=out_t, T=t + 1, H=h, TOPK=self.config.topk, num_h_blocks=num_h_blocks,
+            routed_scaling_factor=1.0, ROUTED_SCALE=False,
             stride_dm=down_t.stride(0), stride_dh=down_t.stride(1), stride_om=out_t.stride(0), stride_oh=out_t.stride(1),
             SOFTWARE_BF16=self.traits.software_bf16_cast, BLOCK_T=self.tiles.reduce_tokens, BLOCK_H=self.tiles.reduce_cols,
         )

@@ -3,7 +3,8 @@
 Token by token, expert by expert, with no padding, no buffers and no activation quantisation:
 out[t] = sum_k w[t, k] * W2[e] @ (silu(g) * u), (g, u) = W1[e] @ x[t], all in float64, with the
 weights the FP8 path actually multiplies (the dequantised codes) so that only the activation
-rounding separates it from the reference. A dropped slot (id -1) is skipped; a SwiGLU limit
+rounding separates it from the reference (weights at the config's own granularity, weight_scheme; the
+sum times routed_scaling_factor when set). A dropped slot (id -1) is skipped; a SwiGLU limit
 clamps g to at most the limit and u to [-limit, limit] (gpt-oss's SwiGLU, as vLLM states it).
 
 `quantized_input=True` multiplies the dequantised FP8 codes of the input (the reference's own
@@ -22,8 +23,8 @@ from reference.moe import dequantize_activation, dequantize_weight, quantize_act
 
 def dense_moe_float64(problem, *, quantized_input: bool = False) -> torch.Tensor:
     cfg = problem.config
-    w1 = dequantize_weight(problem.w1, problem.w1_scale, cfg.quant).double()  # [L, 2I, H]
-    w2 = dequantize_weight(problem.w2, problem.w2_scale, cfg.quant).double()  # [L, H, I]
+    w1 = dequantize_weight(problem.w1, problem.w1_scale, cfg.weight_scheme).double()  # [L, 2I, H]
+    w2 = dequantize_weight(problem.w2, problem.w2_scale, cfg.weight_scheme).double()  # [L, H, I]
     x = problem.hidden_states.double()  # [T, H]
     out = torch.zeros_like(x)  # [T, H]
     for t in range(problem.num_tokens):
@@ -45,7 +46,7 @@ def dense_moe_float64(problem, *, quantized_input: bool = False) -> torch.Tensor
             act = torch.nn.functional.silu(gate) * up  # [I]
             y = w2[local] @ act  # [H]
             out[t] += y * w if cfg.router_weight == "down" else y
-    return out
+    return out if cfg.routed_scaling_factor is None else out * cfg.routed_scaling_factor
 
 
 def _fp8_values(problem, t: int, w: float) -> torch.Tensor:

@@ -186,6 +186,12 @@ class SpecInputs:
     w1_scale: np.ndarray | None  # float32
     w2_scale: np.ndarray | None
     swiglu_limit: float | None = None
+    weight_quant: str = ""  # the scheme whose layout the weight scales have (MoEConfig.weight_scheme); "" for quant's
+    routed_scaling_factor: float | None = None
+
+    @property
+    def weight_layout(self) -> str:
+        return self.weight_quant or self.quant
 
     @property
     def is_fp8(self) -> bool:
@@ -219,6 +225,8 @@ def problem_arrays(problem: Problem) -> SpecInputs:
         w1_scale=_scale_array(problem.w1_scale),
         w2_scale=_scale_array(problem.w2_scale),
         swiglu_limit=cfg.swiglu_limit,
+        weight_quant=cfg.weight_scheme,
+        routed_scaling_factor=cfg.routed_scaling_factor,
     )
 
 
@@ -291,13 +299,16 @@ def dequantize_weight(w: np.ndarray, scale: np.ndarray | None, quant: str) -> np
     return e4m3_decode(w) * per_element.astype(np.float32)
 
 
-def reduce(down: np.ndarray, num_tokens: int, topk: int) -> np.ndarray:
-    """[TK, H] bf16 values -> [T, H]: a float32 sum over k in order 0..K-1, rounded to bf16.
-    Each numpy float32 add rounds once, so the order fixes the result bit for bit."""
+def reduce(down: np.ndarray, num_tokens: int, topk: int, factor: float | None = None) -> np.ndarray:
+    """[TK, H] bf16 values -> [T, H]: a float32 sum over k in order 0..K-1 (times float32(factor), the
+    routed scaling factor, when given), rounded to bf16. Each numpy float32 operation rounds once, so
+    the order fixes the result bit for bit."""
     per_token = down.astype(np.float32).reshape(num_tokens, topk, down.shape[1])  # [T, K, H]
     acc = per_token[:, 0].copy()
     for j in range(1, topk):
         acc = acc + per_token[:, j]
+    if factor is not None:
+        acc = acc * np.float32(factor)
     return bf16_round(acc)
 
 
@@ -413,7 +424,7 @@ def spec_moe(problem: Problem) -> dict[str, np.ndarray]:
         a1 = x
     a1 = np.repeat(a1, k, axis=0)  # [TK, H]: routed row t*K + k reads token t
 
-    gate_up = expert_gemm(a1, dequantize_weight(p.w1, p.w1_scale, q), p.local).nearest  # [TK, 2I]
+    gate_up = expert_gemm(a1, dequantize_weight(p.w1, p.w1_scale, p.weight_layout), p.local).nearest  # [TK, 2I]
     stages[Buffers.GATE_UP_OUTPUT] = gate_up
     act = silu_and_mul(gate_up, p.swiglu_limit).nearest  # [TK, I]
     stages[Buffers.ACTIVATION_OUTPUT] = act
@@ -425,7 +436,7 @@ def spec_moe(problem: Problem) -> dict[str, np.ndarray]:
         a2 = act
 
     row_weight = p.topk_weights.reshape(-1) if p.router_weight == "down" else None  # [TK]
-    down = expert_gemm(a2, dequantize_weight(p.w2, p.w2_scale, q), p.local, row_weight).nearest  # [TK, H]
+    down = expert_gemm(a2, dequantize_weight(p.w2, p.w2_scale, p.weight_layout), p.local, row_weight).nearest  # [TK, H]
     stages[Buffers.DOWN_OUTPUT] = down
-    stages[Buffers.OUTPUT] = reduce(down, t, k)  # [T, H]
+    stages[Buffers.OUTPUT] = reduce(down, t, k, p.routed_scaling_factor)  # [T, H]
     return stages

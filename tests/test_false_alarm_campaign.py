@@ -9,6 +9,7 @@ import pytest
 
 from bug_zoo import make_dropped_router_weight
 from diffmoe.fuzz.campaign import (
+    ROUTED_SCALING_FACTORS,
     PROFILE_MAX_EXPERTS,
     PROFILE_MAX_TOKENS,
     PROFILE_MAX_TOPK,
@@ -18,7 +19,7 @@ from diffmoe.fuzz.campaign import (
     run_campaign,
     sampled_configs,
 )
-from diffmoe.problem.config import QUANT_SCHEMES
+from diffmoe.problem.config import QUANT_SCHEMES, SCALE_PAIRS
 from diffmoe.check.runner import run_differential
 
 # A reduced campaign's sample: cheap configs only (about 5 s each on the interpreter).
@@ -33,6 +34,9 @@ def test_the_profile_reaches_every_axis_and_input_class():
     assert max(c.topk for c in configs) == PROFILE_MAX_TOPK
     assert max(c.hidden for c in configs) == PROFILE_MAX_WIDTH and max(c.inter for c in configs) == PROFILE_MAX_WIDTH
     assert {c.quant for c in configs} == set(QUANT_SCHEMES)
+    # every weights/activations pair a serving engine runs, and the routed scaling factor (issue 27 item 5)
+    assert {(c.weight_granularity, c.act_granularity) for c in configs if c.is_fp8} == set(SCALE_PAIRS)
+    assert {c.routed_scaling_factor for c in configs} == {None, *ROUTED_SCALING_FACTORS}
     for present in (
         lambda c: c.fused, lambda c: not c.fused and c.is_fp8, lambda c: c.output == "workspace",
         lambda c: c.output == "separate", lambda c: c.call_tokens is not None, lambda c: c.nan_rows,

@@ -99,7 +99,7 @@ def own_upstream_expectations(problem, snaps: dict[str, torch.Tensor]) -> dict[s
         if cfg.router_weight == "input":
             x = (x.float() * problem.topk_weights).to(torch.bfloat16)
         a1 = x.float()
-    w1 = dequantize_weight(problem.w1, problem.w1_scale, q)
+    w1 = dequantize_weight(problem.w1, problem.w1_scale, cfg.weight_scheme)
     want[B.GATE_UP_OUTPUT] = (expert_gemm(a1.repeat_interleave(k, dim=0), local, w1).to(torch.bfloat16),
                               rule_for(q, B.GATE_UP_OUTPUT, "forced"))
     if not cfg.fused:
@@ -115,7 +115,7 @@ def own_upstream_expectations(problem, snaps: dict[str, torch.Tensor]) -> dict[s
         a2 = dequantize_activation(snaps[B.QUANTED_DOWN_INPUT], snaps[B.QUANTED_DOWN_INPUT_SCALES], q)
     else:
         a2 = snaps[B.ACTIVATION_OUTPUT].float()
-    down = expert_gemm(a2, local, dequantize_weight(problem.w2, problem.w2_scale, q))
+    down = expert_gemm(a2, local, dequantize_weight(problem.w2, problem.w2_scale, cfg.weight_scheme))
     if cfg.router_weight == "down":
         down = down * problem.topk_weights.reshape(-1, 1)
     want[B.DOWN_OUTPUT] = (down.to(torch.bfloat16), rule_for(q, B.DOWN_OUTPUT, "forced"))
@@ -123,6 +123,8 @@ def own_upstream_expectations(problem, snaps: dict[str, torch.Tensor]) -> dict[s
     acc = per_token[:, 0].float()
     for j in range(1, k):
         acc = acc + per_token[:, j].float()
+    if cfg.routed_scaling_factor is not None:  # the factor on the float32 sum, before its one rounding
+        acc = acc * torch.tensor(cfg.routed_scaling_factor, dtype=torch.float32)
     want[B.OUTPUT] = (acc.to(torch.bfloat16), rule_for(q, B.OUTPUT, "forced"))
     return want
 

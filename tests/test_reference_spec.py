@@ -223,7 +223,7 @@ def spec_mismatches(problem: Problem, result: RunResult) -> list[str]:
     a1 = np.repeat(a1, p.topk, axis=0)  # [TK, H]
 
     # gate-up GEMM
-    w1 = spec.dequantize_weight(p.w1, p.w1_scale, q)
+    w1 = spec.dequantize_weight(p.w1, p.w1_scale, p.weight_layout)
     gate_up = bounded_stage(
         Buffers.GATE_UP_OUTPUT, _reported(result, Buffers.GATE_UP_OUTPUT, problems), spec.expert_gemm(a1, w1, p.local)
     )
@@ -246,12 +246,12 @@ def spec_mismatches(problem: Problem, result: RunResult) -> list[str]:
         a2 = act
 
     # down GEMM and reduce
-    w2 = spec.dequantize_weight(p.w2, p.w2_scale, q)
+    w2 = spec.dequantize_weight(p.w2, p.w2_scale, p.weight_layout)
     row_weight = p.topk_weights.reshape(-1) if p.router_weight == "down" else None
     down = bounded_stage(
         Buffers.DOWN_OUTPUT, _reported(result, Buffers.DOWN_OUTPUT, problems), spec.expert_gemm(a2, w2, p.local, row_weight)
     )
-    want_out = spec.reduce(down, p.num_tokens, p.topk)
+    want_out = spec.reduce(down, p.num_tokens, p.topk, p.routed_scaling_factor)
     problems.extend(check_bitwise(Buffers.OUTPUT, spec.to_numpy(result.output), want_out))
     reported_out = _reported(result, Buffers.OUTPUT, problems)
     if reported_out is not None:

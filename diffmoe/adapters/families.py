@@ -69,6 +69,9 @@ def check_supported(config: MoEConfig) -> None:
         if getattr(config, field) != allowed:
             raise ValueError(f"{field} must be {allowed!r} for a fused_experts family function: the signature has "
                              f"no argument for it, got {getattr(config, field)!r}")
+    if config.routed_scaling_factor is not None:  # vLLM's fused_experts has no argument; SGLang's runner is not wired
+        raise ValueError(f"routed_scaling_factor must be None for a fused_experts family function: the call passes "
+                         f"none, got {config.routed_scaling_factor!r}")
 
 
 class FamilyFunction:

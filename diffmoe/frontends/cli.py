@@ -89,7 +89,10 @@ from diffmoe.problem.config import (
     ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS,
     OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
 )
-from diffmoe.problem.config import MAX_SHARED_EXPERTS, MAX_SWIGLU_LIMIT
+from diffmoe.problem.config import (
+    ACT_SCALES, MAX_ROUTED_SCALING_FACTOR, MAX_SHARED_EXPERTS, MAX_SWIGLU_LIMIT, SCALE_PAIRS, SCHEME_OF_ACT_SCALES,
+    WEIGHT_SCALES,
+)
 from diffmoe.problem.numerics import EXAMPLE as NUMERICS_EXAMPLE
 from diffmoe.problem.numerics import MAX_NUMERICS_FILE_CHARS, PROFILE_NAMES, parse_spec, profile_from_toml
 from diffmoe.adapters.families import FAMILIES as FAMILY_NAMES
@@ -144,7 +147,13 @@ CONFIG_FLAGS = {
     "swiglu_limit": "swiglu_limit",
     "dropped_slots": "dropped_slots",
     "shared_experts": "shared_experts",
+    "weight_scales": "weight_scales",
+    "act_scales": "act_scales",
+    "routed_scaling_factor": "routed_scaling_factor",
 }
+# Config flags a fuzz does not bound (yet): the granularity axes and the routed scaling factor are drawn
+# by the strategies (diffmoe.fuzz.strategies) and pinned per check only.
+UNBOUNDED_FUZZ_FLAGS = ("weight_scales", "act_scales", "routed_scaling_factor")
 
 # The one table of oracles (diffmoe/oracles/registry.py; its names cost no torch import).
 # crash and timeout are outcomes, not checks one can select.
@@ -298,6 +307,11 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("MoE-model features (opt-in)")
     m.add_argument("--swiglu-limit", type=_float, metavar="LIMIT", help=f"SwiGLU clamp: silu(min(gate, LIMIT)) * clamp(up, -LIMIT, LIMIT), LIMIT in (0, {MAX_SWIGLU_LIMIT:g}] (gpt-oss: 7.0)")
     m.add_argument("--dropped-slots", type=_int, metavar="N", help="routed slots (of T*K) whose topk_ids entry is -1, contributing nothing (default 0)")
+    m.add_argument("--routed-scaling-factor", type=_float, metavar="F", help=f"the routed sum times F before its last rounding, F in (0, {MAX_ROUTED_SCALING_FACTOR:g}] (DeepSeek-V3: 2.5)")
+    s = p.add_argument_group("scale granularity (--quant names a weights/activations pair; these set each axis)")
+    pairs = ", ".join(f"{w}/{a}" for w, a in SCALE_PAIRS)
+    s.add_argument("--weight-scales", choices=WEIGHT_SCALES, help=f"FP8 weight scales per tensor, per output channel or per 128x128 block (default: --quant's own; weights/activations pairs: {pairs})")
+    s.add_argument("--act-scales", choices=ACT_SCALES, help="FP8 activation scales per tensor, per token or per 1x128 group, computed per call: names --quant (tensor: fp8-tensor, token: fp8-token, group: fp8-block)")
     m.add_argument("--shared-experts", type=_int, metavar="S", help=f"the last S experts are shared, fused into every token's last S slots with weight 1, 0..min({MAX_SHARED_EXPERTS}, K-1) (default 0)")
     g.add_argument("--random-orders", type=_int, metavar="N", help=f"random program orders beside identity and reversed, 0..{MAX_RANDOM_ORDERS} (default {d.random_orders}; seeds --seed+1..--seed+N)")
     numerics = g.add_mutually_exclusive_group()
@@ -312,7 +326,8 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
 
 # `diffmoe fuzz` bounds: check's config flags, each taking N or LO..HI (integers) or A[,B] (choices).
 # The problem seed is --problem-seed: fuzz's --seed is the search's own seed.
-FUZZ_BOUND_FLAGS = {flag: name for flag, name in CONFIG_FLAGS.items() if flag not in ("seed", "planner")}
+FUZZ_BOUND_FLAGS = {flag: name for flag, name in CONFIG_FLAGS.items()
+                    if flag not in ("seed", "planner", *UNBOUNDED_FUZZ_FLAGS)}
 FUZZ_BOUND_FLAGS["problem_seed"] = "seed"
 FUZZ_SWITCHES = ("renormalize", "tie_heavy")  # --X / --no-X pins them
 DEFAULT_FUZZ_MAX_TOKENS = 96  # diffmoe.fuzz.strategies.DEFAULT_MAX_TOKENS (not imported: it pulls in hypothesis)
@@ -485,6 +500,8 @@ def config_from_args(args: argparse.Namespace) -> MoEConfig:
         fields["numerics"] = numerics_spec(fields["numerics"])
     if "numerics_file" in given:
         fields["numerics"] = numerics_from_file(given["numerics_file"])
+    if "act_scales" in fields:  # --act-scales names quant's scheme; with --quant too, the config says if they disagree
+        fields.setdefault("quant", SCHEME_OF_ACT_SCALES[fields["act_scales"]])
     try:
         config = MoEConfig(**fields)
         # one padding token unless --zero-rows says otherwise (config.flag_zero_rows says why)

@@ -25,6 +25,9 @@ Profile (`draw_config`, each field independent unless said; `rng` is a seeded
 * special rows, at the fuzz's shares: half the draws hold 1..2 all-zero (padding) tokens, an
   eighth one NaN token, an eighth one Inf token (cut to the call's T); tie_heavy on a tenth.
 * seed: uniform 0..2**31-1; planner: fixed (the campaign judges correct code).
+* drawn last (issue 27 item 5): per-tensor weights (`weight_scales="tensor"`) on half the
+  fp8-token draws, so every pair of config.SCALE_PAIRS runs; a routed_scaling_factor on a fifth
+  of the draws, one of ROUTED_SCALING_FACTORS (DeepSeek-V3's 2.5, DeepSeek-V2's 16.0, 0.5).
 
 The interpreter's cost of a config grows with its GEMM programs (row blocks times tiles
 times K-steps), so a draw whose `cost_units` exceed the cap is drawn again, and the corners
@@ -43,6 +46,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from diffmoe.problem.config import MAX_EXPERT_SCALE_SPREAD, QUANT_BLOCK, QUANT_SCHEMES, MoEConfig, check_int
+
+# The routed scaling factors the profile draws: DeepSeek-V3's, DeepSeek-V2's, and one below 1.
+ROUTED_SCALING_FACTORS = (2.5, 16.0, 0.5)
 
 PROFILE_MAX_TOKENS = 512
 PROFILE_MAX_EXPERTS = 64
@@ -121,6 +127,10 @@ def draw_config(rng: random.Random) -> MoEConfig:
     inf = min(call_t - zero - nan, 1) if rng.random() < 0.125 else 0
     fields.update(zero_rows=zero, nan_rows=nan, inf_rows=inf)
     fields["tie_heavy"] = rng.random() < 0.1
+    if quant == "fp8-token" and rng.random() < 0.5:
+        fields["weight_scales"] = "tensor"
+    if rng.random() < 0.2:
+        fields["routed_scaling_factor"] = rng.choice(ROUTED_SCALING_FACTORS)
     return MoEConfig(**fields)
 
 

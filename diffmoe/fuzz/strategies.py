@@ -60,6 +60,14 @@ E <= 8; tests/test_bug_zoo_fuzzed.py) missed two bug-zoo mutants it otherwise fi
 * dropped_slots: 0 in about three draws of four, else 1..min(MAX_DRAWN_DROPS, T*K) or (half of
   those) all T*K slots set to -1.
 * shared_experts: 0..min(MAX_SHARED_EXPERTS, K-1).
+* routed_scaling_factor: None in about three draws of four, or one of ``ROUTED_SCALING_FACTORS``
+  (drawn after every other field, below).
+
+The weights' scale granularity (issue 27 item 5; every FP8 draw, drawn after every other field so
+that a draw's earlier choices are what they were before the axis existed): in about half the draws
+of a scheme with another weight granularity a serving engine pairs with its activations
+(`other_weight_scales`: per-tensor weights beside fp8-token's per-token activations), that one;
+shrinks to the scheme's own. With the three scheme names this draws every pair of config.SCALE_PAIRS.
 
 Budgets (enforced by construction: each size is drawn with an upper bound derived from the
 sizes already drawn, so nothing is filtered out):
@@ -97,8 +105,8 @@ from hypothesis.strategies import SearchStrategy
 
 from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.problem.config import (
-    ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS,
-    MoEConfig, check_int,
+    ACT_SCALES_OF_SCHEME, ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, MAX_TOKENS, PLANNERS, QUANT_BLOCK,
+    QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS, SCALE_PAIRS, WEIGHT_SCALES_OF_SCHEME, MoEConfig, check_int,
 )
 from diffmoe.adapters.contract import SCHEDULE_KINDS, Schedule
 
@@ -127,6 +135,18 @@ NON_FINITE_COINS = 3
 SWIGLU_LIMITS = (7.0, 1.0, 0.25)
 # Dropped slots drawn when some (not all) are: up to 64, cut to T*K.
 MAX_DRAWN_DROPS = 64
+# Routed scaling factors drawn when one is: DeepSeek-V3's 2.5, DeepSeek-V2's 16.0, and 0.5 (a factor
+# below 1, which rounds values the sum alone leaves exact).
+ROUTED_SCALING_FACTORS = (2.5, 16.0, 0.5)
+
+
+def other_weight_scales(quant: str) -> tuple[str, ...]:
+    """The weight granularities beside quant's own that a serving engine pairs with quant's activation
+    scales (config.SCALE_PAIRS): per-tensor weights beside per-token activations for fp8-token."""
+    if quant not in ACT_SCALES_OF_SCHEME:
+        return ()
+    act = ACT_SCALES_OF_SCHEME[quant]
+    return tuple(w for w, a in SCALE_PAIRS if a == act and w != WEIGHT_SCALES_OF_SCHEME[quant])
 
 TOKEN_BUDGET = 2**16  # T * K * max(H, I)
 WEIGHT_BUDGET = 2**22  # E * 2I * H
@@ -345,6 +365,16 @@ def moe_configs(
             extra.update(draw(_feature_fields(t, k)))
         if b:
             extra = draw(_within_bounds(b, extra, LATER_FIELDS))
+        # drawn last, and only for a scheme that has another weight granularity, so every earlier choice
+        # of a draw is what it was before these axes existed, and a draw of another scheme draws nothing
+        # more (an unconditional coin moved the legacy-planner shrink of tests/test_strategies.py from
+        # 33 routed rows to 34); each shrinks to the scheme's own weights and no scaling factor
+        if other_weight_scales(q) and draw(st.booleans()):
+            extra["weight_scales"] = draw(st.sampled_from(other_weight_scales(q)))
+        if features:
+            scaled, factor = draw(st.tuples(st.tuples(st.booleans(), st.booleans()).map(all),
+                                            st.sampled_from(ROUTED_SCALING_FACTORS)))
+            extra["routed_scaling_factor"] = factor if scaled else None
         fields = dict(
             num_tokens=t,
             num_experts=e,

@@ -66,6 +66,34 @@ assert NUMERICS_QUANT_SCHEMES == QUANT_SCHEMES, "diffmoe.problem.numerics keeps 
 # fp8-block: 1x128 activation groups and 128x128 weight blocks (DeepSeek-style), as DESIGN.md.
 QUANT_BLOCK = 128
 
+# ---- scale granularity: the weights' and the activations' as two axes (issue 27 item 5) ----------
+# Weights: one scale per expert's tensor, per output channel, or per 128x128 block.
+WEIGHT_SCALES = ("tensor", "channel", "block")
+# Activations: one scale computed per tensor, per token, or per 1x128 group (dynamic). A given (static)
+# per-tensor scale is not an axis value yet: it needs the scale as a problem input every
+# implementation receives (docs/inputs.md, "Scale granularity").
+ACT_SCALES = ("tensor", "token", "group")
+# The FP8 scheme whose activation scaling unit each activation granularity has: `quant` names the
+# activation's unit, so a config's activation scales are always its quant scheme's.
+SCHEME_OF_ACT_SCALES = {"tensor": "fp8-tensor", "token": "fp8-token", "group": "fp8-block"}
+# The weight layout each old scheme name means (`fp8-token` always meant per-channel weights): the
+# alias's default, kept so every old config, replay line and JSON means what it meant.
+WEIGHT_SCALES_OF_SCHEME = {"fp8-tensor": "tensor", "fp8-token": "channel", "fp8-block": "block"}
+ACT_SCALES_OF_SCHEME = {"fp8-tensor": "tensor", "fp8-token": "token", "fp8-block": "group"}
+# The scheme name whose weight layout each weight granularity is (the reference's and the kernels'
+# dequantisers read weight scales by scheme name).
+SCHEME_OF_WEIGHT_SCALES = {v: k for k, v in WEIGHT_SCALES_OF_SCHEME.items()}
+# Every (weights, activations) pair a serving engine runs: vLLM 0.33.0's TritonExperts supports
+# (kFp8Static128BlockSym, kFp8Dynamic128Sym), (kFp8StaticChannelSym, kFp8DynamicTokenSym),
+# (kFp8StaticTensorSym, kFp8DynamicTokenSym), (kFp8StaticTensorSym, kFp8DynamicTensorSym) and, with a
+# static activation scale, (kFp8StaticTensorSym, kFp8StaticTensorSym) (model_executor/layers/fused_moe/
+# experts/triton_moe.py, _supports_quant_scheme, read from the cached wheel). Per-channel weights with
+# a per-tensor activation scale, or blocks with anything but 1x128 groups, are in no engine's list.
+SCALE_PAIRS = (("tensor", "tensor"), ("tensor", "token"), ("channel", "token"), ("block", "group"))
+# routed_scaling_factor bounds: DeepSeek-V2 ships 16.0, DeepSeek-V3 2.5, Kimi-K2 2.827; 256 is a margin
+# that keeps the scaled output of the generator's values (|out| well below 2^8) far from bf16 overflow.
+MAX_ROUTED_SCALING_FACTOR = 256.0
+
 # Upper bounds, checked before anything is allocated: a hostile or mistyped config must not
 # exhaust memory. MAX_ROUTED_ROWS * MAX_HIDDEN * 2 bytes (bf16) is 4 GiB, about what one
 # accelerator-sized check needs; a CPU check stays far below it in practice.
@@ -163,7 +191,11 @@ def _bounded_int(text: str) -> int:
 
 # Fields beyond the problem's core description, named in summaries and commands only when set.
 OPT_IN_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "zero_rows", "nan_rows", "inf_rows",
-                  "tie_heavy", "random_orders", "numerics", "swiglu_limit", "dropped_slots", "shared_experts")
+                  "tie_heavy", "random_orders", "numerics", "swiglu_limit", "dropped_slots", "shared_experts",
+                  "weight_scales", "act_scales", "routed_scaling_factor")
+# Fields a config's JSON names only when they are set: a config without them serialises exactly as
+# it did before they existed, so stored reproducers and their checksums stay as they were.
+OMITTED_WHEN_DEFAULT = ("weight_scales", "act_scales", "routed_scaling_factor")
 
 
 @dataclass(frozen=True)
@@ -216,6 +248,15 @@ class MoEConfig:
         shared_experts: S, 0..min(MAX_SHARED_EXPERTS, K-1): the last S of the E experts are
             shared experts fused into the routed set, every token's last S slots pick them in
             order with weight SHARED_EXPERT_WEIGHT; the first K-S slots route among the first E-S.
+        weight_scales: None (the quant scheme's own: fp8-tensor per tensor, fp8-token per output
+            channel, fp8-block 128x128 blocks) or one of WEIGHT_SCALES; a pair outside SCALE_PAIRS is
+            refused. Stored as None when it is the scheme's own, so an alias and its spelled-out
+            pair are one config.
+        act_scales: None (the quant scheme's own) or one of ACT_SCALES, which must be a granularity
+            of quant's scaling unit (SCHEME_OF_ACT_SCALES), so it is always stored as None: `--act-scales`
+            is the command line's way to name quant by its activation granularity.
+        routed_scaling_factor: None, or the factor in (0, MAX_ROUTED_SCALING_FACTOR] the routed sum
+            is multiplied by (DeepSeek-style models; reference/moe.py says where it rounds).
     """
 
     num_tokens: int = 8
@@ -245,12 +286,21 @@ class MoEConfig:
     swiglu_limit: float | None = None
     dropped_slots: int = 0
     shared_experts: int = 0
+    weight_scales: str | None = None
+    act_scales: str | None = None
+    routed_scaling_factor: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_map, list):  # accept a list from callers; store the hashable tuple
             object.__setattr__(self, "expert_map", tuple(self.expert_map))
-        if _is_int(self.swiglu_limit):  # 7 and 7.0 are one limit; store the float (JSON writes 7.0)
-            object.__setattr__(self, "swiglu_limit", float(self.swiglu_limit))
+        for name in ("swiglu_limit", "routed_scaling_factor"):  # 7 and 7.0 are one value; store the float
+            if _is_int(getattr(self, name)):
+                object.__setattr__(self, name, float(getattr(self, name)))
+        # an alias and its spelled-out pair are one config: the scheme's own granularity is stored as None
+        if WEIGHT_SCALES_OF_SCHEME.get(self.quant, object()) == self.weight_scales:
+            object.__setattr__(self, "weight_scales", None)
+        if ACT_SCALES_OF_SCHEME.get(self.quant, object()) == self.act_scales:
+            object.__setattr__(self, "act_scales", None)
         if isinstance(self.numerics, str):  # one profile, one string: its canonical spec (validate names a bad one)
             with contextlib.suppress(ValueError):
                 object.__setattr__(self, "numerics", parse_spec(self.numerics).spec)
@@ -280,6 +330,35 @@ class MoEConfig:
     @property
     def is_fp8(self) -> bool:
         return self.quant != "bf16"
+
+    @property
+    def weight_granularity(self) -> str | None:
+        """The weights' scale granularity (one of WEIGHT_SCALES), None for bf16."""
+        if not self.is_fp8:
+            return None
+        return self.weight_scales or WEIGHT_SCALES_OF_SCHEME[self.quant]
+
+    @property
+    def act_granularity(self) -> str | None:
+        """The activations' scale granularity (one of ACT_SCALES), None for bf16."""
+        if not self.is_fp8:
+            return None
+        return self.act_scales or ACT_SCALES_OF_SCHEME[self.quant]
+
+    @property
+    def weight_scheme(self) -> str:
+        """The scheme name whose weight layout this config's weights have (`quant` for every alias;
+        fp8-tensor's for per-tensor weights beside per-token activations, ...): what weight scale
+        shapes and dequantisers read."""
+        if not self.is_fp8:
+            return self.quant
+        return SCHEME_OF_WEIGHT_SCALES[self.weight_granularity]
+
+    @property
+    def scale_schemes(self) -> str | tuple[str, str]:
+        """What the GEMM choice functions read (reference/rounding/gemm_reduce.py): `quant` when the
+        weights are the scheme's own, else (activation scheme, weight scheme)."""
+        return self.quant if self.weight_scheme == self.quant else (self.quant, self.weight_scheme)
 
     @property
     def numerics_profile(self) -> str:
@@ -367,6 +446,7 @@ class MoEConfig:
         self._validate_inputs()
         self._validate_numerics()
         self._validate_model_features()
+        self._validate_scales()
         if self.estimated_bytes > MAX_PROBLEM_BYTES:
             raise ValueError(
                 f"num_tokens, num_experts, topk, hidden and inter describe {self.estimated_bytes / 2**30:.1f} GiB of float32 "
@@ -407,6 +487,36 @@ class MoEConfig:
                              f"clamp ({NO_CLAMP[0]}={NO_CLAMP[1]}, as neither Liger 0.8.5 nor lmdeploy 0.18 clamps), "
                              f"got {limit!r}")
 
+    def _validate_scales(self) -> None:
+        """The two granularity axes: known names, a pair some serving engine runs (SCALE_PAIRS), the
+        activation's granularity one of quant's scaling unit; and the routed scaling factor."""
+        for name, allowed in (("weight_scales", WEIGHT_SCALES), ("act_scales", ACT_SCALES)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be None or a string, one of {list(allowed)}, got {quoted(value)}")
+            if value not in allowed:
+                raise ValueError(f"{name} must be None or one of {list(allowed)}, got {quoted(value)}")
+            if not self.is_fp8:
+                raise ValueError(f"{name} must be None for quant='bf16' (bf16 weights and activations have no scales), "
+                                 f"got {quoted(value)}")
+        if self.act_scales is not None and SCHEME_OF_ACT_SCALES[self.act_scales] != self.quant:
+            raise ValueError(f"act_scales={quoted(self.act_scales)} needs quant={quoted(SCHEME_OF_ACT_SCALES[self.act_scales])} "
+                             f"(quant names the activations' scaling unit), got quant={quoted(self.quant)}")
+        if self.is_fp8 and (self.weight_granularity, self.act_granularity) not in SCALE_PAIRS:
+            pairs = ", ".join(f"{w}/{a}" for w, a in SCALE_PAIRS)
+            raise ValueError(f"weight_scales={quoted(self.weight_granularity)} with {quoted(self.act_granularity)} activation "
+                             f"scales is no pair a serving engine runs; allowed weights/activations: {pairs}")
+        factor = self.routed_scaling_factor
+        if factor is not None:
+            if not isinstance(factor, float):
+                raise TypeError(f"routed_scaling_factor must be None or a float in (0, {MAX_ROUTED_SCALING_FACTOR:g}], "
+                                f"got {quoted(factor)}")
+            if not 0.0 < factor <= MAX_ROUTED_SCALING_FACTOR:  # False for NaN too
+                raise ValueError(f"routed_scaling_factor must be finite and in (0, {MAX_ROUTED_SCALING_FACTOR:g}], "
+                                 f"got {factor!r}")
+
     def _validate_numerics(self) -> None:
         """A profile spec, and a config its choices can describe (SCHEME_ONLY)."""
         if self.numerics is None:
@@ -437,6 +547,9 @@ class MoEConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["expert_map"] = None if self.expert_map is None else list(self.expert_map)
+        for name in OMITTED_WHEN_DEFAULT:
+            if d[name] is None:
+                del d[name]
         return d
 
     def to_json(self) -> str:

@@ -9,7 +9,16 @@ Owns the list of named shapes. Must not run anything: the tests and the toleranc
 
 from __future__ import annotations
 
-from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+from diffmoe.problem.config import ACT_SCALES_OF_SCHEME, QUANT_BLOCK, SCALE_PAIRS, WEIGHT_SCALES_OF_SCHEME, MoEConfig
+
+
+def _other_weights(quant: str) -> dict:
+    """weight_scales of the pair beside quant's own that serving engines run with quant's activations
+    (per-tensor weights beside per-token activations: vLLM's kFp8StaticTensorSym with kFp8DynamicTokenSym),
+    or nothing for a scheme without one (the case is then the scheme's own weights, spread)."""
+    act = ACT_SCALES_OF_SCHEME.get(quant)
+    others = [w for w, a in SCALE_PAIRS if a == act and w != WEIGHT_SCALES_OF_SCHEME.get(quant)]
+    return dict(weight_scales=others[0]) if others else {}
 
 
 def edge_cases(quant: str, *, fused: bool = False, planner: str = "fixed") -> dict[str, MoEConfig]:
@@ -48,5 +57,12 @@ def edge_cases(quant: str, *, fused: bool = False, planner: str = "fixed") -> di
                                               expert_map=(0, -1, 1, -1, -1, 2)),
         "all-slots-dropped": dict(num_tokens=4, num_experts=3, topk=2, dropped_slots=8),
         "shared-experts": dict(num_tokens=6, num_experts=6, topk=4, shared_experts=2),
+        # DeepSeek-V3's factor: the routed sum times 2.5 before its last rounding
+        "routed-scaling-factor": dict(num_tokens=5, num_experts=4, topk=2, routed_scaling_factor=2.5),
+        # the weights at another granularity than the scheme's own (issue 27 item 5), each expert's scale
+        # apart (3 octaves of spread): a kernel reading one expert's per-tensor scale for all, or a
+        # per-channel layout for a per-tensor scale, is off by a factor
+        "weights-at-another-granularity": dict(num_tokens=6, num_experts=4, topk=2, expert_scale_spread=3,
+                                               **_other_weights(quant)),
     }
     return {label: MoEConfig(**{**base, **fields}) for label, fields in cases.items()}

@@ -219,18 +219,19 @@ def _normal(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.T
 
 
 def quantize_weight(config: MoEConfig, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Static FP8 quantisation of an [L, N, K] bf16 weight: codes and scales, scale = amax / 448."""
+    """Static FP8 quantisation of an [L, N, K] bf16 weight at the config's weight granularity
+    (`weight_scheme`): codes and scales, scale = amax / 448."""
     wf = w.float()  # [L, N, K]
     n_exp, n, k = wf.shape
-    if config.quant == "fp8-tensor":
+    if config.weight_scheme == "fp8-tensor":
         amax = wf.abs().amax(dim=(1, 2))  # [L]
         scale = (amax / FP8_MAX).clamp_min(WEIGHT_SCALE_FLOOR)
         expanded = scale[:, None, None]
-    elif config.quant == "fp8-token":  # per output channel weights go with per-token activations
+    elif config.weight_scheme == "fp8-token":  # per output channel
         amax = wf.abs().amax(dim=2)  # [L, N]
         scale = (amax / FP8_MAX).clamp_min(WEIGHT_SCALE_FLOOR)
         expanded = scale[:, :, None]
-    elif config.quant == "fp8-block":
+    elif config.weight_scheme == "fp8-block":
         nb, kb = math.ceil(n / QUANT_BLOCK), math.ceil(k / QUANT_BLOCK)
         padded = torch.zeros(n_exp, nb * QUANT_BLOCK, kb * QUANT_BLOCK)
         padded[:, :n, :k] = wf.abs()

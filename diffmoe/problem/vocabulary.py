@@ -149,12 +149,13 @@ def activation_scale_shape(config: MoEConfig, rows: int, cols: int) -> tuple[int
 
 
 def weight_scale_shape(config: MoEConfig, experts: int, n: int, k: int) -> tuple[int, ...]:
-    """Scales of an [experts, n, k] FP8 weight: per tensor (per expert), per output channel, or 128x128 blocks."""
-    if config.quant == "fp8-tensor":
+    """Scales of an [experts, n, k] FP8 weight: per tensor (per expert), per output channel, or 128x128 blocks
+    (the config's weight granularity, `weight_scheme`)."""
+    if config.weight_scheme == "fp8-tensor":
         return (experts,)
-    if config.quant == "fp8-token":
+    if config.weight_scheme == "fp8-token":
         return (experts, n)
-    if config.quant == "fp8-block":
+    if config.weight_scheme == "fp8-block":
         return (experts, math.ceil(n / QUANT_BLOCK), math.ceil(k / QUANT_BLOCK))
     raise ValueError(f"quant={config.quant!r} has no weight scales")
 

@@ -3,7 +3,8 @@
 Grid: (cdiv(T, BLOCK_T) * cdiv(H, BLOCK_H),). Program p owns output tile (token block,
 column block): it reads rows t*K .. t*K+K-1 of those columns of down_output and writes the
 tile of output. The sum runs in float32 in k order 0..K-1, as the reference's does, so the
-result is bitwise the reference's given the same down_output.
+result is bitwise the reference's given the same down_output. With ROUTED_SCALE the float32 sum
+is multiplied by the float32 routed_scaling_factor before its one rounding (the reference's rule).
 
 Owns the reduce kernel. Must not allocate or carve: the launcher does.
 """
@@ -26,11 +27,13 @@ def moe_reduce_kernel(
     H,
     TOPK,
     num_h_blocks,
+    routed_scaling_factor,  # fp32, read when ROUTED_SCALE
     # Strides
     stride_dm, stride_dh,
     stride_om, stride_oh,
     # Meta-parameters
     SOFTWARE_BF16: tl.constexpr,
+    ROUTED_SCALE: tl.constexpr,
     REORDER: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -45,4 +48,6 @@ def moe_reduce_kernel(
     acc = bf16_to_f32(tl.load(first, mask=mask, other=0.0), SOFTWARE_BF16)
     for k in range(1, TOPK):
         acc += bf16_to_f32(tl.load(first + k * stride_dm, mask=mask, other=0.0), SOFTWARE_BF16)
+    if ROUTED_SCALE:
+        acc = acc * routed_scaling_factor
     tl.store(out_ptr + tokens[:, None] * stride_om + cols[None, :] * stride_oh, to_bf16(acc, SOFTWARE_BF16), mask=mask)

@@ -12,7 +12,7 @@ Must not import peers/, Triton or the harness's oracles.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Tuple, Union
 
 import torch
 
@@ -24,17 +24,29 @@ RATIO_SCALE_FLOOR = 1e-12
 BF16_SUM_TOPK = (2, 3, 4)
 
 
-def dequantize_activation(codes: torch.Tensor, scale: torch.Tensor, quant: str,
+Schemes = Union[str, Tuple[str, str]]
+
+
+def split_schemes(quant: Schemes) -> tuple[str, str]:
+    """(activation scheme, weight scheme) of a GEMM's `quant`: one scheme name (the alias: weights
+    and activations at its own granularities), or the pair MoEConfig.scale_schemes gives when the
+    weights' granularity is not the scheme's own (per-tensor weights beside per-token activations)."""
+    return (quant, quant) if isinstance(quant, str) else quant
+
+
+def dequantize_activation(codes: torch.Tensor, scale: torch.Tensor, quant: Schemes,
                           dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """float32 (or `dtype`) values of [R, C] codes."""
+    quant = split_schemes(quant)[0]
     if quant == "fp8-block":
         scale = scale.repeat_interleave(QUANT_BLOCK, dim=1)  # [R, C]
     return codes.to(dtype) * scale.to(dtype)  # [R, C]
 
 
-def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str,
+def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: Schemes,
                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """float32 (or `dtype`) values of [L, N, Kd] weights (bf16 weights are upcast)."""
+    quant = split_schemes(quant)[1]
     if quant == "bf16":
         return w.to(dtype)  # [L, N, Kd]
     if quant == "fp8-tensor":
@@ -63,7 +75,7 @@ def expert_gemm(a: torch.Tensor, local_ids: torch.Tensor, w: torch.Tensor,
             out[rows] = a[rows] @ w[e].T  # [rows, N]
         else:
             a_scale, w_scale, quant = scales
-            row_scale = a_scale if quant == "fp8-tensor" else a_scale[rows]  # one scale, or one per row
+            row_scale = a_scale if split_schemes(quant)[0] == "fp8-tensor" else a_scale[rows]  # one scale, or one per row
             out[rows] = fp8_gemm(a[rows], row_scale, w[e], w_scale[e], quant)
     return out
 
@@ -81,7 +93,7 @@ def gemm_dequantize_first(a: torch.Tensor, a_scale: torch.Tensor, local_ids: tor
 def _scales_after_dot(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                       quant: str) -> torch.Tensor:
     af, wf = a.float(), w.float()
-    if quant != "fp8-block":
+    if quant != "fp8-block":  # per tensor or per token, per tensor or per channel: scales broadcast
         return af @ wf.T * a_scale * w_scale.reshape(1, -1)
     n = wf.shape[0]
     w_cols = w_scale.repeat_interleave(QUANT_BLOCK, dim=0)[:n]  # [N, K/128]
@@ -172,18 +184,28 @@ def input_weight_bf16(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (x.float() * weights.to(torch.bfloat16).float()).to(torch.bfloat16)
 
 
-# ---- reduce: rows [T, K, H] (bf16, or float32 products) -> [T, H] bf16 ---------------------------------------
+# ---- reduce: rows [T, K, H] (bf16, or float32 products), factor -> [T, H] bf16 --------------------------------
+# `factor` is the config's routed_scaling_factor (None: no scaling). The sum's accumulator is multiplied by
+# float32(factor) before its last rounding: SGLang 0.5.23's moe_sum_reduce_triton (kernels/ops/moe/
+# fused_moe_triton_kernels.py: `accumulator *= routed_scaling_factor` on the float32 sum, then the store).
 
 
-def reduce_fp32(rows: torch.Tensor) -> torch.Tensor:
+def scaled(acc: torch.Tensor, factor: float | None) -> torch.Tensor:
+    """The accumulator (float32, or the bf16 running sum) times float32(factor), in float32."""
+    if factor is None:
+        return acc
+    return acc.float() * torch.tensor(factor, dtype=torch.float32)
+
+
+def reduce_fp32(rows: torch.Tensor, factor: float | None = None) -> torch.Tensor:
     """A float32 sum in k order from the first row, rounded once: diffmoe's (the shipped reduce kernel)."""
     acc = rows[:, 0].float()  # [T, H]
     for j in range(1, rows.shape[1]):
         acc = acc + rows[:, j].float()
-    return acc.to(torch.bfloat16)
+    return scaled(acc, factor).to(torch.bfloat16)
 
 
-def reduce_fp32_from_zero(rows: torch.Tensor) -> torch.Tensor:
+def reduce_fp32_from_zero(rows: torch.Tensor, factor: float | None = None) -> torch.Tensor:
     """float32 adds in k order from the sum's identity +0, rounded once: vLLM 0.33's moe_sum for K
     outside 2..4 (at::sum_out); Liger 0.8.5's gather-sum. Starting from +0 is what makes it differ
     from summing from the first row: a token whose K rows are all -0.0 (an all-zero token's down
@@ -191,37 +213,39 @@ def reduce_fp32_from_zero(rows: torch.Tensor) -> torch.Tensor:
     acc = torch.zeros_like(rows[:, 0], dtype=torch.float32)  # [T, H], +0
     for j in range(rows.shape[1]):
         acc = acc + rows[:, j].float()
-    return acc.to(torch.bfloat16)
+    return scaled(acc, factor).to(torch.bfloat16)
 
 
-def reduce_bf16(rows: torch.Tensor) -> torch.Tensor:
+def reduce_bf16(rows: torch.Tensor, factor: float | None = None) -> torch.Tensor:
     """A bf16 sum from the first row, left to right, each add rounded: lmdeploy 0.18's
     `_moe_reduce_kernel` (a bf16 `tl.sum` in the order of Triton's in-thread lowering;
     diffmoe.interpreter.fixes, bf16_reduce, computes it so)."""
     acc = rows[:, 0].to(torch.bfloat16)  # [T, H]
     for j in range(1, rows.shape[1]):
         acc = (acc.float() + rows[:, j].float()).to(torch.bfloat16)
-    return acc
+    return scaled(acc, factor).to(torch.bfloat16)
 
 
-def reduce_bf16_from_zero(rows: torch.Tensor) -> torch.Tensor:
+def reduce_bf16_from_zero(rows: torch.Tensor, factor: float | None = None) -> torch.Tensor:
     """`scalar_t x = 0; x += input[k]` in k order, every add rounded to bf16: vLLM 0.33's moe_sum_kernel
     (csrc/moe/moe_align_sum_kernels.cu)."""
     acc = torch.zeros_like(rows[:, 0], dtype=torch.bfloat16)  # [T, H], +0
     for j in range(rows.shape[1]):
         acc = (acc.float() + rows[:, j].float()).to(torch.bfloat16)
-    return acc
+    return scaled(acc, factor).to(torch.bfloat16)
 
 
-def reduce_bf16_k2_to_4(rows: torch.Tensor) -> torch.Tensor:
+def reduce_bf16_k2_to_4(rows: torch.Tensor, factor: float | None = None) -> torch.Tensor:
     """vLLM 0.33's moe_sum: its bf16-accumulating kernel for K = 2..4 (reduce_bf16_from_zero), at::sum_out
     for other K (reduce_fp32_from_zero; csrc/moe/moe_align_sum_kernels.cu)."""
-    return reduce_bf16_from_zero(rows) if rows.shape[1] in BF16_SUM_TOPK else reduce_fp32_from_zero(rows)
+    if rows.shape[1] in BF16_SUM_TOPK:
+        return reduce_bf16_from_zero(rows, factor)
+    return reduce_fp32_from_zero(rows, factor)
 
 
-def reduce_fp32_from_zero_past_k2(rows: torch.Tensor) -> torch.Tensor:
+def reduce_fp32_from_zero_past_k2(rows: torch.Tensor, factor: float | None = None) -> torch.Tensor:
     """SGLang's combine over top-k (fused_moe.py, CUDA branch): at K = 2 `torch.add` of the two rows,
     at K = 1 the down GEMM's own store (both from the first row: reduce_fp32), above a float32 sum
     from +0 (torch.sum, sgl_kernel's moe_sum_reduce; reduce_fp32_from_zero). The start only shows on
     a token whose rows are all -0.0 (seen in the false-alarm campaign on zero rows at K = 3 and 6)."""
-    return reduce_fp32(rows) if rows.shape[1] <= 2 else reduce_fp32_from_zero(rows)
+    return reduce_fp32(rows, factor) if rows.shape[1] <= 2 else reduce_fp32_from_zero(rows, factor)
