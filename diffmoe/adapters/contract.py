@@ -236,6 +236,8 @@ IMPLEMENTATION_ALIASES = {
     "vllm": "peers.vllm_0_33:make", "lmdeploy": "peers.lmdeploy_0_18:make", "liger": "peers.liger_0_8:make",
     # every supported vLLM release, spelled as `diffmoe peers fetch` spells it (peers/vllm_core.py RELEASES)
     "vllm==0.28.0": "peers.vllm_0_28:make", "vllm==0.30.0": "peers.vllm_0_30:make", "vllm==0.33.0": "peers.vllm_0_33:make",
+    # SGLang (peers/sglang_core.py): its CUDA branch; the non-CUDA branch is peers.sglang_0_5_23:make_fallback
+    "sglang": "peers.sglang_0_5_23:make", "sglang==0.5.23": "peers.sglang_0_5_23:make", "sglang==0.5.20": "peers.sglang_0_5_20:make",
 }
 
 # The optional factory attributes (module docstring).

@@ -433,7 +433,8 @@ def fuzz_waivers(args: argparse.Namespace):
 def _add_impl_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
                                                           "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers; "
-                                                          "vllm==0.28.0, vllm==0.30.0: those releases)")
+                                                          "vllm==0.28.0, vllm==0.30.0: those releases; lmdeploy, liger, "
+                                                          "sglang (0.5.23), sglang==0.5.20)")
 
 
 # --isolation's default for check and fuzz (docs/robustness.md, "Isolation"); a module constant
