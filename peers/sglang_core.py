@@ -168,7 +168,19 @@ class RunReporter:
             reads[B.TOPK_WEIGHTS] = args["topk_weights_ptr"]
         c = args["c_ptr"]
         writes = {out: c.view(-1, c.shape[-1])}
-        return self._launch(stage, kernel, grid, reads, writes, run)
+        if first or self.impl.routed_scaling_factor is None:
+            return self._launch(stage, kernel, grid, reads, writes, run)
+        # make_scaled: the down GEMM stores its rows times the weights divided by the factor, not the
+        # vocabulary's down_output (the product with the router weights): a private buffer here, and its
+        # product with the factor, exact (a power of two), is reported as down_output right after it
+        store = c.view(-1, c.shape[-1])
+        result = self._launch(stage, kernel, grid, reads, {SCALED_DOWN_OUTPUT: store}, run)
+        scaled = torch.empty_like(store)
+        self.down_output = scaled
+        self._launch(stage, "down_output = the store times routed_scaling_factor (diffmoe, exact)", (store.shape[0],),
+                     {SCALED_DOWN_OUTPUT: store}, {B.DOWN_OUTPUT: scaled},
+                     lambda: torch.mul(store, self.impl.routed_scaling_factor, out=scaled))
+        return result
 
     def _host_activation(self, activation_output):
         """The fallback's activation is torch code in fused_moe.py between the launches: reported as
@@ -183,7 +195,7 @@ class RunReporter:
         """fused_moe.py's combine over top-k (host code, or moe_sum_reduce inside it): the reduce. At
         K = 1 there is none: the down GEMM stored fused_experts' result itself, so the adapter's copy
         of it is reported as the reduce (the output is then judged apart from down_output)."""
-        if self.impl.config.topk == 1:
+        if self.impl.config.topk == 1 and self.impl.routed_scaling_factor is None:
             result = torch.empty_like(output)
             return self._launch(Stages.REDUCE, "copy of the down GEMM's store (diffmoe, K = 1)", (output.shape[0],),
                                 {B.DOWN_OUTPUT: down_output}, {B.OUTPUT: result}, lambda: result.copy_(output))
@@ -234,6 +246,9 @@ class SglangTritonMoE(SelfAllocatingPeer):
     active = _ACTIVE
     release: Release
     cuda: bool
+    # make_scaled's factor (ROUTED_SCALING_FACTOR), passed to fused_experts with the router weights divided by it;
+    # None: the layer's default, no scaling
+    routed_scaling_factor: float | None = None
 
     def __init__(self, config, device=None):
         self.name = f"sglang-{self.release.version}" + ("" if self.cuda else "-fallback")
@@ -247,17 +262,27 @@ class SglangTritonMoE(SelfAllocatingPeer):
         fm, cfg = self.files.fused_moe, self.config
         runner = types.SimpleNamespace(
             num_experts=cfg.num_experts, num_local_experts=cfg.num_experts, inplace=False, no_combine=False,
-            activation="silu", is_gated=True, apply_router_weight_on_input=False, routed_scaling_factor=None,
+            activation="silu", is_gated=True, apply_router_weight_on_input=False,
+            routed_scaling_factor=self.routed_scaling_factor,
             gemm1_alpha=None, gemm1_clamp_limit=None, swiglu_limit=None, gate_up_interleaved=True,
             no_combine_keep_router_weight=False)
         fp8 = cfg.is_fp8
         with torch.compiler.set_stance("force_eager"):
             out = fm.fused_experts(
-                problem.hidden_states, problem.w1, problem.w2, (problem.topk_weights, problem.topk_ids.to(torch.int32), None),
+                problem.hidden_states, problem.w1, problem.w2, (self._router_weights(problem), problem.topk_ids.to(torch.int32), None),
                 runner, use_fp8_w8a8=fp8, per_channel_quant=cfg.quant == "fp8-token",
                 w1_scale=problem.w1_scale, w2_scale=problem.w2_scale,
                 block_shape=[QUANT_BLOCK, QUANT_BLOCK] if cfg.quant == "fp8-block" else None)
         return _ACTIVE.reporter.finish(out, _ACTIVE.reporter.down_output)
+
+    def _router_weights(self, problem) -> torch.Tensor:
+        """The top-k weights fused_experts is given: the problem's, divided by the routed scaling factor
+        when there is one, so that its product with the factor in the combine is the problem's MoE.
+        The factor is a power of two (ROUTED_SCALING_FACTOR): the division, the down GEMM's product and
+        the combine's multiplication are exact, so the reference's bits stay the right answer."""
+        if self.routed_scaling_factor is None:
+            return problem.topk_weights
+        return problem.topk_weights / self.routed_scaling_factor
 
     def check_launches(self, reporter) -> None:
         gemms = reporter.kernels.count("fused_moe_kernel")
@@ -265,16 +290,26 @@ class SglangTritonMoE(SelfAllocatingPeer):
             raise RuntimeError(f"SGLang's fused_experts launched {reporter.kernels}; the adapter expects two fused_moe_kernel launches")
 
 
-def factory(release: Release, cuda: bool, module: str):
-    """The factory of one release and branch (a spec suffix picks the branch: make / make_fallback)."""
-    cls = type(f"SglangTritonMoE_{release.version.replace('.', '_')}{'' if cuda else '_fallback'}", (SglangTritonMoE,),
-               {"release": release, "cuda": cuda, "__module__": module})
+# make_scaled's routed_scaling_factor: not 1, so fused_experts takes its scaling combine (SGLang PR #40187 is
+# about top-1 there); a power of two, so dividing the router weights by it and scaling back is exact in
+# every format the path rounds to (bf16, fp32), short of subnormals the generated weights do not reach
+ROUTED_SCALING_FACTOR = 2.0
+SCALED_DOWN_OUTPUT = B.private("down_output_over_routed_scaling_factor")  # make_scaled's down GEMM store
+
+
+def factory(release: Release, cuda: bool, module: str, scaled: bool = False):
+    """The factory of one release and branch (a spec suffix picks the branch: make / make_fallback), and
+    with `scaled` the CUDA branch called with routed_scaling_factor=ROUTED_SCALING_FACTOR (make_scaled)."""
+    suffix = ("" if cuda else "_fallback") + ("_scaled" if scaled else "")
+    cls = type(f"SglangTritonMoE_{release.version.replace('.', '_')}{suffix}", (SglangTritonMoE,),
+               {"release": release, "cuda": cuda, "__module__": module,
+                "routed_scaling_factor": ROUTED_SCALING_FACTOR if scaled else None})
 
     def make(config: MoEConfig, device=None) -> SglangTritonMoE:
         return cls(config, device)
 
     make.__module__ = module
-    make.__name__ = make.__qualname__ = "make" if cuda else "make_fallback"  # the spec a replay line names
+    make.__name__ = make.__qualname__ = ("make" if cuda else "make_fallback") + ("_scaled" if scaled else "")  # the spec a replay line names
     make.numerics = "sglang" if cuda else "sglang_fallback"  # diffmoe.adapters.contract.NUMERICS
     make.supports = supports_from(lambda c: check_supported(c, cuda))  # diffmoe.adapters.contract.SUPPORTS
     make.batch_invariant = False  # diffmoe.adapters.contract.BATCH_INVARIANT: the tile config follows the token count
