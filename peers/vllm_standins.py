@@ -18,6 +18,8 @@ Owns the stand-in modules. Must not hold vLLM source: every line here is diffmoe
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import logging
 import sys
@@ -307,6 +309,27 @@ def _refuse_allocator(device) -> None:
     raise NotImplementedError("vllm.triton_utils.allocation.set_triton_allocator: the tensor-descriptor path is off here")
 
 
+# vLLM's tile-config override (its fused_moe package's `override_config` context manager and the `get_config`
+# fused_moe.py's try_get_optimal_moe_config reads first): a context variable here, so that a forced config
+# holds for the call in flight only (diffmoe tuned-configs forces each shipped entry through it)
+_OVERRIDE_CONFIG: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vllm_override_config", default=None)
+
+
+def get_config() -> dict | None:
+    """As vLLM's fused_moe.get_config: the config an override_config block forces, else None."""
+    return _OVERRIDE_CONFIG.get()
+
+
+@contextlib.contextmanager
+def override_config(config: dict | None):
+    """As vLLM's fused_moe.override_config: `config` is every GEMM launch's tile config inside the block."""
+    token = _OVERRIDE_CONFIG.set(config)
+    try:
+        yield
+    finally:
+        _OVERRIDE_CONFIG.reset(token)
+
+
 def _device_name_as_file_name(device: torch.device | None) -> Callable[[], str]:
     def name() -> str:
         if device is not None and device.type == "cuda" and torch.cuda.is_available():
@@ -336,7 +359,7 @@ def standin_modules(device: torch.device | None = None) -> dict[str, types.Modul
         "vllm.utils.math_utils": _math_utils(),
         "vllm.utils.platform_utils": {"get_device_name_as_file_name": _device_name_as_file_name(device)},
         "vllm.utils.torch_utils": {"direct_register_custom_op": lambda *a, **k: None, "PIN_MEMORY": False},
-        "vllm.model_executor.layers.fused_moe": {"get_config": lambda: None},
+        "vllm.model_executor.layers.fused_moe": {"get_config": get_config, "override_config": override_config},
         "vllm.model_executor.layers.fused_moe.activation": {
             "MoEActivation": MoEActivation, "ApplyMoEActivationConfig": ApplyMoEActivationConfig,
             "apply_moe_activation": apply_moe_activation, "apply_moe_activation_supported": apply_moe_activation_supported,
