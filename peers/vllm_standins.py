@@ -8,10 +8,14 @@ those files run; no vllm package `__init__` runs:
 * `vllm._custom_ops` and fp8_utils' group quant: peers/vllm_ops.py's torch versions of the
   compiled ops;
 * small explicit stand-ins (envs, logger, platform, activation dispatch, the quant config, the
-  LoRA mixin, the `fused_moe` package's get_config) holding only what the executed code reads;
+  LoRA mixin, the `fused_moe` package's get_config and override_config: the tile-config override
+  `diffmoe tuned-configs` forces entries through) holding only what the executed code reads;
 * for every other imported name, a placeholder class: it can be imported, annotated with,
   subclassed and compared, and raises NotImplementedError naming itself when called, so a code
   path this adapter does not support fails loudly instead of running a guess.
+
+Longer than 400 lines because every module vLLM's five files import is stood in here, one table
+(standin_modules) and the small classes it names: split, the table would name another file's.
 
 Owns the stand-in modules. Must not hold vLLM source: every line here is diffmoe's own.
 """
@@ -309,20 +313,14 @@ def _refuse_allocator(device) -> None:
     raise NotImplementedError("vllm.triton_utils.allocation.set_triton_allocator: the tensor-descriptor path is off here")
 
 
-# vLLM's tile-config override (its fused_moe package's `override_config` context manager and the `get_config`
-# fused_moe.py's try_get_optimal_moe_config reads first): a context variable here, so that a forced config
-# holds for the call in flight only (diffmoe tuned-configs forces each shipped entry through it)
+# vLLM's tile-config override (its fused_moe package's override_config and the get_config fused_moe.py reads
+# first), per call in flight: diffmoe tuned-configs forces each shipped entry through it
 _OVERRIDE_CONFIG: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vllm_override_config", default=None)
-
-
-def get_config() -> dict | None:
-    """As vLLM's fused_moe.get_config: the config an override_config block forces, else None."""
-    return _OVERRIDE_CONFIG.get()
+get_config = _OVERRIDE_CONFIG.get  # as vLLM's: the config an override_config block forces, else None
 
 
 @contextlib.contextmanager
 def override_config(config: dict | None):
-    """As vLLM's fused_moe.override_config: `config` is every GEMM launch's tile config inside the block."""
     token = _OVERRIDE_CONFIG.set(config)
     try:
         yield

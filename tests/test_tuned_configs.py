@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from diffmoe.adapters import peer_wheels
-from diffmoe.adapters.contract import factory_tuned_configs
 from diffmoe.adapters.loading import load_factory
 from diffmoe.tuned_configs import command, sweep
 from diffmoe.tuned_configs.files import config_files, parse_name
+from diffmoe.tuned_configs.sweep import factory_tuned_configs
 
 SHIPPED = "E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json"
 

@@ -283,27 +283,6 @@ def factory_peer_wheel(factory: Callable | None) -> str | None:
     return name
 
 
-# The factory's optional tuned-config attributes (diffmoe tuned-configs, diffmoe/tuned_configs/): the folder of
-# its peer wheel's cache holding the tile-config JSON files the release ships, and `with_tile_config(tile)`,
-# the factory with that tile config forced through the release's own override mechanism.
-TUNED_CONFIG_DIR = "tuned_config_dir"
-WITH_TILE_CONFIG = "with_tile_config"
-
-
-def factory_tuned_configs(factory: Callable | None) -> tuple[str, Callable[[dict | None], Callable]] | None:
-    """(TUNED_CONFIG_DIR, WITH_TILE_CONFIG) when the factory declares both, else None; a TypeError
-    naming the attribute for a folder that is not a str or a forcing function that is not callable."""
-    folder = getattr(factory, TUNED_CONFIG_DIR, None) if factory is not None else None
-    force = getattr(factory, WITH_TILE_CONFIG, None) if factory is not None else None
-    if folder is None and force is None:
-        return None
-    if not isinstance(folder, str):
-        raise TypeError(f"a factory's {TUNED_CONFIG_DIR} must be a folder inside its peer wheel (a str), got {quoted(folder)}")
-    if not callable(force):
-        raise TypeError(f"a factory's {WITH_TILE_CONFIG} must be callable (tile config -> factory), got {quoted(force)}")
-    return folder, force
-
-
 def factory_numerics(factory: Callable | None) -> str | None:
     """The numerics profile the factory declares (its NUMERICS attribute), as its canonical spec;
     None when it declares none; a ValueError naming the attribute and the profiles (or the point

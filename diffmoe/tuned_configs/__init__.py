@@ -6,5 +6,5 @@ sweep.py judges the entries (the shrunk problem, one check per distinct forced r
 file); command.py is the command line (table, --json, progress, exit codes).
 
 Owns nothing itself. Must not import an implementation: a release's configs and its override are
-reached through the factory's attributes (diffmoe.adapters.contract.factory_tuned_configs).
+reached through the factory's attributes (sweep.factory_tuned_configs).
 """

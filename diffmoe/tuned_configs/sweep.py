@@ -9,8 +9,8 @@ MAX_TOKENS only the cost grows). fused is the release's own choice for the schem
 `supports`). Every oracle judges but metamorphic (the peers run one pipeline per scheme: the
 museum's set, diffmoe/adapters/museum.py).
 
-Many entries force the same run (the same tile on the same shrunk problem: 5270 entries of vLLM
-0.33.0's supported files are 1457 distinct runs at MAX_TOKENS 8), so each distinct run is judged
+Many entries force the same run (the same tile on the same shrunk problem: the 5252 entries of vLLM
+0.33.0's supported files and its 6 default rows are 1487 distinct runs at MAX_TOKENS 8), so each distinct run is judged
 once and its verdict shared (`Row.shared`). With a resume file, every verdict is appended to it as
 it is reached (one JSON line) and a later sweep with the same file takes them from it: an
 interrupted sweep continues where it stopped. The release's default-config path (no file, vLLM's
@@ -28,14 +28,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from diffmoe.adapters.contract import factory_tuned_configs, unsupported
-from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+from diffmoe.adapters.contract import unsupported
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig, quoted
 
 from .files import ConfigFile, Entry, config_files
 
+# The factory's optional tuned-config attributes (beside diffmoe.adapters.contract's): the folder of
+# its peer wheel's cache holding the tile-config JSON files the release ships, and `with_tile_config(tile)`,
+# the factory with that tile config forced through the release's own override mechanism.
+TUNED_CONFIG_DIR = "tuned_config_dir"
+WITH_TILE_CONFIG = "with_tile_config"
+
+
+def factory_tuned_configs(factory: Callable | None) -> tuple[str, Callable[[dict | None], Callable]] | None:
+    """(TUNED_CONFIG_DIR, WITH_TILE_CONFIG) when the factory declares both, else None; a TypeError
+    naming the attribute for a folder that is not a str or a forcing function that is not callable."""
+    folder = getattr(factory, TUNED_CONFIG_DIR, None) if factory is not None else None
+    force = getattr(factory, WITH_TILE_CONFIG, None) if factory is not None else None
+    if folder is None and force is None:
+        return None
+    if not isinstance(folder, str):
+        raise TypeError(f"a factory's {TUNED_CONFIG_DIR} must be a folder inside its peer wheel (a str), got {quoted(folder)}")
+    if not callable(force):
+        raise TypeError(f"a factory's {WITH_TILE_CONFIG} must be callable (tile config -> factory), got {quoted(force)}")
+    return folder, force
+
+
 SHRUNK_EXPERTS = 4  # enough experts for a token's two slots to land in different experts' blocks
 # T at most 8: one check of every oracle at T=8, E=4, H=256, I=128 took 4.4 s to 10 s on this 2-core machine
-# (bf16, fp8-tensor, fp8-block, loaded by other work; /tmp probe of 2026-12-05), 1457 distinct runs for vLLM 0.33.0
+# (bf16, fp8-tensor, fp8-block, loaded by other work; measured 2026-12-05), 1487 distinct runs for vLLM 0.33.0
 MAX_TOKENS = 8
 DEFAULT_CONFIG = "(default config)"
 DEFAULT_BATCHES = (1, MAX_TOKENS)
