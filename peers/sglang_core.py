@@ -52,7 +52,7 @@ from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import QUANT_BLOCK, Buffers as B, Stages
 
 from . import ReportingKernel, SelfAllocatingPeer, launch_grid, refuse_set_fields, supports_from
-from .sglang_standins import ACTIVE as _ACTIVE, MOE as _MOE, OPS as _OPS, moe_align_block_size, stub_values
+from .sglang_standins import ACTIVE as _ACTIVE, MOE as _MOE, OPS as _OPS, moe_align_block_size, override_config, stub_values
 
 FILES = (  # executed in this order, each seeing the ones before it
     (f"{_OPS}.quantization.fp8_utils", "sglang/kernels/ops/quantization/fp8_utils.py"),
@@ -249,6 +249,9 @@ class SglangTritonMoE(SelfAllocatingPeer):
     # make_scaled's factor (ROUTED_SCALING_FACTOR), passed to fused_experts with the router weights divided by it;
     # None: the layer's default, no scaling
     routed_scaling_factor: float | None = None
+    # a tile config forced through SGLang's own override (override_config: both GEMM launches take it), None for
+    # the release's own choice (its shipped files, else get_default_config): with_tile_config
+    tile_config: dict | None = None
 
     def __init__(self, config, device=None):
         self.name = f"sglang-{self.release.version}" + ("" if self.cuda else "-fallback")
@@ -267,7 +270,7 @@ class SglangTritonMoE(SelfAllocatingPeer):
             gemm1_alpha=None, gemm1_clamp_limit=None, swiglu_limit=None, gate_up_interleaved=True,
             no_combine_keep_router_weight=False)
         fp8 = cfg.is_fp8
-        with torch.compiler.set_stance("force_eager"):
+        with torch.compiler.set_stance("force_eager"), override_config(self.tile_config):
             out = fm.fused_experts(
                 problem.hidden_states, problem.w1, problem.w2, (self._router_weights(problem), problem.topk_ids.to(torch.int32), None),
                 runner, use_fp8_w8a8=fp8, per_channel_quant=cfg.quant == "fp8-token",
@@ -314,4 +317,29 @@ def factory(release: Release, cuda: bool, module: str, scaled: bool = False):
     make.supports = supports_from(lambda c: check_supported(c, cuda))  # diffmoe.adapters.contract.SUPPORTS
     make.batch_invariant = False  # diffmoe.adapters.contract.BATCH_INVARIANT: the tile config follows the token count
     make.release = release
+    make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
+    if cuda and not scaled:
+        # diffmoe tuned-configs (diffmoe/tuned_configs/): the folder of the wheel's tuned tile configs and this
+        # factory with one forced through SGLang's override_config
+        make.tuned_config_dir = TUNED_CONFIG_DIR
+        make.with_tile_config = lambda tile_config: _forced(cls, make, tile_config)
+    return make
+
+
+# where each release's wheel keeps the tuned tile configs (one folder per Triton version: triton_3_4_0/...)
+TUNED_CONFIG_DIR = "sglang/srt/layers/moe/moe_runner/triton_utils/configs"
+
+
+def _forced(cls, base, tile_config: dict | None):
+    """`base` (a release's make) building instances that run with `tile_config` forced."""
+    forced = type(cls.__name__ + "_tuned", (cls,), {"tile_config": None if tile_config is None else dict(tile_config),
+                                                    "__module__": cls.__module__})
+
+    def make(config: MoEConfig, device=None) -> SglangTritonMoE:
+        return forced(config, device)
+
+    for name in ("numerics", "supports", "batch_invariant", "release", "peer_wheel"):
+        setattr(make, name, getattr(base, name))
+    make.__module__, make.__qualname__ = base.__module__, "make.with_tile_config"
+    make.tile_config = tile_config
     return make

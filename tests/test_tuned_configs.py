@@ -71,13 +71,18 @@ def test_a_resume_file_carries_every_verdict_to_the_next_sweep(configs_folder, t
     assert all(r["shared"] for r in second) and [r["verdict"] for r in second] == [r["verdict"] for r in first]
 
 
-def test_the_forced_tile_reaches_vllms_launches():
-    """The override is vLLM's own: a tile forced through it is the one its GEMMs launch with
+@pytest.mark.parametrize("impl", ["vllm==0.33.0", "sglang==0.5.23"])
+def test_the_forced_tile_reaches_the_releases_launches(impl):
+    """The override is the release's own: a tile forced through it is the one its GEMMs launch with
     (a tile no launch can take crashes at the first GEMM, the release's own choice passes)."""
     from diffmoe.check.runner import run_differential
     from diffmoe.problem.config import MoEConfig
 
-    force = factory_tuned_configs(load_factory("vllm==0.33.0"))[1]
+    try:
+        peer_wheels.fetch(impl)
+    except peer_wheels.PeerError as exc:
+        pytest.skip(f"{impl} is not in the peer cache and cannot be fetched ({exc})")
+    force = factory_tuned_configs(load_factory(impl))[1]
     config = MoEConfig(num_tokens=2, num_experts=2, topk=1, hidden=128, inter=128, quant="bf16")
     bad = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 48, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
     report = run_differential(config, force(bad))
@@ -92,6 +97,9 @@ def test_the_forced_tile_reaches_vllms_launches():
     ("E=256,N=128,device_name=NVIDIA_H20,dtype=fp8_w8a8,block_shape=[64,64].json", None),
     ("E=64,N=1536,device_name=NVIDIA_A100-SXM4-80GB,dtype=int8_w8a16.json", None),
     ("E=64,N=1536,device_name=NVIDIA_H100,dtype=int4_w4a16,backend=flydsl.json", None),
+    ("E=256,N=128,device_name=NVIDIA_H20,dtype=fp8_w8a8,block_shape=[128, 128].json", "fp8-block"),  # SGLang's
+    ("E=128,N=768,device_name=NVIDIA_H20,dtype=fp8_w8a8,per_channel_quant=True.json", "fp8-token"),
+    ("E=256,N=128,device_name=NVIDIA_B200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json", None),
 ])
 def test_a_files_name_says_its_scheme(name, scheme):
     f = parse_name(Path(name))
@@ -109,10 +117,23 @@ def test_the_shrunk_problem():
     c = sweep.shrunk_config("fp8-block", 256, 4096, factory)
     assert (c.num_tokens, c.num_experts, c.topk, c.hidden, c.inter, c.fused) == (8, 4, 2, 256, 128, True)
     assert sweep.shrunk_config("bf16", 1, 3, factory).topk == 1
+    c = sweep.shrunk_config("fp8-block", 256, 2, load_factory("sglang==0.5.23"))  # SGLang's own choices
+    assert (c.num_tokens, c.hidden, c.inter, c.fused) == (2, 256, 256, False)
+
+
+def test_sglangs_folders_per_triton_version_are_read_by_path():
+    try:
+        root = peer_wheels.fetch("sglang==0.5.23")
+    except peer_wheels.PeerError as exc:
+        pytest.skip(f"sglang==0.5.23 is not in the peer cache and cannot be fetched ({exc})")
+    files = config_files(root / factory_tuned_configs(load_factory("sglang==0.5.23"))[0], "triton_3_4_0/*")
+    assert files and all(f.name.startswith("triton_3_4_0/") for f in files)
+    assert {f.scheme for f in files} >= {"bf16", "fp8-tensor", "fp8-block"}
 
 
 @pytest.mark.parametrize("argv, says", [
     (["--impl", "liger"], "declares no tuned configs"),
+    (["--impl", "peers.sglang_0_5_23:make_fallback"], "declares no tuned configs"),
     (["--impl", "no.such.module:make"], "cannot be imported"),
     (["--impl", "vllm", "--max-entries", "0"], "whole number >= 1"),
 ])

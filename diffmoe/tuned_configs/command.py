@@ -38,7 +38,8 @@ def _count(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`diffmoe tuned-configs`' arguments (diffmoe.frontends.cli adds them to its subcommand)."""
     parser.add_argument("--impl", required=True, metavar="NAME[==V]",
-                        help="the peer release whose shipped tuned configs are judged (vllm, vllm==0.28.0, vllm==0.30.0, vllm==0.33.0)")
+                        help="the peer release whose shipped tuned configs are judged (vllm, vllm==0.28.0, vllm==0.30.0, vllm==0.33.0, "
+                             "sglang, sglang==0.5.20, sglang==0.5.23)")
     parser.add_argument("--files", default="*.json", metavar="GLOB", help="only the config files whose name matches GLOB (default: all)")
     parser.add_argument("--max-entries", type=_count, metavar="N", help="judge at most N file entries (then the default config)")
     parser.add_argument("--resume", type=Path, metavar="FILE",
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
         return _usage(prog, str(exc))
     if declared is None:
         return _usage(prog, f"--impl {args.impl!r} declares no tuned configs (tuned_config_dir, with_tile_config); "
-                            "releases that do: vllm, vllm==0.28.0, vllm==0.30.0, vllm==0.33.0")
+                            "releases that do: vllm, vllm==0.28.0, vllm==0.30.0, vllm==0.33.0, sglang, sglang==0.5.20, sglang==0.5.23")
     if args.config_dir is not None:
         if not args.config_dir.is_dir():
             return _usage(prog, f"--config-dir {str(args.config_dir)!r} is not a folder")
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
 def render(result) -> str:
     lines = [f"{'file':60}  {'batch':>5}  {'config':44}  verdict  first finding"]
     for r in result.rows:
-        tile = "vLLM's get_default_config" if r.tile is None else " ".join(
+        tile = "the release's get_default_config" if r.tile is None else " ".join(
             f"{k.replace('BLOCK_SIZE_', '').replace('GROUP_SIZE_M', 'G')}={v}" for k, v in r.tile.items())
         lines.append(f"{r.file:60}  {r.batch:>5}  {tile:44}  {'PASS' if r.passed else 'FAIL':7}  "
                      f"{(r.first_finding or '')[:160]}")

@@ -1,7 +1,9 @@
 """The tuned-config files a release ships: what each file's name says and the entries it holds.
 
 vLLM names a file `E=<E>,N=<N>,device_name=<GPU>[,dtype=<dtype>][,block_shape=[<n>,<k>]][,backend=...].json`
-(fused_moe.py get_config_file_name) and maps batch sizes ("1", "2", ..., "4096") to a tile config
+(fused_moe.py get_config_file_name); SGLang the same with `block_shape=[<n>, <k>]`, `,per_channel_quant=True`
+and a `_down` suffix (a config for its down GEMM alone), in one folder per Triton version
+(fused_moe_triton_config.py get_config_file_name; a file is named by its path below the folder). Each maps batch sizes ("1", "2", ..., "4096") to a tile config
 (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages, some AMD keys); a "triton_version" key
 records the tuning's Triton and is not an entry. A file is kept when its dtype and block shape
 name a scheme diffmoe judges (SCHEMES); the others are listed with the reason they are skipped.
@@ -20,7 +22,8 @@ from pathlib import Path
 from diffmoe.problem.config import QUANT_BLOCK
 
 _NAME = re.compile(r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<device>[^,]+?)(?:,dtype=(?P<dtype>[^,]+?))?"
-                   r"(?:,block_shape=\[(?P<bn>\d+),(?P<bk>\d+)\])?(?:,backend=(?P<backend>[^,]+?))?\.json$")
+                   r"(?:,block_shape=\[(?P<bn>\d+), ?(?P<bk>\d+)\])?(?P<per_channel>,per_channel_quant=True)?"
+                   r"(?:,backend=(?P<backend>[^,]+?))?(?P<down>_down)?\.json$")
 
 
 @dataclass(frozen=True)
@@ -34,21 +37,22 @@ class ConfigFile:
     dtype: str | None  # None: unquantised (bf16 / fp16 activations and weights)
     block_shape: tuple[int, int] | None
     backend: str | None
+    per_channel: bool = False  # SGLang's per_channel_quant=True: per-token activation and per-channel weight scales
+    down_only: bool = False  # SGLang's `_down` file: the down GEMM's config alone
+    name: str = ""  # the path below the release's config folder
 
-    @property
-    def name(self) -> str:
-        return self.path.name
 
     @property
     def scheme(self) -> str | None:
         """The diffmoe quant scheme the file's entries are judged under, or None (skip_reason says why)."""
-        if self.backend is not None:
+        if self.backend is not None or self.down_only:
             return None
         if self.dtype in (None, "bf16"):
             return "bf16" if self.block_shape is None else None
         if self.dtype == "fp8_w8a8":
             if self.block_shape is None:
-                return "fp8-tensor"  # the name does not tell per-tensor from per-token; per-tensor is judged
+                # vLLM's name does not tell per-tensor from per-token: per-tensor is judged
+                return "fp8-token" if self.per_channel else "fp8-tensor"
             return "fp8-block" if self.block_shape == (QUANT_BLOCK, QUANT_BLOCK) else None
         return None
 
@@ -58,6 +62,8 @@ class ConfigFile:
             return None
         if self.backend is not None:
             return f"backend={self.backend}: not the Triton fused_moe_kernel"
+        if self.down_only:
+            return "a down-GEMM-only config (_down): the override forces one config on both GEMMs"
         if self.dtype == "fp8_w8a8":
             return f"block_shape={list(self.block_shape)}: diffmoe's fp8-block scheme has {QUANT_BLOCK}x{QUANT_BLOCK} blocks"
         return f"dtype={self.dtype}{'' if self.block_shape is None else f' block_shape={list(self.block_shape)}'}: " \
@@ -95,18 +101,24 @@ class Entry:
         return " ".join(f"{short.get(k, k)}={v}" for k, v in self.tile.items())
 
 
-def parse_name(path: Path) -> ConfigFile | None:
-    """The file's description from its name, or None for a name that is not a tuned-config file's."""
+def parse_name(path: Path, name: str | None = None) -> ConfigFile | None:
+    """The file's description from its name (`name`: its path below the config folder, default its file
+    name), or None for a name that is not a tuned-config file's."""
     m = _NAME.match(path.name)
     if m is None:
         return None
     block = (int(m["bn"]), int(m["bk"])) if m["bn"] is not None else None
-    return ConfigFile(path, int(m["E"]), int(m["N"]), m["device"], m["dtype"], block, m["backend"])
+    return ConfigFile(path, int(m["E"]), int(m["N"]), m["device"], m["dtype"], block, m["backend"],
+                      per_channel=m["per_channel"] is not None, down_only=m["down"] is not None, name=name or path.name)
 
 
 def config_files(folder: Path, pattern: str = "*.json") -> list[ConfigFile]:
-    """Every tuned-config file in `folder` whose name matches the glob `pattern`, by name."""
+    """Every tuned-config file below `folder` whose path below it, or file name, matches the glob `pattern`."""
     if not folder.is_dir():
         raise ValueError(f"no tuned-config folder {folder}")
-    found = [parse_name(p) for p in sorted(folder.iterdir()) if p.is_file() and fnmatch.fnmatchcase(p.name, pattern)]
+    found = []
+    for p in sorted(folder.rglob("*.json")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and (fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(p.name, pattern)):
+            found.append(parse_name(p, rel))
     return [f for f in found if f is not None]

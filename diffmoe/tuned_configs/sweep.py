@@ -5,8 +5,8 @@ The problem (shrunk_config): E = min(the file's E, SHRUNK_EXPERTS), top-k 2 (1 f
 file), H = 2 * QUANT_BLOCK (K of the gate/up GEMM: two quantisation blocks, so a K tile that
 straddles a scale block is seen), I = QUANT_BLOCK, T = min(the entry's batch, MAX_TOKENS) tokens
 (a batch of a few tokens fills a fraction of one BLOCK_SIZE_M tile, as on the GPU; past
-MAX_TOKENS only the cost grows). fused is the release's own choice for the scheme (its
-`supports`). Every oracle judges but metamorphic (the peers run one pipeline per scheme: the
+MAX_TOKENS only the cost grows). fused, and I = 2 * QUANT_BLOCK where I = QUANT_BLOCK is refused,
+are the release's own choices for the scheme (its `supports`). Every oracle judges but metamorphic (the peers run one pipeline per scheme: the
 museum's set, diffmoe/adapters/museum.py).
 
 Many entries force the same run (the same tile on the same shrunk problem: the 5252 entries of vLLM
@@ -100,7 +100,7 @@ def forcing_function(factory: Callable) -> Callable[[dict | None], Callable]:
     declared = factory_tuned_configs(factory)
     if declared is None:
         raise ValueError("--impl must name a release that ships tuned configs and declares how to force one "
-                         "(a factory with tuned_config_dir and with_tile_config: vllm, vllm==0.28.0, ...)")
+                         "(a factory with tuned_config_dir and with_tile_config: vllm, vllm==0.28.0, sglang, ...)")
     return declared[1]
 
 
@@ -109,9 +109,16 @@ def shrunk_config(scheme: str, experts: int, batch: int, factory: Callable) -> M
     e = max(1, min(experts, SHRUNK_EXPERTS))
     config = MoEConfig(num_tokens=max(1, min(batch, MAX_TOKENS)), num_experts=e, topk=min(2, e),
                        hidden=2 * QUANT_BLOCK, inter=QUANT_BLOCK, quant=scheme, fused=False)
-    if scheme == "fp8-block" and unsupported(factory, config) is not None:
-        config = config.replace(fused=True)  # the release fuses the block quant with silu: its own choice
-    return config
+    # the release's own choices, in order: vLLM fuses the block quant with silu; SGLang sends a whole-row group
+    # (I = 128) to another quant op, so its fp8-block problem has I = 256 (two groups too)
+    for changes in ({}, {"fused": True}, {"inter": 2 * QUANT_BLOCK}):
+        try:
+            candidate = config.replace(**changes)
+        except ValueError:  # fused is for the FP8 schemes only
+            continue
+        if unsupported(factory, candidate) is None:
+            return candidate
+    raise ValueError(f"--impl refuses every shrunk problem of scheme {scheme!r}: {unsupported(factory, config)}")
 
 
 def run_key(config: MoEConfig, tile: dict | None) -> str:
