@@ -47,6 +47,10 @@ def sglang_files():
         except peer_wheels.PeerError as exc:
             pytest.skip(f"{name} is not in the peer cache and cannot be fetched ({exc}); run "
                         f"`{peer_wheels.fetch_command(name)}`")
+    from peers.sglang_core import SglangFiles
+
+    for name in RELEASES:  # the files loaded once here, not in the first test's time
+        SglangFiles.get(name, True)
 
 
 def factory(release: str = "sglang==0.5.23", fallback: bool = False):

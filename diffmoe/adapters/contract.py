@@ -149,6 +149,10 @@ class LaunchInfo:
     grid: tuple[int, ...]
     reads: Mapping[str, torch.Tensor]  # vocabulary name -> the view the launch reads
     writes: Mapping[str, torch.Tensor]  # vocabulary name -> the view the launch writes
+    # True: the launch runs a Triton kernel (a @triton.jit function) on `grid`; False (the default):
+    # a torch op or other host code reported as a stage (a stand-in, a torch implementation). Under the
+    # interpreter a launch that says True and runs no Triton program is a contract finding (issue 33).
+    triton: bool = False
 
 
 class LaunchRecorder(Protocol):

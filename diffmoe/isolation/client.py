@@ -155,6 +155,7 @@ class RemoteCandidate:
 
     def __init__(self, factory, device: torch.device, problem, progress, *, factory_ref, preload=()) -> None:
         self._progress = progress
+        self._gone = False  # the candidate's process ended: nothing more can be asked of it
         self.pending: list[Finding] = []
         self._refused: set[str] = set()
         self.phase = "starting the candidate's process"
@@ -181,6 +182,7 @@ class RemoteCandidate:
             try:
                 message = recv(self.conn)
             except (EOFError, OSError):
+                self._gone = True
                 raise Crash(Finding(
                     oracle=Oracles.CRASH,
                     message=f"the candidate's process ended during {self.phase} (its connection closed)",
@@ -203,6 +205,9 @@ class RemoteCandidate:
     def _request(self, op: str, *args):
         if self._crash is not None:  # the factory never loaded: every call is that finding
             raise self._crash
+        if self._gone:
+            raise Crash(Finding(oracle=Oracles.CRASH, message=f"the candidate's process had ended before {op}",
+                                figures={"phase": self.phase}))
         send(self.conn, (op, *args))
         reply = self._receive()
         kind = reply[0]
@@ -218,6 +223,11 @@ class RemoteCandidate:
     def take_pending(self) -> list[Finding]:
         found, self.pending = self.pending, []
         return found
+
+    def take_refused(self) -> list:
+        if self._crash is not None or self._gone:
+            return []  # what a process that ended had refused ended with it
+        return self._request("take_refused")
 
     def close(self) -> None:
         try:

@@ -145,6 +145,9 @@ class _Service:
             run.addresses = AddressVerdicts(run.addresses.findings(), run.addresses.store_extent_findings())
         return executed
 
+    def op_take_refused(self):
+        return self.candidate.take_refused()
+
     def op_run_stage(self, impl, stage, inputs, what):
         import torch
 
