@@ -123,12 +123,13 @@ def test_a_routed_scaling_factor_is_quiet_where_the_release_is_right(release, to
 
 def test_a_routed_scaling_factor_at_top1_is_caught_in_0_5_20():
     """SGLang PR #40187: 0.5.20's down GEMM stores into the output at top-1, then the scaling
-    combine sums the never-written intermediate_cache3 over it."""
+    combine sums the never-written intermediate_cache3 over it (NaN under every poison: the
+    differential names it at the reduce, the call-sequence oracle sees the same bytes for other values)."""
     from peers.sglang_0_5_20 import make_scaled
 
     report = run_differential(config(num_tokens=2, num_experts=2, topk=1, hidden=64, inter=64), make_scaled)
     found = {(f.oracle, f.stage) for f in report.findings}
-    assert {(Oracles.DIFFERENTIAL, Stages.REDUCE), (Oracles.POISON, Stages.REDUCE)} <= found, report.render()
+    assert {(Oracles.DIFFERENTIAL, Stages.REDUCE), (Oracles.CALL_SEQUENCE, Stages.REDUCE)} <= found, report.render()
 
 
 def test_the_profile_makes_the_difference():

@@ -146,8 +146,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "intermediate_cache3, a torch.empty no launch wrote, over that output; 0.5.21 keeps the intermediate "
             "whenever the factor is not 1. The adapter's make_scaled passes factor 2 with the router weights halved "
             "(exact: peers/sglang_core.py ROUTED_SCALING_FACTOR), so the right output is the reference's bit for bit "
-            "and no MoEConfig field is needed; the poison oracle names it too (the cache is a poisoned private "
-            "allocation)",
+            "and no MoEConfig field is needed; the call-sequence oracle names it too (the same bytes for other values)",
     ),
 )
 
