@@ -87,6 +87,10 @@ class SglangFiles:
         # shapes are no real model's); the default config it then takes is the one that runs
         logging.getLogger(f"{_MOE}.fused_moe_triton_config").setLevel(logging.ERROR)
         self.fused_moe = self.modules[f"{_MOE}.fused_moe"]
+        # SGLang's own utils give logging.Logger a warning_once (not loaded here); fused_moe.py calls it when a
+        # tuned config asks for TMA (USE_TMA, diffmoe tuned-configs forces such entries): its logger here is
+        # one that has it, and logs once per message as SGLang's does
+        self.fused_moe.logger = _OnceLogger(self.fused_moe.logger)
         kernels = self.modules[f"{_OPS}.moe.fused_moe_triton_kernels"]
         # instrumentation, not a change: invoke_fused_moe_kernel reaches the jit kernel through a module global
         kernels.fused_moe_kernel = ReportingKernel("fused_moe_kernel", kernels.fused_moe_kernel, _ACTIVE)
@@ -96,6 +100,19 @@ class SglangFiles:
         self.installed = self.modules.installed
         if not cuda:  # the fallback still aligns with the +1-bucket op: the name its file imports on a GPU
             self.modules[f"{_MOE}.moe_align_block_size"].sgl_moe_align_block_size = moe_align_block_size
+
+
+class _OnceLogger(logging.LoggerAdapter):
+    """A module's logger with SGLang's warning_once: each message logged at most once."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__(logger, {})
+        self._seen: set = set()
+
+    def warning_once(self, msg, *args, **kwargs) -> None:
+        if msg not in self._seen:
+            self._seen.add(msg)
+            self.warning(msg, *args, **kwargs)
 
 
 class RunReporter:
