@@ -148,3 +148,20 @@ def test_usage_errors_exit_2_with_one_line(argv, says, capsys):
 def test_a_glob_matching_no_file_is_a_usage_error(configs_folder, capsys):
     assert command.main(["--impl", "vllm", "--files", "no-such-*.json"]) == 2
     assert "matches no tuned-config file" in capsys.readouterr().err
+
+
+def test_an_sglang_entry_asking_for_tma_runs_its_tma_path_and_passes():
+    """SGLang's fused_moe.py pops USE_TMA and logs it with its logger's warning_once: before the
+    adapter's logger had it, every such entry (20 of triton_3_7_1's) crashed, a diffmoe defect."""
+    from diffmoe.check.runner import run_differential
+    from diffmoe.problem.config import MoEConfig
+
+    try:
+        peer_wheels.fetch("sglang==0.5.23")
+    except peer_wheels.PeerError as exc:
+        pytest.skip(f"sglang==0.5.23 is not in the peer cache and cannot be fetched ({exc})")
+    force = factory_tuned_configs(load_factory("sglang==0.5.23"))[1]
+    tile = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32, "num_warps": 4,
+            "num_stages": 6, "USE_TMA": True}  # triton_3_7_1/E=32,N=1792,device_name=NVIDIA_B300_SXM6_AC.json "1"
+    report = run_differential(MoEConfig(num_tokens=1, num_experts=4, topk=2, hidden=256, inter=128, quant="bf16"), force(tile))
+    assert report.passed, report.render()
