@@ -333,6 +333,7 @@ def factory(release: Release, cuda: bool, module: str, scaled: bool = False):
     make.numerics = "sglang" if cuda else "sglang_fallback"  # diffmoe.adapters.contract.NUMERICS
     make.supports = supports_from(lambda c: check_supported(c, cuda))  # diffmoe.adapters.contract.SUPPORTS
     make.batch_invariant = False  # diffmoe.adapters.contract.BATCH_INVARIANT: the tile config follows the token count
+    make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
     make.release = release
     make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
     if cuda and not scaled:
