@@ -1,5 +1,6 @@
 """SGLang 0.5.23's Triton fused MoE: `--impl sglang` (= `--impl sglang==0.5.23`, `peers.sglang_0_5_23:make`),
-and its non-CUDA fallback branch, `peers.sglang_0_5_23:make_fallback`.
+and its non-CUDA fallback branch, `peers.sglang_0_5_23:make_fallback`, and the CUDA branch with a routed scaling
+factor, `peers.sglang_0_5_23:make_scaled`.
 
 Owns this release's factories. Must not hold what the releases share: that is peers/sglang_core.py.
 """
@@ -9,3 +10,5 @@ from .sglang_core import Release, factory
 RELEASE = Release(peer="sglang==0.5.23", version="0.5.23")
 make = factory(RELEASE, cuda=True, module=__name__)
 make_fallback = factory(RELEASE, cuda=False, module=__name__)
+# the CUDA branch with a routed scaling factor (sglang_core.ROUTED_SCALING_FACTOR): the museum's SGLang exhibit
+make_scaled = factory(RELEASE, cuda=True, module=__name__, scaled=True)

@@ -52,7 +52,7 @@ from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import QUANT_BLOCK, Buffers as B, Stages
 
 from . import ReportingKernel, SelfAllocatingPeer, launch_grid, refuse_set_fields, supports_from
-from .sglang_standins import ACTIVE as _ACTIVE, MOE as _MOE, OPS as _OPS, moe_align_block_size, stub_values
+from .sglang_standins import ACTIVE as _ACTIVE, MOE as _MOE, OPS as _OPS, moe_align_block_size, override_config, stub_values
 
 FILES = (  # executed in this order, each seeing the ones before it
     (f"{_OPS}.quantization.fp8_utils", "sglang/kernels/ops/quantization/fp8_utils.py"),
@@ -87,6 +87,10 @@ class SglangFiles:
         # shapes are no real model's); the default config it then takes is the one that runs
         logging.getLogger(f"{_MOE}.fused_moe_triton_config").setLevel(logging.ERROR)
         self.fused_moe = self.modules[f"{_MOE}.fused_moe"]
+        # SGLang's own utils give logging.Logger a warning_once (not loaded here); fused_moe.py calls it when a
+        # tuned config asks for TMA (USE_TMA, diffmoe tuned-configs forces such entries): its logger here is
+        # one that has it, and logs once per message as SGLang's does
+        self.fused_moe.logger = _OnceLogger(self.fused_moe.logger)
         kernels = self.modules[f"{_OPS}.moe.fused_moe_triton_kernels"]
         # instrumentation, not a change: invoke_fused_moe_kernel reaches the jit kernel through a module global
         kernels.fused_moe_kernel = ReportingKernel("fused_moe_kernel", kernels.fused_moe_kernel, _ACTIVE)
@@ -96,6 +100,19 @@ class SglangFiles:
         self.installed = self.modules.installed
         if not cuda:  # the fallback still aligns with the +1-bucket op: the name its file imports on a GPU
             self.modules[f"{_MOE}.moe_align_block_size"].sgl_moe_align_block_size = moe_align_block_size
+
+
+class _OnceLogger(logging.LoggerAdapter):
+    """A module's logger with SGLang's warning_once: each message logged at most once."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__(logger, {})
+        self._seen: set = set()
+
+    def warning_once(self, msg, *args, **kwargs) -> None:
+        if msg not in self._seen:
+            self._seen.add(msg)
+            self.warning(msg, *args, **kwargs)
 
 
 class RunReporter:
@@ -168,7 +185,19 @@ class RunReporter:
             reads[B.TOPK_WEIGHTS] = args["topk_weights_ptr"]
         c = args["c_ptr"]
         writes = {out: c.view(-1, c.shape[-1])}
-        return self._launch(stage, kernel, grid, reads, writes, run)
+        if first or self.impl.routed_scaling_factor is None:
+            return self._launch(stage, kernel, grid, reads, writes, run)
+        # make_scaled: the down GEMM stores its rows times the weights divided by the factor, not the
+        # vocabulary's down_output (the product with the router weights): a private buffer here, and its
+        # product with the factor, exact (a power of two), is reported as down_output right after it
+        store = c.view(-1, c.shape[-1])
+        result = self._launch(stage, kernel, grid, reads, {SCALED_DOWN_OUTPUT: store}, run)
+        scaled = torch.empty_like(store)
+        self.down_output = scaled
+        self._launch(stage, "down_output = the store times routed_scaling_factor (diffmoe, exact)", (store.shape[0],),
+                     {SCALED_DOWN_OUTPUT: store}, {B.DOWN_OUTPUT: scaled},
+                     lambda: torch.mul(store, self.impl.routed_scaling_factor, out=scaled))
+        return result
 
     def _host_activation(self, activation_output):
         """The fallback's activation is torch code in fused_moe.py between the launches: reported as
@@ -183,7 +212,7 @@ class RunReporter:
         """fused_moe.py's combine over top-k (host code, or moe_sum_reduce inside it): the reduce. At
         K = 1 there is none: the down GEMM stored fused_experts' result itself, so the adapter's copy
         of it is reported as the reduce (the output is then judged apart from down_output)."""
-        if self.impl.config.topk == 1:
+        if self.impl.config.topk == 1 and self.impl.routed_scaling_factor is None:
             result = torch.empty_like(output)
             return self._launch(Stages.REDUCE, "copy of the down GEMM's store (diffmoe, K = 1)", (output.shape[0],),
                                 {B.DOWN_OUTPUT: down_output}, {B.OUTPUT: result}, lambda: result.copy_(output))
@@ -238,6 +267,12 @@ class SglangTritonMoE(SelfAllocatingPeer):
     active = _ACTIVE
     release: Release
     cuda: bool
+    # make_scaled's factor (ROUTED_SCALING_FACTOR), passed to fused_experts with the router weights divided by it;
+    # None: the layer's default, no scaling
+    routed_scaling_factor: float | None = None
+    # a tile config forced through SGLang's own override (override_config: both GEMM launches take it), None for
+    # the release's own choice (its shipped files, else get_default_config): with_tile_config
+    tile_config: dict | None = None
 
     def __init__(self, config, device=None):
         self.name = f"sglang-{self.release.version}" + ("" if self.cuda else "-fallback")
@@ -251,17 +286,27 @@ class SglangTritonMoE(SelfAllocatingPeer):
         fm, cfg = self.files.fused_moe, self.config
         runner = types.SimpleNamespace(
             num_experts=cfg.num_experts, num_local_experts=cfg.num_experts, inplace=False, no_combine=False,
-            activation="silu", is_gated=True, apply_router_weight_on_input=False, routed_scaling_factor=None,
+            activation="silu", is_gated=True, apply_router_weight_on_input=False,
+            routed_scaling_factor=self.routed_scaling_factor,
             gemm1_alpha=None, gemm1_clamp_limit=None, swiglu_limit=None, gate_up_interleaved=True,
             no_combine_keep_router_weight=False)
         fp8 = cfg.is_fp8
-        with torch.compiler.set_stance("force_eager"):
+        with torch.compiler.set_stance("force_eager"), override_config(self.tile_config):
             out = fm.fused_experts(
-                problem.hidden_states, problem.w1, problem.w2, (problem.topk_weights, problem.topk_ids.to(torch.int32), None),
+                problem.hidden_states, problem.w1, problem.w2, (self._router_weights(problem), problem.topk_ids.to(torch.int32), None),
                 runner, use_fp8_w8a8=fp8, per_channel_quant=cfg.quant == "fp8-token",
                 w1_scale=problem.w1_scale, w2_scale=problem.w2_scale,
                 block_shape=[QUANT_BLOCK, QUANT_BLOCK] if cfg.quant == "fp8-block" else None)
         return _ACTIVE.reporter.finish(out, _ACTIVE.reporter.down_output)
+
+    def _router_weights(self, problem) -> torch.Tensor:
+        """The top-k weights fused_experts is given: the problem's, divided by the routed scaling factor
+        when there is one, so that its product with the factor in the combine is the problem's MoE.
+        The factor is a power of two (ROUTED_SCALING_FACTOR): the division, the down GEMM's product and
+        the combine's multiplication are exact, so the reference's bits stay the right answer."""
+        if self.routed_scaling_factor is None:
+            return problem.topk_weights
+        return problem.topk_weights / self.routed_scaling_factor
 
     def check_launches(self, reporter) -> None:
         gemms = reporter.kernels.count("fused_moe_kernel")
@@ -269,19 +314,54 @@ class SglangTritonMoE(SelfAllocatingPeer):
             raise RuntimeError(f"SGLang's fused_experts launched {reporter.kernels}; the adapter expects two fused_moe_kernel launches")
 
 
-def factory(release: Release, cuda: bool, module: str):
-    """The factory of one release and branch (a spec suffix picks the branch: make / make_fallback)."""
-    cls = type(f"SglangTritonMoE_{release.version.replace('.', '_')}{'' if cuda else '_fallback'}", (SglangTritonMoE,),
-               {"release": release, "cuda": cuda, "__module__": module})
+# make_scaled's routed_scaling_factor: not 1, so fused_experts takes its scaling combine (SGLang PR #40187 is
+# about top-1 there); a power of two, so dividing the router weights by it and scaling back is exact in
+# every format the path rounds to (bf16, fp32), short of subnormals the generated weights do not reach
+ROUTED_SCALING_FACTOR = 2.0
+SCALED_DOWN_OUTPUT = B.private("down_output_over_routed_scaling_factor")  # make_scaled's down GEMM store
+
+
+def factory(release: Release, cuda: bool, module: str, scaled: bool = False):
+    """The factory of one release and branch (a spec suffix picks the branch: make / make_fallback), and
+    with `scaled` the CUDA branch called with routed_scaling_factor=ROUTED_SCALING_FACTOR (make_scaled)."""
+    suffix = ("" if cuda else "_fallback") + ("_scaled" if scaled else "")
+    cls = type(f"SglangTritonMoE_{release.version.replace('.', '_')}{suffix}", (SglangTritonMoE,),
+               {"release": release, "cuda": cuda, "__module__": module,
+                "routed_scaling_factor": ROUTED_SCALING_FACTOR if scaled else None})
 
     def make(config: MoEConfig, device=None) -> SglangTritonMoE:
         return cls(config, device)
 
     make.__module__ = module
-    make.__name__ = make.__qualname__ = "make" if cuda else "make_fallback"  # the spec a replay line names
+    make.__name__ = make.__qualname__ = ("make" if cuda else "make_fallback") + ("_scaled" if scaled else "")  # the spec a replay line names
     make.numerics = "sglang" if cuda else "sglang_fallback"  # diffmoe.adapters.contract.NUMERICS
     make.supports = supports_from(lambda c: check_supported(c, cuda))  # diffmoe.adapters.contract.SUPPORTS
     make.batch_invariant = False  # diffmoe.adapters.contract.BATCH_INVARIANT: the tile config follows the token count
     make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
     make.release = release
+    make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
+    if cuda and not scaled:
+        # diffmoe tuned-configs (diffmoe/tuned_configs/): the folder of the wheel's tuned tile configs and this
+        # factory with one forced through SGLang's override_config
+        make.tuned_config_dir = TUNED_CONFIG_DIR
+        make.with_tile_config = lambda tile_config: _forced(cls, make, tile_config)
+    return make
+
+
+# where each release's wheel keeps the tuned tile configs (one folder per Triton version: triton_3_4_0/...)
+TUNED_CONFIG_DIR = "sglang/srt/layers/moe/moe_runner/triton_utils/configs"
+
+
+def _forced(cls, base, tile_config: dict | None):
+    """`base` (a release's make) building instances that run with `tile_config` forced."""
+    forced = type(cls.__name__ + "_tuned", (cls,), {"tile_config": None if tile_config is None else dict(tile_config),
+                                                    "__module__": cls.__module__})
+
+    def make(config: MoEConfig, device=None) -> SglangTritonMoE:
+        return forced(config, device)
+
+    for name in ("numerics", "supports", "batch_invariant", "release", "peer_wheel"):
+        setattr(make, name, getattr(base, name))
+    make.__module__, make.__qualname__ = base.__module__, "make.with_tile_config"
+    make.tile_config = tile_config
     return make

@@ -28,6 +28,7 @@ SGLang source: every line here is diffmoe's own.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 import types
 
@@ -109,6 +110,21 @@ def _decorator_factory(*args, **kwargs):
     return lambda fn: fn
 
 
+# SGLang's tile-config override (triton_utils' override_config and the get_config its
+# try_get_optimal_moe_config reads first), per call in flight: diffmoe tuned-configs forces each entry through it
+_OVERRIDE_CONFIG: contextvars.ContextVar[dict | None] = contextvars.ContextVar("sglang_override_config", default=None)
+get_config = _OVERRIDE_CONFIG.get  # as SGLang's: the config an override_config block forces, else None
+
+
+@contextlib.contextmanager
+def override_config(config: dict | None):
+    token = _OVERRIDE_CONFIG.set(config)
+    try:
+        yield
+    finally:
+        _OVERRIDE_CONFIG.reset(token)
+
+
 def stub_values(cuda: bool) -> dict:
     no = lambda *a, **k: False  # noqa: E731
     utils = {n: no for n in ("is_hip", "is_cpu", "is_xpu", "is_musa", "cpu_has_amx_support", "is_sm90_supported",
@@ -130,7 +146,7 @@ def stub_values(cuda: bool) -> dict:
         "sglang.srt.runtime_context": {"get_exec": _runtime, "get_parallel": lambda: types.SimpleNamespace(tp_group=None)},
         "sglang.srt.layers.moe.utils": {"get_moe_padding_size": lambda *a, **k: 0},
         "sglang.srt.layers.moe.moe_runner": {"MoeRunnerConfig": types.SimpleNamespace},
-        MOE: {"get_config": lambda: None},
+        MOE: {"get_config": get_config, "override_config": override_config},
         # the CUDA ops (module docstring), where SGLang imports them
         "sgl_kernel": {"moe_sum_reduce": moe_sum_reduce, "silu_and_mul": silu_and_mul},
         f"{OPS}.moe": {"moe_align_block_size": moe_align_block_size},

@@ -397,8 +397,12 @@ class VllmTritonMoE:
 
     orders_programs = True  # _execute runs the call inside diffmoe.interpreter.grid_order's control itself
 
-    def __init__(self, config: MoEConfig, device=None, variant: str = "vllm", release: Release = DEFAULT):
+    def __init__(self, config: MoEConfig, device=None, variant: str = "vllm", release: Release = DEFAULT,
+                 tile_config: dict | None = None):
         config.validate()
+        # a tile config forced through vLLM's own override (override_config: every GEMM launch takes it),
+        # None for the release's own choice (its shipped files, else get_default_config): tuned_factory
+        self.tile_config = dict(tile_config) if tile_config is not None else None
         check_supported(config, release)
         self.release = release
         self.name = f"vllm-{release.version}"
@@ -487,17 +491,30 @@ class VllmTritonMoE:
                     block_shape=q.block_shape)
                 reporter.phase = "apply"
                 experts = files.experts(cfg, q)
-                experts.apply(
-                    output=out, hidden_states=a1q, w1=problem.w1, w2=problem.w2, topk_weights=problem.topk_weights,
-                    topk_ids=problem.topk_ids, activation=vllm_standins.MoEActivation.SILU, global_num_experts=cfg.num_experts,
-                    expert_map=problem.expert_map, a1q_scale=a1q_scale, a2_scale=None, workspace13=workspace13, workspace2=workspace2,
-                    expert_tokens_meta=None, apply_router_weight_on_input=cfg.router_weight == "input",
-                )
+                # where try_get_optimal_moe_config is an lru_cache (keyed by shapes, not by the override) it is
+                # emptied around a forced config, so that neither a forced nor a chosen config outlives its call
+                clear = getattr(files.fused_moe.try_get_optimal_moe_config, "cache_clear", None)
+                forced = self.tile_config is not None and clear is not None
+                if forced:
+                    clear()
+                with vllm_standins.override_config(self.tile_config):
+                    self._apply(experts, out, a1q, a1q_scale, problem, workspace13, workspace2)
+                if forced:
+                    clear()
         finally:
             vllm_ops.ACTIVE_REPORTER.reset(token)
         if reporter.gemms != 2:
             raise RuntimeError(f"vLLM's apply made {reporter.gemms} GEMM launches, the adapter expects 2")
         return out, reporter
+
+    def _apply(self, experts, out, a1q, a1q_scale, problem, workspace13, workspace2) -> None:
+        cfg = self.config
+        experts.apply(
+            output=out, hidden_states=a1q, w1=problem.w1, w2=problem.w2, topk_weights=problem.topk_weights,
+            topk_ids=problem.topk_ids, activation=vllm_standins.MoEActivation.SILU, global_num_experts=cfg.num_experts,
+            expert_map=problem.expert_map, a1q_scale=a1q_scale, a2_scale=None, workspace13=workspace13, workspace2=workspace2,
+            expert_tokens_meta=None, apply_router_weight_on_input=cfg.router_weight == "input",
+        )
 
     @staticmethod
     def _interpreter_ready() -> None:
@@ -534,6 +551,23 @@ def release_factory(version: str, module: str):
     return attach(make, release)
 
 
+def tuned_factory(version: str, tile_config: dict | None):
+    """The factory of release `version` with `tile_config` forced through vLLM's override_config
+    (diffmoe tuned-configs: one shipped entry), its attributes those of the release's `make`."""
+    release = RELEASES[version]
+
+    def make(config: MoEConfig, device=None) -> VllmTritonMoE:
+        return VllmTritonMoE(config, device, release=release, tile_config=tile_config)
+
+    make.__module__, make.__qualname__ = __name__, "tuned_factory.<locals>.make"
+    make.tile_config = tile_config
+    return attach(make, release)
+
+
+# where each release's wheel keeps the tuned tile configs fused_moe.py reads (peer_wheels keeps the folder)
+TUNED_CONFIG_DIR = "vllm/model_executor/layers/fused_moe/configs"
+
+
 def attach(make, release: Release):
     """The factory attributes of a release's `make` (diffmoe.adapters.contract): its plan and `supports`."""
     def plan(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
@@ -555,4 +589,9 @@ def attach(make, release: Release):
     # only under VLLM_BATCH_INVARIANT, vLLM's own batch-invariant mode, which this adapter does not run
     make.batch_invariant = False
     make.release = release
+    # diffmoe tuned-configs (diffmoe/tuned_configs/): the folder of the release's cached wheel holding the
+    # tuned tile configs it ships, and the release's factory with one tile config forced through vLLM's
+    # own override_config
+    make.tuned_config_dir = TUNED_CONFIG_DIR
+    make.with_tile_config = lambda tile_config: tuned_factory(release.version, tile_config)
     return make

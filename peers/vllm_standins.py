@@ -8,16 +8,22 @@ those files run; no vllm package `__init__` runs:
 * `vllm._custom_ops` and fp8_utils' group quant: peers/vllm_ops.py's torch versions of the
   compiled ops;
 * small explicit stand-ins (envs, logger, platform, activation dispatch, the quant config, the
-  LoRA mixin, the `fused_moe` package's get_config) holding only what the executed code reads;
+  LoRA mixin, the `fused_moe` package's get_config and override_config: the tile-config override
+  `diffmoe tuned-configs` forces entries through) holding only what the executed code reads;
 * for every other imported name, a placeholder class: it can be imported, annotated with,
   subclassed and compared, and raises NotImplementedError naming itself when called, so a code
   path this adapter does not support fails loudly instead of running a guess.
+
+Longer than 400 lines because every module vLLM's five files import is stood in here, one table
+(standin_modules) and the small classes it names: split, the table would name another file's.
 
 Owns the stand-in modules. Must not hold vLLM source: every line here is diffmoe's own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import logging
 import sys
@@ -307,6 +313,21 @@ def _refuse_allocator(device) -> None:
     raise NotImplementedError("vllm.triton_utils.allocation.set_triton_allocator: the tensor-descriptor path is off here")
 
 
+# vLLM's tile-config override (its fused_moe package's override_config and the get_config fused_moe.py reads
+# first), per call in flight: diffmoe tuned-configs forces each shipped entry through it
+_OVERRIDE_CONFIG: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vllm_override_config", default=None)
+get_config = _OVERRIDE_CONFIG.get  # as vLLM's: the config an override_config block forces, else None
+
+
+@contextlib.contextmanager
+def override_config(config: dict | None):
+    token = _OVERRIDE_CONFIG.set(config)
+    try:
+        yield
+    finally:
+        _OVERRIDE_CONFIG.reset(token)
+
+
 def _device_name_as_file_name(device: torch.device | None) -> Callable[[], str]:
     def name() -> str:
         if device is not None and device.type == "cuda" and torch.cuda.is_available():
@@ -336,7 +357,7 @@ def standin_modules(device: torch.device | None = None) -> dict[str, types.Modul
         "vllm.utils.math_utils": _math_utils(),
         "vllm.utils.platform_utils": {"get_device_name_as_file_name": _device_name_as_file_name(device)},
         "vllm.utils.torch_utils": {"direct_register_custom_op": lambda *a, **k: None, "PIN_MEMORY": False},
-        "vllm.model_executor.layers.fused_moe": {"get_config": lambda: None},
+        "vllm.model_executor.layers.fused_moe": {"get_config": get_config, "override_config": override_config},
         "vllm.model_executor.layers.fused_moe.activation": {
             "MoEActivation": MoEActivation, "ApplyMoEActivationConfig": ApplyMoEActivationConfig,
             "apply_moe_activation": apply_moe_activation, "apply_moe_activation_supported": apply_moe_activation_supported,

@@ -10,8 +10,9 @@ under the `sglang` numerics profile, in both releases; the profile is what makes
 the group scale's 1e-10 floor and the reduce's +0 start past K = 2 are SGLang's); every launch is
 reported at its stage; a planted off-by-one in SGLang's own file (the count of valid routed rows
 the gate/up GEMM is given) is caught; the non-CUDA fallback's top-1 path, which sums a
-never-written intermediate_cache3 over the output its down GEMM stored, is caught; refused
-configs name the field.
+never-written intermediate_cache3 over the output its down GEMM stored, is caught; the CUDA
+branch given a routed scaling factor (make_scaled, the museum's SGLang exhibit) passes where the
+release is right and is caught at 0.5.20's top-1 (SGLang PR #40187); refused configs name the field.
 """
 
 from __future__ import annotations
@@ -106,6 +107,29 @@ def test_the_fallbacks_top1_path_is_caught_at_the_reduce():
     for release in RELEASES:
         report = run_differential(config(topk=1), factory(release, fallback=True), oracles=[Oracles.DIFFERENTIAL])
         assert not report.passed and report.findings[0].stage == Stages.REDUCE, report.render()
+
+
+@pytest.mark.parametrize("release, topk", [("sglang==0.5.23", 1), ("sglang==0.5.23", 2), ("sglang==0.5.20", 2)])
+def test_a_routed_scaling_factor_is_quiet_where_the_release_is_right(release, topk):
+    """make_scaled: factor 2, the router weights halved; the scaling combine's result is the
+    reference's bit for bit, and the down GEMM's store times the factor is the down_output."""
+    import importlib
+
+    scaled = importlib.import_module(f"peers.sglang_{release.split('==')[1].replace('.', '_')}").make_scaled
+    assert scaled.__name__ == "make_scaled" and scaled(config()).routed_scaling_factor == 2.0
+    report = run_differential(config(num_tokens=2, num_experts=2, topk=topk, hidden=64, inter=64), scaled)
+    assert report.passed, report.render()
+
+
+def test_a_routed_scaling_factor_at_top1_is_caught_in_0_5_20():
+    """SGLang PR #40187: 0.5.20's down GEMM stores into the output at top-1, then the scaling
+    combine sums the never-written intermediate_cache3 over it (NaN under every poison: the
+    differential names it at the reduce, the call-sequence oracle sees the same bytes for other values)."""
+    from peers.sglang_0_5_20 import make_scaled
+
+    report = run_differential(config(num_tokens=2, num_experts=2, topk=1, hidden=64, inter=64), make_scaled)
+    found = {(f.oracle, f.stage) for f in report.findings}
+    assert {(Oracles.DIFFERENTIAL, Stages.REDUCE), (Oracles.CALL_SEQUENCE, Stages.REDUCE)} <= found, report.render()
 
 
 def test_the_profile_makes_the_difference():

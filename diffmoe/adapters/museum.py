@@ -1,12 +1,13 @@
-"""A museum of real vLLM bugs: released wheels whose MoE bugs diffmoe catches on a CPU.
+"""A museum of real bugs: released vLLM and SGLang wheels whose MoE bugs diffmoe catches on a CPU.
 
-Each exhibit is one row of EXHIBITS: a bug fixed in a later vLLM release, the releases that
+Each exhibit is one row of EXHIBITS: a bug fixed in a later release, the releases that
 ship it, the first release with the fix and the one run for it, the oracle and stage that must
 name it, the minimal config, and the routing it needs. `run_exhibit` checks the config against
 every buggy release (each must FAIL with a finding of that oracle at that stage) and the fixed
-release (it must PASS the same config, the same inputs, every oracle but metamorphic: vLLM has
-no fused/unfused sibling). Nothing of diffmoe's sits between the wheels and the verdict: the
-same adapter core (peers/vllm_core.py) runs every release; only the release's own files differ.
+release (it must PASS the same config, the same inputs, every oracle but metamorphic: the peers have
+no fused/unfused sibling). Nothing of diffmoe's sits between the wheels and the verdict: one
+adapter core per project (peers/vllm_core.py, peers/sglang_core.py) runs every release of it; only
+the release's own files differ.
 
     diffmoe museum [NAME ...] [--list] [--json]
 
@@ -39,14 +40,14 @@ from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import Stages
 
 EXIT_AS_RECORDED, EXIT_NOT_AS_RECORDED, EXIT_USAGE = 0, 1, 2
-DESCRIPTION = "Run the exhibits: real vLLM bugs, each buggy release against the fixed one on the same config."
+DESCRIPTION = "Run the exhibits: real vLLM and SGLang bugs, each buggy release against the fixed one on the same config."
 
 
 @dataclass(frozen=True)
 class Exhibit:
     name: str  # `diffmoe museum NAME`
     title: str
-    pr: str  # the vLLM pull request that fixed it
+    pr: str  # the pull request that fixed it (owner/repo#N)
     buggy: tuple[str, ...]  # releases run that ship the bug (`--impl` spellings)
     fixed_in: str  # the first release with the fix (read in its wheel)
     fixed: str  # the release run for the fix (`--impl` spelling)
@@ -61,6 +62,15 @@ class Exhibit:
     # meet the same inputs and the same reference, each through the pipeline it runs
     fused_by_release: bool = False
     why: str = ""
+    # the factory each release's peer module is run through (`make`: the one `--impl RELEASE` names;
+    # `make_scaled`: SGLang's CUDA branch given a routed scaling factor, peers/sglang_core.py)
+    factory: str = "make"
+
+    def impl_spec(self, release: str) -> str:
+        """The `MODULE:FACTORY` spec run for `release` (a peer name: contract.IMPLEMENTATION_ALIASES)."""
+        from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES
+
+        return f"{IMPLEMENTATION_ALIASES[release].split(':')[0]}:{self.factory}"
 
     @property
     def config(self) -> MoEConfig:
@@ -86,6 +96,8 @@ class Exhibit:
             parts.append("fused as each release chooses")
         if self.unrouted_slots:
             parts.append(f"topk_ids -1 at slots {list(self.unrouted_slots)}")
+        if self.factory != "make":
+            parts.append(f"run as {self.factory}")
         return ", ".join(parts)
 
 
@@ -122,6 +134,19 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "to each release as its apply takes it: peers/vllm_core.py swiglu_limit), so the fixed release runs the "
             "config unfused, its own choice. The limit is 1 rather than gpt-oss's 7: the generated gate/up values are "
             "about standard normal, so 1 clamps about a third of them (7 would clamp none and hide nothing)",
+    ),
+    Exhibit(
+        name="sglang-top1-routed-scaling",
+        title="top-1 with a routed scaling factor returns a never-written cache",
+        pr="sgl-project/sglang#40187", buggy=("sglang==0.5.20",), fixed_in="0.5.21", fixed="sglang==0.5.23",
+        oracle="differential", stage=Stages.REDUCE, factory="make_scaled",
+        fields=dict(num_tokens=2, num_experts=2, topk=1, hidden=64, inter=64, quant="bf16"),
+        why="at top-1, 0.5.20's fused_experts lets the down GEMM store into the output (_use_intermediate is "
+            "topk != 1), then, routed_scaling_factor not being 1, takes the scaling combine, which sums "
+            "intermediate_cache3, a torch.empty no launch wrote, over that output; 0.5.21 keeps the intermediate "
+            "whenever the factor is not 1. The adapter's make_scaled passes factor 2 with the router weights halved "
+            "(exact: peers/sglang_core.py ROUTED_SCALING_FACTOR), so the right output is the reference's bit for bit "
+            "and no MoEConfig field is needed; the call-sequence oracle names it too (the same bytes for other values)",
     ),
 )
 
@@ -176,13 +201,14 @@ def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None,
     problem = exhibit_problem(exhibit)
     for release, expected in [*((r, "fail") for r in exhibit.buggy), (exhibit.fixed, "pass")]:
         start = time.perf_counter()
-        factory = load_factory(release)
+        spec = exhibit.impl_spec(release)
+        factory = load_factory(spec)
         config, inputs = exhibit.config, problem
         if exhibit.fused_by_release and unsupported(factory, config) is not None:
             # the release runs the other pipeline (its `supports` says which: diffmoe.adapters.contract)
             config = config.replace(fused=not config.fused)
             inputs = dataclasses.replace(problem, config=config)  # the same tensors: fused changes no input
-        report = run_differential(config, factory, oracles=chosen, problem=inputs, implementation_name=release)
+        report = run_differential(config, factory, oracles=chosen, problem=inputs, implementation_name=spec)
         found = [(f.oracle, f.stage) for f in report.findings]
         ok = (exhibit.oracle, exhibit.stage) in found if expected == "fail" else report.passed
         result.verdicts.append(Verdict(release, expected, found, time.perf_counter() - start, ok))

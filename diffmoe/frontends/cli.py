@@ -11,6 +11,7 @@
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
     diffmoe museum [NAME ...] [--list] [--json]
+    diffmoe tuned-configs --impl NAME[==V] [--files GLOB] [--max-entries N] [--resume FILE] [--json]
     diffmoe numerics fit [--impl ...] [--quant Q,...] [--configs N] [--seed S] [--base PROFILE]
                   [--time-limit S] [--json]
     diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]
@@ -58,7 +59,7 @@ tier in N processes sharing the database (diffmoe/fuzz/workers.py); the plan tie
 residue is left (a stage no menu choice explains, or a candidate that fails on a config), 2 for
 usage errors (and a calibration set the implementation refuses whole).
 
-Long runs (fuzz, compile-check and its --sweep, museum, numerics fit) report progress on stderr through
+Long runs (fuzz, compile-check and its --sweep, museum, tuned-configs, numerics fit) report progress on stderr through
 diffmoe/frontends/progress.py: a live bar (counts, rate, time left) on a terminal, plain lines
 otherwise; stdout and the results are untouched.
 
@@ -1138,6 +1139,12 @@ def cmd_museum(args: argparse.Namespace) -> int:
     return museum_run(args, prog=f"{PROG} museum")
 
 
+def cmd_tuned_configs(args: argparse.Namespace) -> int:
+    from diffmoe.tuned_configs.command import run as tuned_configs_run
+
+    return tuned_configs_run(args, prog=f"{PROG} tuned-configs")
+
+
 class FitProgress:
     """`numerics fit` progress on stderr (diffmoe/frontends/progress.py): a bar of calibration configs
     on a terminal, otherwise a plain line per config and stage ("numerics fit: 2/14 CONFIG: STAGE")."""
@@ -1329,7 +1336,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum,numerics}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum,tuned-configs,numerics}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -1401,10 +1408,18 @@ def build_parser() -> argparse.ArgumentParser:
     from diffmoe.adapters import museum as museum_module  # the exhibit table names the arguments
 
     museum = sub.add_parser(
-        "museum", help="real vLLM bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/adapters/museum.py)",
+        "museum", help="real vLLM and SGLang bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/adapters/museum.py)",
         description=museum_module.DESCRIPTION)
     museum_module.add_arguments(museum)
     museum.set_defaults(handler=cmd_museum)
+
+    from diffmoe.tuned_configs import command as tuned_configs_module
+
+    tuned = sub.add_parser(
+        "tuned-configs", help="judge every tuned tile config a peer's release ships (diffmoe/tuned_configs/)",
+        description=tuned_configs_module.DESCRIPTION)
+    tuned_configs_module.add_arguments(tuned)
+    tuned.set_defaults(handler=cmd_tuned_configs)
 
     numerics = sub.add_parser(
         "numerics", help="fit the numerics profile an implementation computes (diffmoe numerics fit)",

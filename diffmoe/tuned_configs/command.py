@@ -1,0 +1,123 @@
+"""`diffmoe tuned-configs --impl NAME[==V]`: the command line of the tuned-config sweep (sweep.py).
+
+    diffmoe tuned-configs --impl vllm==0.33.0 [--files GLOB] [--max-entries N] [--resume FILE]
+                          [--config-dir DIR] [--json]
+
+stdout: a table (file, batch, config, verdict, first finding) and the files skipped with their
+reason, or one JSON object with --json; stderr: progress (diffmoe/frontends/progress.py) and usage
+errors. Exit 0 only when every judged entry passed, 1 when one failed, 2 for usage errors (an
+--impl without tuned configs, a release not in the peer cache: its fetch command, a glob matching
+no file, a bad number).
+
+Owns the arguments, the output and the exit codes. Must not judge: sweep.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+DESCRIPTION = ("Judge every tuned tile config a peer's release ships: each entry forced through the release's own "
+               "override on a CPU-size problem of its file's scheme, checked by every oracle (exit 1 on a failing entry).")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`diffmoe tuned-configs`' arguments (diffmoe.frontends.cli adds them to its subcommand)."""
+    parser.add_argument("--impl", required=True, metavar="NAME[==V]",
+                        help="the peer release whose shipped tuned configs are judged (vllm, vllm==0.28.0, vllm==0.30.0, vllm==0.33.0, "
+                             "sglang, sglang==0.5.20, sglang==0.5.23)")
+    parser.add_argument("--files", default="*.json", metavar="GLOB", help="only the config files whose name matches GLOB (default: all)")
+    parser.add_argument("--max-entries", type=_count, metavar="N", help="judge at most N file entries (then the default config)")
+    parser.add_argument("--resume", type=Path, metavar="FILE",
+                        help="append each verdict to FILE (JSON lines) and take the verdicts it already holds: an interrupted sweep continues")
+    parser.add_argument("--config-dir", type=Path, metavar="DIR",
+                        help="read the config files from DIR instead of the release's cached wheel (a copy to try an edit on)")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe tuned-configs") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:
+        return EXIT_PASS if exc.code == 0 else EXIT_USAGE
+    return run(args, prog)
+
+
+def _usage(prog: str, message: str) -> int:
+    print(f"{prog}: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
+    from diffmoe.adapters.contract import factory_peer_wheel
+    from diffmoe.adapters.loading import load_factory
+    from diffmoe.adapters.peer_wheels import PeerError, peer_root
+    from diffmoe.frontends.progress import Progress
+
+    from .sweep import factory_tuned_configs, sweep
+
+    try:
+        factory = load_factory(args.impl)
+        declared = factory_tuned_configs(factory)
+    except (ValueError, TypeError) as exc:
+        return _usage(prog, str(exc))
+    if declared is None:
+        return _usage(prog, f"--impl {args.impl!r} declares no tuned configs (tuned_config_dir, with_tile_config); "
+                            "releases that do: vllm, vllm==0.28.0, vllm==0.30.0, vllm==0.33.0, sglang, sglang==0.5.20, sglang==0.5.23")
+    if args.config_dir is not None:
+        if not args.config_dir.is_dir():
+            return _usage(prog, f"--config-dir {str(args.config_dir)!r} is not a folder")
+        folder = args.config_dir
+    else:
+        try:
+            folder = peer_root(factory_peer_wheel(factory)) / declared[0]
+        except PeerError as exc:
+            return _usage(prog, str(exc))
+    result = None
+    try:
+        with Progress(sys.stderr, "tuned-configs", total=None, unit="verdict") as progress:
+            def on_row(row) -> None:
+                verdict = "PASS" if row.passed else f"FAIL {row.first_finding[:100]}"
+                progress.advance(detail=f"{row.file} batch {row.batch}: {verdict}{' (shared)' if row.shared else ''}")
+
+            result = sweep(factory, folder, args.impl, pattern=args.files, max_entries=args.max_entries, resume=args.resume,
+                           on_start=lambda total: progress.update(0, total=total), on_row=on_row)
+    except ValueError as exc:
+        return _usage(prog, str(exc))
+    if args.json:
+        print(json.dumps({"impl": args.impl, "passed": result.passed, "rows": [r.as_json() for r in result.rows],
+                          "skipped": [{"file": f, "why": why} for f, why in result.skipped]}))
+    else:
+        print(render(result))
+    return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def render(result) -> str:
+    lines = [f"{'file':60}  {'batch':>5}  {'config':44}  verdict  first finding"]
+    for r in result.rows:
+        tile = "the release's get_default_config" if r.tile is None else " ".join(
+            f"{k.replace('BLOCK_SIZE_', '').replace('GROUP_SIZE_M', 'G')}={v}" for k, v in r.tile.items())
+        lines.append(f"{r.file:60}  {r.batch:>5}  {tile:44}  {'PASS' if r.passed else 'FAIL':7}  "
+                     f"{(r.first_finding or '')[:160]}")
+    failed = sum(not r.passed for r in result.rows)
+    lines.append(f"{len(result.rows)} entries judged, {failed} failed, {sum(r.shared for r in result.rows)} "
+                 f"verdicts shared with an identical run; {len(result.skipped)} files skipped")
+    for name, why in result.skipped:
+        lines.append(f"  skipped {name}: {why}")
+    return "\n".join(lines)

@@ -1,0 +1,212 @@
+"""Judging a release's tuned configs: every entry forced through the release's own override on a
+problem of its file's scheme, shrunk to CPU size, checked by every oracle.
+
+The problem (shrunk_config): E = min(the file's E, SHRUNK_EXPERTS), top-k 2 (1 for a one-expert
+file), H = 2 * QUANT_BLOCK (K of the gate/up GEMM: two quantisation blocks, so a K tile that
+straddles a scale block is seen), I = QUANT_BLOCK, T = min(the entry's batch, MAX_TOKENS) tokens
+(a batch of a few tokens fills a fraction of one BLOCK_SIZE_M tile, as on the GPU; past
+MAX_TOKENS only the cost grows). fused, and I = 2 * QUANT_BLOCK where I = QUANT_BLOCK is refused,
+are the release's own choices for the scheme (its `supports`). Every oracle judges but metamorphic (the peers run one pipeline per scheme: the
+museum's set, diffmoe/adapters/museum.py).
+
+Many entries force the same run (the same tile on the same shrunk problem: the 5252 entries of vLLM
+0.33.0's supported files and its 6 default rows are 1487 distinct runs at MAX_TOKENS 8), so each distinct run is judged
+once and its verdict shared (`Row.shared`). With a resume file, every verdict is appended to it as
+it is reached (one JSON line) and a later sweep with the same file takes them from it: an
+interrupted sweep continues where it stopped. The release's default-config path (no file, vLLM's
+get_default_config) is judged too, at T = 1 and MAX_TOKENS, per scheme, as file "(default config) SCHEME".
+
+Owns the shrunk problem, the verdicts and the resume file. Must not import an implementation (the
+factory's attributes carry the configs' folder and the override).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from diffmoe.adapters.contract import unsupported
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig, quoted
+
+from .files import ConfigFile, Entry, config_files
+
+# The factory's optional tuned-config attributes (beside diffmoe.adapters.contract's): the folder of
+# its peer wheel's cache holding the tile-config JSON files the release ships, and `with_tile_config(tile)`,
+# the factory with that tile config forced through the release's own override mechanism.
+TUNED_CONFIG_DIR = "tuned_config_dir"
+WITH_TILE_CONFIG = "with_tile_config"
+
+
+def factory_tuned_configs(factory: Callable | None) -> tuple[str, Callable[[dict | None], Callable]] | None:
+    """(TUNED_CONFIG_DIR, WITH_TILE_CONFIG) when the factory declares both, else None; a TypeError
+    naming the attribute for a folder that is not a str or a forcing function that is not callable."""
+    folder = getattr(factory, TUNED_CONFIG_DIR, None) if factory is not None else None
+    force = getattr(factory, WITH_TILE_CONFIG, None) if factory is not None else None
+    if folder is None and force is None:
+        return None
+    if not isinstance(folder, str):
+        raise TypeError(f"a factory's {TUNED_CONFIG_DIR} must be a folder inside its peer wheel (a str), got {quoted(folder)}")
+    if not callable(force):
+        raise TypeError(f"a factory's {WITH_TILE_CONFIG} must be callable (tile config -> factory), got {quoted(force)}")
+    return folder, force
+
+
+SHRUNK_EXPERTS = 4  # enough experts for a token's two slots to land in different experts' blocks
+# T at most 8: one check of every oracle at T=8, E=4, H=256, I=128 took 4.4 s to 10 s on this 2-core machine
+# (bf16, fp8-tensor, fp8-block, loaded by other work; measured 2026-12-05), 1487 distinct runs for vLLM 0.33.0
+MAX_TOKENS = 8
+DEFAULT_CONFIG = "(default config)"
+DEFAULT_BATCHES = (1, MAX_TOKENS)
+
+
+@dataclass
+class Row:
+    """One entry's verdict (or the default config's at one batch)."""
+
+    file: str
+    batch: int
+    tile: dict | None  # None: the release's own default
+    tokens: int
+    passed: bool
+    findings: list[str]  # "oracle@stage: message" of each finding
+    seconds: float
+    shared: bool = False  # the verdict of an identical run judged before (this sweep or the resume file)
+
+    @property
+    def first_finding(self) -> str | None:
+        return self.findings[0] if self.findings else None
+
+    def as_json(self) -> dict:
+        return {"file": self.file, "batch": self.batch, "tile": self.tile, "tokens": self.tokens,
+                "verdict": "PASS" if self.passed else "FAIL", "findings": self.findings,
+                "seconds": round(self.seconds, 3), "shared": self.shared}
+
+
+@dataclass
+class SweepResult:
+    rows: list[Row] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and all(r.passed for r in self.rows)
+
+
+def forcing_function(factory: Callable) -> Callable[[dict | None], Callable]:
+    """The release's `with_tile_config`; a ValueError when the factory declares no tuned configs."""
+    declared = factory_tuned_configs(factory)
+    if declared is None:
+        raise ValueError("--impl must name a release that ships tuned configs and declares how to force one "
+                         "(a factory with tuned_config_dir and with_tile_config: vllm, vllm==0.28.0, sglang, ...)")
+    return declared[1]
+
+
+def shrunk_config(scheme: str, experts: int, batch: int, factory: Callable) -> MoEConfig:
+    """The CPU-size problem an entry of a file of `scheme` and `experts` experts is judged on."""
+    e = max(1, min(experts, SHRUNK_EXPERTS))
+    config = MoEConfig(num_tokens=max(1, min(batch, MAX_TOKENS)), num_experts=e, topk=min(2, e),
+                       hidden=2 * QUANT_BLOCK, inter=QUANT_BLOCK, quant=scheme, fused=False)
+    # the release's own choices, in order: vLLM fuses the block quant with silu; SGLang sends a whole-row group
+    # (I = 128) to another quant op, so its fp8-block problem has I = 256 (two groups too)
+    for changes in ({}, {"fused": True}, {"inter": 2 * QUANT_BLOCK}):
+        try:
+            candidate = config.replace(**changes)
+        except ValueError:  # fused is for the FP8 schemes only
+            continue
+        if unsupported(factory, candidate) is None:
+            return candidate
+    raise ValueError(f"--impl refuses every shrunk problem of scheme {scheme!r}: {unsupported(factory, config)}")
+
+
+def run_key(config: MoEConfig, tile: dict | None) -> str:
+    """What makes two entries the same run: the shrunk problem and the forced tile."""
+    return json.dumps([config.to_dict(), None if tile is None else sorted(tile.items())], sort_keys=True, default=str)
+
+
+def load_resume(path: Path | None) -> dict[str, dict]:
+    """The verdicts a resume file holds, by run key (a truncated last line, from a killed sweep, is skipped)."""
+    done: dict[str, dict] = {}
+    if path is None or not path.exists():
+        return done
+    for line in path.read_text().splitlines():
+        try:
+            item = json.loads(line)
+            done[item["key"]] = item
+        except (ValueError, KeyError, TypeError):
+            continue
+    return done
+
+
+def judge(config: MoEConfig, factory: Callable, name: str, oracles: Sequence[str]) -> tuple[bool, list[str]]:
+    """One check: passed, and "oracle@stage: message" per finding."""
+    from diffmoe.check.runner import run_differential
+
+    report = run_differential(config, factory, oracles=list(oracles), implementation_name=name)
+    return report.passed, [f"{f.oracle}@{f.stage}: {' '.join(str(f.message).split())}" for f in report.findings]
+
+
+def plan(files: Sequence[ConfigFile], schemes_default: bool = True) -> list[tuple[str, int, Entry | None, str, int]]:
+    """(file name, batch, entry or None for the default, scheme, file E) of every row, in order."""
+    rows = []
+    for f in files:
+        if f.scheme is None:
+            continue
+        rows += [(f.name, e.batch, e, f.scheme, f.experts) for e in f.entries()]
+    if schemes_default:
+        for scheme in sorted({f.scheme for f in files if f.scheme is not None}):
+            rows += [(f"{DEFAULT_CONFIG} {scheme}", b, None, scheme, SHRUNK_EXPERTS) for b in DEFAULT_BATCHES]
+    return rows
+
+
+def sweep(factory: Callable, folder: Path, impl: str, pattern: str = "*.json", max_entries: int | None = None,
+          resume: Path | None = None, oracles: Sequence[str] | None = None,
+          on_start: Callable[[int], None] | None = None, on_row: Callable[[Row], None] | None = None) -> SweepResult:
+    """Judge every entry of the config files in `folder` (the release's, or a copy) matching `pattern` (at most
+    `max_entries` of them, then the default config); `on_start(total rows)`, `on_row(row)` after each."""
+    from diffmoe.check.report import Oracles
+    from diffmoe.oracles.registry import DEFAULT_ORACLES
+
+    force = forcing_function(factory)
+    files = config_files(folder, pattern)
+    if not files:
+        raise ValueError(f"--files {pattern!r} matches no tuned-config file in {folder}")
+    chosen = list(oracles) if oracles is not None else [o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC]
+    result = SweepResult(skipped=[(f.name, f.skip_reason) for f in files if f.scheme is None])
+    todo = plan(files)
+    entries = [r for r in todo if r[2] is not None]
+    if max_entries is not None:
+        entries = entries[:max_entries]
+    todo = entries + [r for r in todo if r[2] is None]
+    if on_start is not None:
+        on_start(len(todo))
+    done = load_resume(resume)
+    out = open(resume, "a") if resume is not None else None
+    try:
+        for file, batch, entry, scheme, experts in todo:
+            tile = None if entry is None else entry.tile
+            config = shrunk_config(scheme, experts, batch, factory)
+            key = run_key(config, tile)
+            start = time.perf_counter()
+            if key in done:
+                item = done[key]
+                row = Row(file, batch, tile, config.num_tokens, item["passed"], list(item["findings"]), 0.0, shared=True)
+            else:
+                try:
+                    passed, findings = judge(config, force(tile), f"{impl} tile {tile}", chosen)
+                except (ValueError, TypeError) as exc:  # a tile the release's override refuses before any check
+                    passed, findings = False, [f"crash@None: {type(exc).__name__}: {exc}"]
+                row = Row(file, batch, tile, config.num_tokens, passed, findings, time.perf_counter() - start)
+                done[key] = {"key": key, "passed": passed, "findings": findings}
+                if out is not None:
+                    out.write(json.dumps(done[key]) + "\n")
+                    out.flush()
+            result.rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    finally:
+        if out is not None:
+            out.close()
+    return result
