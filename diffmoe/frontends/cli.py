@@ -2,7 +2,7 @@
 
     diffmoe check [config options | --config FILE.json] [--impl MODULE:FACTORY] [--oracles a,b]
                   [--time-limit S] [--json]
-    diffmoe fuzz  [--max-examples N] [--seed S | --database DIR] [--workers N] [--planner P] [--impl ...]
+    diffmoe fuzz  [--max-examples N] [--seed S | --database DIR|redis://HOST:PORT/N] [--workers N] [--planner P] [--impl ...]
                   [--max-tokens T] [--max-experts E] [--oracles a,b] [--time-limit S] [--json]
                   [--save-failure FILE.json] [config flags as bounds: --topk 1..2 --quant fp8-block --fused ...]
                   [--waive ORACLE@STAGE ... | --waive-file F] [--keep-going N]
@@ -48,7 +48,9 @@ the limit is diffmoe.check.runner.default_time_limit(): 120 s on the Triton inte
 CUDA. Ctrl-C or SIGTERM stops a fuzz at once: it prints the smallest failure found so far
 (exit 1) or that none was found (exit 130). --database DIR keeps Hypothesis's example
 database there: a failure found (even by an interrupted run) is replayed first by the next
-run with the same DIR. A seeded run replays nothing (Hypothesis's @seed turns the database
+run with the same DIR. --database redis://HOST:PORT/N keeps it on a Redis server instead, shared by
+workers on several machines (a bad URL or a server that does not answer: exit 2 before any example
+runs; diffmoe/fuzz/database_spec.py). A seeded run replays nothing (Hypothesis's @seed turns the database
 off), so --seed and --database exclude each other. Without either, DIFFMOE_HYPOTHESIS_DB (the
 pytest profiles' shared database, diffmoe/fuzz/profiles.py) names the database; --seed
 still wins over it. --workers N (default: the cores this process may use) runs the execution
@@ -882,8 +884,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.database is not None:
         if args.seed is not None:
             raise UsageError("--seed and --database cannot be combined: a seeded run is reproducible and replays no stored failure")
-        if os.path.exists(args.database) and not os.path.isdir(args.database):
-            raise UsageError(f"--database {args.database} exists and is not a folder")
+        from diffmoe.fuzz.database_spec import check_database
+
+        try:  # a bad redis:// URL or a server that does not answer: exit 2 before any example runs
+            check_database(args.database)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     oracles = parse_oracles(args.oracles)
     factory, name = load_implementation(args.impl, args.isolation)
     if bounded is not None:
@@ -1330,8 +1336,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--device", help="torch device (default: the implementation's)")
     fz.add_argument("--time-limit", type=_time_limit, metavar="S",
                     help="per-example limit on seconds without progress (no launch), past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
-    fz.add_argument("--database", metavar="DIR",
-                    help="Hypothesis example database: failures are saved there and replayed first next time (not with --seed; default $DIFFMOE_HYPOTHESIS_DB when set and no --seed is given)")
+    fz.add_argument("--database", metavar="DIR|redis://HOST:PORT/N",
+                    help="Hypothesis example database, a folder or a Redis server shared by several machines: failures are saved there and replayed first next time (not with --seed; default $DIFFMOE_HYPOTHESIS_DB when set and no --seed is given)")
     fz.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                     help="processes running the execution tier, sharing the database and splitting --max-examples (default: the usable cores; 1: this process)")
     _add_isolation_option(fz)
