@@ -174,6 +174,7 @@ def test_bad_workers_value_is_a_clear_error():
 @pytest.fixture
 def cli_runner(fake_runner, monkeypatch):
     monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
+    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in runner lives in this process only
     monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake_runner()
 
