@@ -55,6 +55,8 @@ off), so --seed and --database exclude each other. Without either, DIFFMOE_HYPOT
 pytest profiles' shared database, diffmoe/fuzz/profiles.py) names the database; --seed
 still wins over it. --workers N (default: the cores this process may use) runs the execution
 tier in N processes sharing the database (diffmoe/fuzz/workers.py); the plan tier runs here.
+--cluster local|auto|ray://HOST:PORT runs those N searches as Ray tasks instead
+(diffmoe/fuzz/cluster_workers.py): a local runtime started here, or a running cluster.
 
 `numerics fit` exits 0 when a profile explains every stage of every calibration config, 1 when a
 residue is left (a stage no menu choice explains, or a candidate that fails on a config), 2 for
@@ -822,7 +824,7 @@ def _save_failure(args, report) -> int | None:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from diffmoe.fuzz.workers import MAX_WORKERS, default_workers, fuzz_in_workers
+    from diffmoe.fuzz.workers import MAX_WORKERS, default_workers
     from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT, MAX_KEEP_GOING
     from diffmoe.fuzz.profiles import SHARED_DATABASE_ENV, shared_database_path
     from diffmoe.fuzz.plan_tier import MAX_PLAN_EXAMPLES
@@ -877,6 +879,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         args.workers = DEFAULT_FUZZ_WORKERS or default_workers()
     if args.workers > MAX_WORKERS:
         raise UsageError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
+    if args.cluster is not None:
+        from diffmoe.cluster.runtime import parse_cluster
+
+        try:
+            args.cluster = parse_cluster(args.cluster)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     shared = shared_database_path()
     if args.database is None and args.seed is None and shared:
         args.database = shared  # as the pytest profiles use it; an explicit --seed or --database wins
@@ -909,7 +918,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     try:
         with _sigterm_interrupts(), implementation_output_to_stderr():
             plan_outcome = _plan_phase(args, factory, name, seed)
-            outcome = None if _plan_decides(args, plan_outcome) else fuzz_in_workers(
+            outcome = None if _plan_decides(args, plan_outcome) else _fuzz_runner(args)(
                 workers=args.workers,
                 max_examples=args.max_examples,
                 seed=seed,
@@ -969,6 +978,26 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             return EXIT_INTERNAL
         return EXIT_FINDINGS
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
+
+
+def _fuzz_runner(args: argparse.Namespace):
+    """The execution tier's searches: processes on this machine, or Ray tasks with --cluster (a
+    cluster that cannot be started or reached is a usage error, exit 2, before its first task)."""
+    from diffmoe.fuzz.workers import fuzz_in_workers
+
+    if args.cluster is None:
+        return fuzz_in_workers
+    from diffmoe.fuzz.cluster_workers import fuzz_on_cluster
+
+    def on_cluster(**kwargs):
+        try:
+            return fuzz_on_cluster(cluster=args.cluster, **kwargs)
+        except ValueError as exc:
+            if str(exc).startswith("--cluster"):
+                raise UsageError(str(exc)) from None
+            raise
+
+    return on_cluster
 
 
 def _check_writable(path: str) -> None:
@@ -1340,6 +1369,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Hypothesis example database, a folder or a Redis server shared by several machines: failures are saved there and replayed first next time (not with --seed; default $DIFFMOE_HYPOTHESIS_DB when set and no --seed is given)")
     fz.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                     help="processes running the execution tier, sharing the database and splitting --max-examples (default: the usable cores; 1: this process)")
+    fz.add_argument("--cluster", metavar="local|auto|ray://HOST:PORT",
+                    help="run the --workers searches as Ray tasks: local (a Ray runtime started here), auto (the running cluster this machine is in), ray://HOST:PORT or HOST:PORT (that cluster); default: processes on this machine")
     _add_isolation_option(fz)
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     fz.add_argument("--save-failure", metavar="FILE.json", help="write the minimal failing config here (replay with check --config)")
