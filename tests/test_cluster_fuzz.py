@@ -29,7 +29,7 @@ from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from diffmoe.fuzz.workers import split_examples, worker_seed
 from ray_cluster import RayCluster
 from ray_standins import runtime_env
-from redis_server import unused_port
+from redis_server import RedisServer, unused_port
 from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture, shared
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
@@ -128,6 +128,18 @@ def test_the_same_seed_draws_the_same_examples_as_the_pool_split(on_cluster, fak
         fuzz(max_examples=share, seed=worker_seed(7, index))
         here += [json.dumps(c.to_dict(), sort_keys=True) for c in fake.calls]
     assert on_ray == sorted(here)
+
+
+def test_tasks_on_two_nodes_share_a_redis_database(on_cluster):
+    server = RedisServer()
+    try:
+        first = on_cluster(workers=2, max_examples=200, seed=None, planner="legacy", database=server.url())
+        assert first.report.config == LEGACY_MINIMAL
+        second = on_cluster(workers=2, max_examples=200, seed=None, planner="legacy", database=server.url())
+        assert second.report.config == LEGACY_MINIMAL
+        assert second.generated_examples <= 2  # each task's replay of the stored failure comes first
+    finally:
+        server.stop()
 
 
 def test_a_clean_search_says_nothing_was_retried(on_cluster):
