@@ -114,7 +114,8 @@ def test_two_nodes_find_and_shrink_the_legacy_alias(on_cluster, tmp_path):
     assert outcome.report.config == LEGACY_MINIMAL and not outcome.interrupted
     note = next(n for n in outcome.notes if n.startswith("found by worker "))
     assert "--workers 1 --seed" in note  # the task's own search, repeatable alone
-    assert len({c["pid"] for c in _logged(log)}) == 2  # two tasks, two processes (one per node)
+    assert _logged(log)  # judged in the tasks' processes (which ones depends on timing: a task that
+    # finds the failure at once may end before Ray has started a worker on the second node)
 
 
 def test_the_same_seed_draws_the_same_examples_as_the_pool_split(on_cluster, fake_runner, tmp_path):
