@@ -7,6 +7,9 @@ steadier than wall time on a shared machine; both are printed. The bits do not d
 (tests/test_interpreter_speed.py), so only time is compared.
 
     TRITON_INTERPRET=1 .venv/bin/python bench/ab_interpreter_speed.py --rounds 3
+
+`--against bounds-guard` compares instead the same checks with and without the bounds guard
+(diffmoe/interpreter/bounds_guard.py, which every call runs under): its cost on the interpreter.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports Triton
 import torch  # noqa: E402
 
 import optimized  # noqa: E402,F401 - installs the interpreter fixes and the fast path
+from diffmoe.interpreter import bounds_guard  # noqa: E402
 from diffmoe.interpreter import fast_path as interpreter_speed  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402
 from diffmoe.fuzz.tiers import CHEAP_ORACLES, cheap_schedule  # noqa: E402
@@ -35,9 +39,19 @@ CONFIGS = (
 )
 
 
-def one_round(fast: bool) -> tuple[float, float]:
-    """Process and wall seconds of one cheap check of every config."""
-    if fast:
+_guard_for_call = bounds_guard.guard_for_call
+
+
+def _no_guard(named, stage=None):
+    return None, "switched off by bench/ab_interpreter_speed.py --against bounds-guard"
+
+
+def one_round(fast: bool, against: str = "triton") -> tuple[float, float]:
+    """Process and wall seconds of one cheap check of every config: with the fast path (fast) or
+    triton's own interpreter; with `against="bounds-guard"`, with (fast) or without the bounds guard."""
+    if against == "bounds-guard":
+        bounds_guard.guard_for_call = _guard_for_call if fast else _no_guard
+    elif fast:
         assert interpreter_speed.install() == "installed"
     else:
         interpreter_speed.uninstall()
@@ -51,21 +65,27 @@ def one_round(fast: bool) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each, alternating (default 3)")
+    parser.add_argument("--against", choices=("triton", "bounds-guard"), default="triton",
+                        help="what the fast path is compared with (default triton's own interpreter), or "
+                             "bounds-guard: the checks with and without the bounds guard")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(1)
-    one_round(True)  # imports, rewrites and memos outside the measurement
-    one_round(False)
+    one_round(True, args.against)  # imports, rewrites and memos outside the measurement
+    one_round(False, args.against)
     times: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     for _ in range(args.rounds):
         for fast in (False, True):
-            times[fast].append(one_round(fast))
+            times[fast].append(one_round(fast, args.against))
     assert interpreter_speed.install() == "installed"
+    bounds_guard.guard_for_call = _guard_for_call
+    labels = {True: "fast path", False: "triton   "} if args.against == "triton" else \
+        {True: "guard    ", False: "no guard "}
     for fast in (False, True):
         cpu = statistics.median(c for c, _ in times[fast])
         wall = statistics.median(w for _, w in times[fast])
-        print(f"{'fast path' if fast else 'triton    '}: process {cpu:.2f} s, wall {wall:.2f} s "
+        print(f"{labels[fast]}: process {cpu:.2f} s, wall {wall:.2f} s "
               f"(median of {args.rounds}; rounds {', '.join(f'{c:.2f}/{w:.2f}' for c, w in times[fast])})")
 
 

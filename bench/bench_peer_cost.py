@@ -5,9 +5,10 @@ implementation's check of the same config. Each benchmark is one `diffmoe check`
 `run_differential(config, factory)` with every oracle and the default schedules (a peer's
 `supports` skips what it has no path for, the metamorphic sibling: that is its check, as the
 CLI runs it). The configs are the ones each peer runs: vLLM 0.33 fp8-token unfused and
-fp8-block fused, lmdeploy 0.18 fp8-block unfused, Liger 0.8.5 bf16 unfused; the shipped
+fp8-block fused, lmdeploy 0.18 fp8-block unfused, Liger 0.8.5 bf16 unfused, SGLang 0.5.23
+fp8-token unfused (its fp8-block refuses H = I = 128); the shipped
 implementation runs each of them too. The peers' files come from the peer cache (`diffmoe peers
-fetch vllm`, `... lmdeploy`, `... liger`);
+fetch vllm`, `... lmdeploy`, `... liger`, `... sglang`);
 without them the module fails with the fetch command, as tests/test_peers_*.py do.
 
 Timed with `--benchmark-timer time.process_time`, as the oracle-overhead suite, the figures are
@@ -35,9 +36,9 @@ from diffmoe.check.runner import load_factory, run_differential
 
 SHAPE = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128, seed=0)
 # (peer, quant, fused): each peer's runnable configs at SHAPE (peers/vllm_0_33.py, peers/lmdeploy_0_18.py,
-# peers/liger_0_8.py)
+# peers/liger_0_8.py, peers/sglang_core.py)
 PEER_CASES = (("vllm", "fp8-token", False), ("vllm", "fp8-block", True), ("lmdeploy", "fp8-block", False),
-              ("liger", "bf16", False))
+              ("liger", "bf16", False), ("sglang", "fp8-token", False))
 SHIPPED = DEFAULT_IMPLEMENTATION_NAME
 
 

@@ -78,7 +78,8 @@ def launch(ctx: LaunchContext, kernel, grid_size: int, *, stage: str, reads: dic
     order, reorder = ctx.order_table(grid_size)
     info = None
     if ctx.recorder is not None:
-        info = LaunchInfo(stage=stage, kernel=kernel_name(kernel), grid=(grid_size,), reads=reads, writes=writes)
+        info = LaunchInfo(stage=stage, kernel=kernel_name(kernel), grid=(grid_size,), reads=reads, writes=writes,
+                          triton=True)
         ctx.recorder.before_launch(info)
     kernel[(grid_size,)](**kernel_args, order_ptr=order, REORDER=reorder, enable_fp_fusion=FP_FUSION)
     ctx.launches += 1

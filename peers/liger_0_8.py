@@ -159,7 +159,7 @@ class RunReporter:
         else:
             raise NotImplementedError(f"Liger launched {kernel}, which the adapter does not map to a diffmoe stage")
         grid = launch_grid(jit, grid, args)
-        info = LaunchInfo(stage=stage, kernel=kernel, grid=grid, reads=reads, writes=writes)
+        info = LaunchInfo(stage=stage, kernel=kernel, grid=grid, reads=reads, writes=writes, triton=True)
         return report_launch(self.recorder, info, run, {n: writes[n] for n in sorted_rows}, self.sorted_idx)
 
 

@@ -285,10 +285,12 @@ class RunReporter(vllm_ops.OpReporter):
         self.force, self.capture = force or {}, capture
         self.captured: dict[str, torch.Tensor] | None = None
 
-    def _report(self, stage: str, kernel: str, grid, reads: dict, writes: dict, compute):
+    def _report(self, stage: str, kernel: str, grid, reads: dict, writes: dict, compute, triton: bool = False):
+        """triton: the launch runs one of vLLM's jit kernels (the GEMM); False for the torch stand-ins of its
+        compiled ops and its torch helpers."""
         info = None
         if self.recorder is not None:
-            info = LaunchInfo(stage=stage, kernel=kernel, grid=tuple(grid), reads=reads, writes=writes)
+            info = LaunchInfo(stage=stage, kernel=kernel, grid=tuple(grid), reads=reads, writes=writes, triton=triton)
             self.recorder.before_launch(info)
         result = compute()
         if info is not None:
@@ -378,7 +380,8 @@ class RunReporter(vllm_ops.OpReporter):
             if a.get(key) is not None:
                 reads[name] = a[key]
         writes = {out: C.view(-1, C.shape[-1])}
-        return self._report(stage, "fused_moe_kernel", grid, reads, writes, lambda: invoke(*bound.args, **bound.kwargs))
+        return self._report(stage, "fused_moe_kernel", grid, reads, writes, lambda: invoke(*bound.args, **bound.kwargs),
+                            triton=True)
 
 
 class VllmTritonMoE:

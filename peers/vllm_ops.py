@@ -26,8 +26,11 @@ the facts the reference's vllm profile follows too, reference/rounding/, without
     below 0 or at least num_experts (and, given the map, remote ones) skipped;
   * moe_sum, pad-aware form (vLLM 0.31+): skipped slots add nothing.
 
-Owns the torch versions of vLLM's compiled ops and the reporting hook they call. Must not hold
-vLLM source: every line here is diffmoe's own.
+Each op's arithmetic is the adapter kit's (diffmoe/adapters/kit/standins.py) with vLLM's conventions
+as its parameters; this module keeps vLLM's signatures, buffers and launch reporting.
+
+Owns vLLM's compiled ops' signatures, the conventions they pass the kit, and the reporting hook they
+call. Must not hold vLLM source: every line here is diffmoe's own.
 """
 
 from __future__ import annotations
@@ -37,11 +40,9 @@ from typing import Callable
 
 import torch
 
+from diffmoe.adapters.kit import standins
+from diffmoe.adapters.kit.standins import FP8, GROUP_EPS, MIN_SCALING_FACTOR
 from diffmoe.problem.vocabulary import FP8_MAX, over_fp8_max  # amax / 448 as CUDA's IEEE division rounds it
-
-FP8 = torch.float8_e4m3fn
-MIN_SCALING_FACTOR = 1.0 / (FP8_MAX * 512.0)  # csrc min_scaling_factor<c10::Float8_e4m3fn>
-GROUP_EPS = 1e-10  # per_token_group_quant_fp8's eps
 
 # ---- reporting: the adapter's run sets this; each op asks it for stage and names ------------
 
@@ -71,30 +72,12 @@ def _launch(op: str, grid: tuple[int, ...], tensors: dict[str, torch.Tensor], co
 
 def _amax_dropping_nan(x: torch.Tensor, dim=None, keepdim: bool = False) -> torch.Tensor:
     """max |x| as fmaxf(acc, fabsf(v)) from 0: NaN operands are dropped."""
-    a = x.float().abs()
-    a = torch.where(torch.isnan(a), torch.zeros_like(a), a)  # not nan_to_num: that also turns Inf into the largest float
-    return a.amax() if dim is None else a.amax(dim=dim, keepdim=keepdim)
+    return standins.amax(x, dim, keepdim, nan="drop")
 
 
 def _clamp_min_first(x: torch.Tensor) -> torch.Tensor:
     """fmaxf(-448, fminf(x, 448)): NaN -> +448 (scaled_fp8_conversion)."""
-    return torch.where(torch.isnan(x), torch.full_like(x, FP8_MAX), x.clamp(-FP8_MAX, FP8_MAX))
-
-
-def _clamp_max_first(x: torch.Tensor) -> torch.Tensor:
-    """fminf(fmaxf(x, -448), 448): NaN -> -448 (per-token-group quant)."""
-    return torch.where(torch.isnan(x), torch.full_like(x, -FP8_MAX), x.clamp(-FP8_MAX, FP8_MAX))
-
-
-def _slot_experts(flat: torch.Tensor, num_experts: int, expert_map: torch.Tensor | None) -> torch.Tensor:
-    """Each routed slot's expert as the CUDA ops count it, -1 for a slot they skip: an id below
-    0 or at least `num_experts`, or (given a map) one the map sends to -1; else the map's local id."""
-    valid = (flat >= 0) & (flat < num_experts)
-    experts = torch.where(valid, flat, torch.full_like(flat, -1))
-    if expert_map is not None:
-        mapped = expert_map.long()[experts.clamp_min(0)]
-        experts = torch.where(valid, mapped, experts)
-    return experts
+    return standins.fp8_clamp(x, FP8_MAX)
 
 
 def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad,
@@ -110,27 +93,9 @@ def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, ex
     of real vLLM bugs".)"""
     if scatter_idx is not None:
         raise NotImplementedError("moe_align_block_size stand-in: scatter_idx is not supported")
-    flat = topk_ids.reshape(-1).long()
-    numel = flat.numel()
-
-    def compute():
-        experts = _slot_experts(flat, num_experts, expert_map)
-        placed = (experts >= 0).nonzero().flatten()  # the slots the op places, ascending
-        kept = experts[placed]
-        counts = torch.bincount(kept, minlength=num_experts)[:num_experts]
-        padded = (counts + block_size - 1) // block_size * block_size
-        starts = torch.cumsum(padded, 0) - padded  # first padded row of each expert
-        total = int(padded.sum())
-        order = torch.sort(kept, stable=True).indices  # placed slots grouped by expert, ascending within one
-        experts_sorted = kept[order]
-        first_of_group = torch.cumsum(counts, 0) - counts
-        rank = torch.arange(kept.numel(), device=flat.device) - first_of_group[experts_sorted]
-        sorted_token_ids.fill_(numel)
-        sorted_token_ids[(starts[experts_sorted] + rank)] = placed[order].to(sorted_token_ids.dtype)
-        experts_ids.fill_(0)  # "Fill remaining expert_ids with 0"
-        blocks = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_size)
-        experts_ids[: blocks.numel()] = blocks.to(experts_ids.dtype)
-        num_tokens_post_pad.fill_(total)
+    def compute():  # "Fill remaining expert_ids with 0": blocks past the total hold 0
+        standins.moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids,
+                                      num_tokens_post_pad, invalid="skip", expert_map=expert_map, blocks_past_total=0)
 
     tensors = {"topk_ids": topk_ids, "sorted_token_ids": sorted_token_ids, "expert_ids": experts_ids,
                "num_tokens_post_padded": num_tokens_post_pad}
@@ -145,24 +110,17 @@ def moe_sum(input: torch.Tensor, output: torch.Tensor, topk_ids=None, expert_map
     x += input[k]` (every add rounded to bf16), other K via at::sum_out. Given topk_ids and
     expert_map (vLLM 0.31+, the op's schema in csrc/moe/torch_bindings.cpp: "pad-aware reduce
     that skips (token, expert) slots that were never actually computed (unrouted, or routed to
-    an expert not owned by this rank)"), a slot the alignment skips (see _slot_experts) adds
+    an expert not owned by this rank)"), a slot the alignment skips (standins.slot_experts) adds
     nothing; the others add in k order as above."""
     if (topk_ids is None) != (expert_map is None):
         raise NotImplementedError("moe_sum stand-in: topk_ids and expert_map come together (the pad-aware form) or not at all")
     topk = input.shape[1]
 
-    def compute():
-        rows = input
+    def compute():  # a skipped slot adds nothing; K = 2, 3, 4: scalar_t x = 0; x += input[k], every add rounded
+        skip = None
         if expert_map is not None:
-            skipped = _slot_experts(topk_ids.reshape(-1).long(), expert_map.numel(), expert_map).view(-1, topk) < 0
-            rows = input.masked_fill(skipped[:, :, None], 0)  # a skipped slot adds nothing (x + 0 is x)
-        if 2 <= topk <= 4:
-            acc = torch.zeros(output.shape, dtype=output.dtype, device=output.device)
-            for k in range(topk):  # scalar_t x = 0; x += input[k]: every add rounded to bf16
-                acc = (acc.float() + rows[:, k].float()).to(output.dtype)
-            output.copy_(acc)
-        else:
-            torch.sum(rows, dim=1, out=output)
+            skip = standins.slot_experts(topk_ids.reshape(-1).long(), expert_map.numel(), expert_map).view(-1, topk) < 0
+        standins.moe_sum(input, output, precision="bf16_k2_to_4", skip=skip)
 
     tensors = {"input": input, "output": output}
     if expert_map is not None:
@@ -171,12 +129,9 @@ def moe_sum(input: torch.Tensor, output: torch.Tensor, topk_ids=None, expert_map
 
 
 def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
-    d = x.shape[-1] // 2
 
-    def compute():
-        g = x[..., :d].float()
-        silu = (g / (1.0 + torch.exp(-g))).to(x.dtype)  # silu_kernel returns scalar_t
-        out.copy_((silu.float() * x[..., d:].float()).to(out.dtype))  # scalar_t * scalar_t
+    def compute():  # silu_kernel returns scalar_t, times up as scalar_t * scalar_t
+        standins.silu_and_mul(x, out, rounding="silu_to_bf16")
 
     _launch("silu_and_mul", (x.shape[0],), {"input": x, "output": out}, compute)
 
@@ -194,19 +149,12 @@ def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None, u
         scale = torch.empty((rows, 1) if use_per_token_if_dynamic else (1,), device=input.device, dtype=torch.float32)
 
     def compute():
-        x = input.float()
         if static:
-            if scale.numel() != 1:
-                raise NotImplementedError("scaled_fp8_quant stand-in: only a per-tensor static scale is supported")
-            output.copy_(_clamp_min_first(x * (1.0 / scale.reshape(()))).to(FP8))
-        elif use_per_token_if_dynamic:
-            s = torch.clamp_min(over_fp8_max(_amax_dropping_nan(x, dim=1, keepdim=True)), MIN_SCALING_FACTOR)
-            scale.copy_(s)
-            output.copy_(_clamp_min_first(x / s).to(FP8))
-        else:
-            s = over_fp8_max(_amax_dropping_nan(x))  # atomicMaxFloat(scale, amax / 448): no floor
-            scale.copy_(s.reshape(1))
-            output.copy_(_clamp_min_first(x * (1.0 / s)).to(FP8))  # reciprocal, then multiply
+            standins.quant_tensor(input, output, scale, static=True, codes="reciprocal")
+        elif use_per_token_if_dynamic:  # scale = max(amax / 448, min_scaling_factor), codes = x / scale
+            standins.quant_token(input, output, scale, codes="divide", floor=MIN_SCALING_FACTOR)
+        else:  # atomicMaxFloat(scale, amax / 448): no floor; reciprocal, then multiply
+            standins.quant_tensor(input, output, scale, static=False, codes="reciprocal")
 
     op = "static_scaled_fp8_quant" if static else (
         "dynamic_per_token_scaled_fp8_quant" if use_per_token_if_dynamic else "dynamic_scaled_fp8_quant")
@@ -223,11 +171,8 @@ def per_token_group_quant_fp8(x, group_size, eps=GROUP_EPS, dtype=None, column_m
     x_q = out_q if out_q is not None else torch.empty(x.shape, device=x.device, dtype=dtype or FP8)
     x_s = torch.empty(x.shape[:-1] + (x.shape[-1] // group_size,), device=x.device, dtype=torch.float32)
 
-    def compute():
-        g = x.float().reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)
-        s = over_fp8_max(torch.clamp_min(_amax_dropping_nan(g, dim=-1, keepdim=True), eps))  # local_absmax = eps first
-        x_s.copy_(s.squeeze(-1))
-        x_q.copy_(_clamp_max_first(g / s).reshape(x.shape).to(x_q.dtype))
+    def compute():  # local_absmax = eps first; fminf(fmaxf(x / scale, -448), 448): NaN -> -448
+        standins.quant_group(x, group_size, x_q, x_s, scale_rule="divide", codes="divide", eps=eps, nan_code=-FP8_MAX)
 
     _launch("per_token_group_fp8_quant", (x.numel() // group_size,), {"input": x, "output": x_q, "scale": x_s}, compute)
     return x_q, x_s

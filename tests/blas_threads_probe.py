@@ -8,7 +8,9 @@ float32 `tl.dot` and in numpy directly, each with numpy's BLAS on one thread and
 prints one JSON object: how many of the 18 products differ between one thread and two
 
 - "numpy": numpy itself (a property of the BLAS build and its configuration);
-- "triton": an interpreted kernel under triton's own interpreter (which keeps numpy's threads);
+- "triton": an interpreted kernel under triton's own interpreter (which keeps numpy's threads),
+  its dots computed row by row (diffmoe.interpreter.dot_rows, which stays when the fast path is
+  uninstalled: a gemv per row, not numpy's gemm of the whole tile);
 - "fast_path": the same kernel under diffmoe's interpreter fast path (which pins one thread);
 
 and "fast_vs_triton": how many differ between the fast path and triton's own interpreter run

@@ -691,6 +691,79 @@ class ReduceSkipsNonFiniteSums(_ZooReduce):
     MODES = (_ZOO_FINITE_ONLY,)
 
 
+@triton.jit
+def _zoo_block_reduce_kernel(
+    down_ptr,  # [TK, H] bf16, row t*K + k
+    out_ptr,  # [T, H] bf16
+    order_ptr,  # [num_programs] int32 program order (REORDER)
+    T, H, TOPK,
+    stride_dm, stride_om,
+    MASK_LOADS: tl.constexpr,
+    MASK_STORE: tl.constexpr,
+    REORDER: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """Grid: (cdiv(T, BLOCK_T),); each program sums the K rows of BLOCK_T tokens over all H <= BLOCK_H
+    columns, as the real reduce does, with the bounds mask of its loads or its store dropped."""
+    pid = tl.program_id(0)
+    if REORDER:
+        pid = tl.load(order_ptr + pid)
+    tokens = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (tokens < T)[:, None] & (cols < H)[None, :]
+    rows = down_ptr + (tokens * TOPK)[:, None] * stride_dm + cols[None, :]
+    acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    for k in range(0, TOPK):
+        if MASK_LOADS:
+            acc += bf16_to_f32(tl.load(rows + k * stride_dm, mask=mask, other=0.0), True)
+        else:
+            acc += bf16_to_f32(tl.load(rows + k * stride_dm), True)
+    target = out_ptr + tokens[:, None] * stride_om + cols[None, :]
+    if MASK_STORE:
+        tl.store(target, to_bf16(acc, True), mask=mask)
+    else:
+        tl.store(target, to_bf16(acc, True))
+
+
+class _BlockReduce(TritonFP8MoE):
+    """A reduce of whole token blocks (BLOCK_T = 4 rows a program, more than the bug zoo's T)
+    through _zoo_block_reduce_kernel, with one of its bounds masks dropped."""
+
+    MASK_LOADS, MASK_STORE, PRIVATE_OUTPUT = True, True, False
+
+    def _reduce(self, stage, ctx, down, out):
+        (down_name, down_t), (out_name, out_t) = down, out
+        t, h = out_t.shape
+        # the kernel writes the implementation's own [T, H] tensor, as SGLang's reduce writes its
+        # own output buffer, which the caller's output is then copied from
+        target = torch.empty_like(out_t) if self.PRIVATE_OUTPUT else out_t
+        launch(ctx, _zoo_block_reduce_kernel, triton.cdiv(t, 4), stage=stage, reads={down_name: down_t},
+               writes={out_name: target}, down_ptr=down_t, out_ptr=target, T=t, H=h, TOPK=self.config.topk,
+               stride_dm=down_t.stride(0), stride_om=target.stride(0), MASK_LOADS=self.MASK_LOADS,
+               MASK_STORE=self.MASK_STORE, BLOCK_T=4, BLOCK_H=triton.next_power_of_2(h))
+        if target is not out_t:
+            out_t.copy_(target)
+
+
+class ReduceStoreMaskDropped(_BlockReduce):
+    """The reduce's final store lost its mask (the slip of issue 28 in SGLang's final store): a
+    program of 4 token rows stores all 4 into the implementation's own [T, H] output tensor, the
+    rows past T into the heap beyond it. The values the call returns are right; under the
+    interpreter the store used to corrupt the process heap (SIGABRT, "corrupted size vs.
+    prev_size"); the bounds guard refuses the rows past the end."""
+
+    MASK_STORE, PRIVATE_OUTPUT = False, True
+
+
+class ReduceLoadMaskDropped(_BlockReduce):
+    """The reduce loads all 4 token rows of its block without a mask: the K rows of tokens past T
+    are read past the end of down_output and of the workspace holding it (the sums of those rows
+    are never stored, so no value shows it)."""
+
+    MASK_LOADS = False
+
+
 @contextmanager
 def _patched(module, **names):
     """Module globals replaced for the duration (the interpreter resolves a kernel's globals at
@@ -761,6 +834,14 @@ def make_returns_down_output(config: MoEConfig) -> TritonFP8MoE:
 
 def make_reduce_one_row_too_many(config: MoEConfig) -> TritonFP8MoE:
     return ReduceOneRowTooMany(config)
+
+
+def make_reduce_store_mask_dropped(config: MoEConfig) -> TritonFP8MoE:
+    return ReduceStoreMaskDropped(config)
+
+
+def make_reduce_load_mask_dropped(config: MoEConfig) -> TritonFP8MoE:
+    return ReduceLoadMaskDropped(config)
 
 
 def make_amax_pass_cached_across_calls(config: MoEConfig) -> TritonFP8MoE:
@@ -1044,6 +1125,24 @@ MUTANTS: dict[str, Mutant] = {
             config=_cfg(num_tokens=2, inter=256, output="workspace"),
             expected_oracles=frozenset({O.STORE_EXTENT}),
             expected_name="ws1",
+        ),
+        Mutant(
+            name="reduce-store-mask-dropped",
+            what_it_breaks="the reduce's final store without its mask: 4 token rows stored into the "
+                           "implementation's own [T, H] output tensor, the rows past T beyond its end",
+            factory=make_reduce_store_mask_dropped,
+            config=_cfg(),
+            expected_oracles=frozenset({O.BOUNDS}),
+            expected_name=B.OUTPUT,
+        ),
+        Mutant(
+            name="reduce-load-mask-dropped",
+            what_it_breaks="the reduce loads 4 token rows of down_output without a mask: the rows past T read "
+                           "past the end of the workspace holding it",
+            factory=make_reduce_load_mask_dropped,
+            config=_cfg(),
+            expected_oracles=frozenset({O.BOUNDS}),
+            expected_name=B.DOWN_OUTPUT,
         ),
         Mutant(
             name="amax-pass-cached-across-calls",

@@ -8,6 +8,11 @@ why, and the plumbing around an opt-in oracle (default selection, replay line, t
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import bug_zoo
 import pytest
 
@@ -28,6 +33,26 @@ def test_quiet_on_the_shipped_kernels(quant, fused):
                        zero_rows=1, seed=3)
     report = run_differential(config, oracles=[BI])
     assert report.passed and BI not in report.skipped, report.render()
+
+
+# the configuration under which the interpreter's whole-tile dots (one BLAS gemm) gave a row other
+# bits at another place of a larger batch: the shipped kernel was reported (T=70 bf16, issue 33)
+HASWELL = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512"}
+PROBED_SCHEMES = ("bf16",)  # T>BLOCK_M (T=70) was reported on bf16 before the fix (diffmoe/interpreter/dot_rows.py)
+
+
+def test_quiet_on_the_edge_cases_under_openblas_haswell_kernels():
+    """The oracle on the shipped kernels over the labelled edge cases, in a process started with
+    OpenBLAS's Haswell kernels (read once, when numpy loads the library: tests/batch_invariance_probe.py).
+    Without the row-by-row dot it reports T>BLOCK_M; with it, nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENBLAS_")}
+    env.update(HASWELL)
+    probe = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "batch_invariance_probe.py"),
+                            *PROBED_SCHEMES], env=env, capture_output=True, text=True, timeout=240)
+    assert probe.returncode == 0, probe.stderr
+    result = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert result["OPENBLAS_CORETYPE"] == "Haswell" and result["checks"] > 0, result
+    assert result["findings"] == [], result
 
 
 def test_fp8_tensor_is_batch_dependent_by_design_not_a_failure():

@@ -108,7 +108,7 @@ def test_bad_json_is_a_clear_error(text, needle):
 
 
 def test_numerics_names_its_profiles_and_none_is_diffmoes():
-    with pytest.raises(ValueError, match=r"numerics must be None or one of \['diffmoe', 'vllm', 'liger', 'lmdeploy'\], got 'fast'"):
+    with pytest.raises(ValueError, match=r"numerics must be None or one of \['diffmoe', 'vllm', 'liger', 'lmdeploy', 'sglang', 'sglang_fallback'\], got 'fast'"):
         MoEConfig(numerics="fast")
     assert MoEConfig().numerics is None and MoEConfig().numerics_profile == "diffmoe"
     assert MoEConfig(numerics="vllm").numerics_profile == "vllm"

@@ -27,8 +27,11 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forked workers 
 
 
 def _children() -> list[int]:
-    """Live (non-zombie) child processes of this process."""
-    me, out = os.getpid(), []
+    """Live (non-zombie) child processes of this process, but the isolation's zygote (an earlier
+    isolated check's, kept for the process's later ones: diffmoe/isolation/client.py)."""
+    from diffmoe.isolation.client import zygote_pids
+
+    me, out, zygotes = os.getpid(), [], zygote_pids()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -36,7 +39,7 @@ def _children() -> list[int]:
                     fields = fh.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == me and fields[0] != "Z":
+            if int(fields[1]) == me and fields[0] != "Z" and int(entry) not in zygotes:
                 out.append(int(entry))
     return out
 
@@ -174,7 +177,7 @@ def test_bad_workers_value_is_a_clear_error():
 @pytest.fixture
 def cli_runner(fake_runner, monkeypatch):
     monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
-    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in runner lives in this process only
+    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in runner judges in this process
     monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake_runner()
 

@@ -211,7 +211,10 @@ def test_uninstall_restores_triton_and_a_launch_reinstalls(monkeypatch):
     fixes.uninstall()
     assert not fixes.installed()
     for name in fixes.PATCHED_METHODS:
-        assert not hasattr(interpreter.InterpreterBuilder.__dict__[name], "__wrapped__")
+        method = interpreter.InterpreterBuilder.__dict__[name]
+        if name == "create_dot":  # triton's own beneath the row-by-row product, which stays (dot_rows)
+            method = method.__wrapped__
+        assert not hasattr(method, "__wrapped__")
     x = torch.tensor([127.4], dtype=torch.float32)  # the defect's own example: 127.4 -> 64
     q = torch.empty(1, dtype=FP8)
     _e4m3_cast_kernel[(1,)](x, q, 1, SOFTWARE=False, BLOCK=16)

@@ -195,11 +195,9 @@ def test_the_fast_paths_bits_do_not_depend_on_the_blas_thread_count(configuratio
         pytest.skip("numpy has no OpenBLAS loaded: the fast path pins nothing")
     assert counts["fast_path"] == 0, f"the fast path's bits changed with numpy's thread count: {counts}"
     assert counts["fast_vs_triton"] == 0, f"the fast path differs from triton's interpreter on one thread: {counts}"
-    # triton's own interpreter calls np.matmul as numpy does, so it differs exactly where numpy does
-    assert (counts["triton"] > 0) == (counts["numpy"] > 0), counts
-    if configuration.startswith("OPENBLAS_CORETYPE") and counts["numpy"] == 0:
-        pytest.skip(f"this OpenBLAS gives the same bits on one thread and two under {configuration}: "
-                    "the fast path's claim holds, but this machine cannot show the pin matters")
+    # "triton" is measured, not claimed: its dots are diffmoe's row-by-row products (one gemv per
+    # row, diffmoe/interpreter/dot_rows.py), not numpy's whole-tile gemm, so they need not differ
+    # where numpy's do (under Haswell's kernels: numpy 15 of 18, triton 0 of 18, measured here)
 
 
 def _built_by_triton(cls, *args):

@@ -55,7 +55,8 @@ def test_the_candidates_side_imports_under_the_guard():
     the peers' package), and the API a test module imports beside its factory, need no reference."""
     code = ("import sys; from diffmoe.isolation.import_guard import ImportGuard; sys.meta_path.insert(0, ImportGuard()); "
             "import diffmoe.check.candidate, diffmoe.adapters.loading, diffmoe.isolation.sandbox, optimized, peers, "
-            "diffmoe.check.runner, diffmoe.frontends.cli, diffmoe.fuzz.driver")
+            "diffmoe.check.runner, diffmoe.frontends.cli, diffmoe.fuzz.driver; "
+            "from diffmoe.oracles.registry import ALL_ORACLES, active_oracles; active_oracles(ALL_ORACLES)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 

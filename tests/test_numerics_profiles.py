@@ -60,7 +60,7 @@ def test_a_bad_declared_profile_is_named(value):
         raise AssertionError("not built")
 
     factory.numerics = value
-    with pytest.raises(ValueError, match=r"numerics attribute must be one of \['diffmoe', 'vllm', 'liger', 'lmdeploy'\]"):
+    with pytest.raises(ValueError, match=r"numerics attribute must be one of \['diffmoe', 'vllm', 'liger', 'lmdeploy', 'sglang', 'sglang_fallback'\]"):
         judged_config(MoEConfig(**SMALL), factory)
     with pytest.raises(ValueError, match="numerics attribute"):
         run_differential(MoEConfig(**SMALL), factory)

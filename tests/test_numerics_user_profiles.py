@@ -58,14 +58,14 @@ def spec_of(name: str, base: str = "diffmoe") -> str:
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("fast", r"numerics must be None or one of \['diffmoe', 'vllm', 'liger', 'lmdeploy'\], got 'fast'; a profile may be "
+    ("fast", r"numerics must be None or one of \['diffmoe', 'vllm', 'liger', 'lmdeploy', 'sglang', 'sglang_fallback'\], got 'fast'; a profile may be "
              r"followed by \+point=choice overrides"),
     ("vllm+quant_codes=reciprocal", r"numerics: unknown rounding point 'quant_codes'; points: \['amax', 'tensor_scale'"),
     ("vllm+token_codes=multiply", r"numerics: token_codes must be one of \['divide', 'reciprocal', 'reciprocal_amax'\], "
                                   r"got 'multiply'"),
     ("vllm+reduce", r"numerics: override 'reduce' must be point=choice"),
     ("vllm+reduce=fp32+reduce=bf16", r"numerics: reduce is given twice"),
-    ("VLLM", r"one of \['diffmoe', 'vllm', 'liger', 'lmdeploy'\], got 'VLLM'"),
+    ("VLLM", r"one of \['diffmoe', 'vllm', 'liger', 'lmdeploy', 'sglang', 'sglang_fallback'\], got 'VLLM'"),
 ], ids=["base", "point", "choice", "no-equals", "twice", "case"])
 def test_a_malformed_spec_is_refused_naming_the_field_and_the_menu(spec, message):
     with pytest.raises(ValueError, match=message):
@@ -123,7 +123,7 @@ def test_a_toml_file_names_a_base_and_overrides():
 @pytest.mark.parametrize("text, message", [
     ('base = "vllm"\n[points]\nreduce = "fp16"\n', r"f\.toml: \[points\]: reduce must be one of \['fp32', "),
     ('base = "vllm"\n[points]\nquant = "x"\n', r"f\.toml: \[points\]: unknown rounding point 'quant'; points: \["),
-    ('[points]\nreduce = "fp32"\n', r"f\.toml: base must be one of \['diffmoe', 'vllm', 'liger', 'lmdeploy'\], got None"),
+    ('[points]\nreduce = "fp32"\n', r"f\.toml: base must be one of \['diffmoe', 'vllm', 'liger', 'lmdeploy', 'sglang', 'sglang_fallback'\], got None"),
     ('base = "vllm"\nextra = 1\n', r"f\.toml: unknown key\(s\) \['extra'\]"),
     ('base = "vllm"\npoints = "reduce=fp32"\n', r"f\.toml: points must be a table"),
     ('base = "vllm\n', r"f\.toml: not valid TOML"),
@@ -139,8 +139,8 @@ def test_a_bad_toml_file_is_refused_naming_the_key(text, message):
 @pytest.mark.parametrize("argv, says", [
     (["--numerics", "vllm+quant_codes=reciprocal"], "--numerics: unknown rounding point 'quant_codes'; points: ["),
     (["--numerics", "vllm+reduce=fp16"], "--numerics: reduce must be one of ['fp32', 'fp32_from_zero', 'bf16', "
-                                         "'bf16_from_zero', 'bf16_k2_to_4'], got 'fp16'"),
-    (["--numerics", "fast"], "--numerics must be one of ['diffmoe', 'vllm', 'liger', 'lmdeploy'], got 'fast'"),
+                                         "'bf16_from_zero', 'bf16_k2_to_4', 'fp32_from_zero_past_k2'], got 'fp16'"),
+    (["--numerics", "fast"], "--numerics must be one of ['diffmoe', 'vllm', 'liger', 'lmdeploy', 'sglang', 'sglang_fallback'], got 'fast'"),
     (["--numerics-file", "{bad}"], "[points]: silu must be one of ['divide', 'reciprocal', 'sigmoid', 'torch'], got 'exp'"),
     (["--numerics-file", "{missing}"], "cannot read numerics file"),
     (["--numerics", "vllm", "--numerics-file", "{bad}"], "not allowed with argument"),

@@ -223,3 +223,15 @@ def test_a_hyphenated_distribution_is_found_under_its_wheel_name(tmp_path, monke
 
     monkeypatch.setattr(peer_wheels.subprocess, "run", fake_run)
     assert (peer_wheels.fetch("toy-kernel") / KEPT[0]).is_file()
+
+
+def test_the_sglang_pins():
+    """`diffmoe peers fetch sglang` is 0.5.23; 0.5.20 (the museum's buggy release) beside it, the
+    same files of the cp311 wheel."""
+    assert peer_wheels.PEERS["sglang"] is peer_wheels.PEERS["sglang==0.5.23"]
+    for name, version in (("sglang==0.5.23", "0.5.23"), ("sglang==0.5.20", "0.5.20")):
+        pin = peer_wheels.PEERS[name]
+        assert pin.requirement == name and pin.version == version and len(pin.sha256) == 64 and int(pin.sha256, 16)
+        assert pin.python == "3.11" and pin.filename.startswith(f"sglang-{version}-cp311-cp311-")
+        assert all(f.startswith("sglang/") and f.endswith((".py", "/")) for f in pin.files)
+    assert peer_wheels.PEERS["sglang==0.5.20"].sha256 != peer_wheels.PEERS["sglang"].sha256

@@ -242,17 +242,34 @@ def test_workspace_views_in_separate_workspaces_are_clean():
 
 
 @needs_interpreter
-def test_unannounced_launch_is_checked_and_labelled_unnamed():
+def test_unannounced_launch_is_checked_and_names_the_argument_not_the_address():
     x = torch.arange(128, dtype=torch.float32)
     with RaceRecorder() as rec:
         shift_kernel[(2,)](x, x, 128, BLOCK=64)
     (f,) = rec.findings()
     assert f.stage is None
     assert f.figures["launch"] == "unannounced"
-    assert f.buffers == [f"unnamed@0x{x.data_ptr():x}"] * 2
-    assert f.byte_ranges == [ByteRange(f"unnamed@0x{x.data_ptr():x}", 256, 260)]
+    # issue 28: a tensor no launch declared is named by the argument that received it, never "0x..."
+    name = "the buffer argument `x_ptr, out_ptr` of an unannounced launch of shift_kernel"
+    assert f.buffers == [name] * 2
+    assert f.byte_ranges == [ByteRange(name, 256, 260)]
+    assert "0x" not in f.message
     # Both arguments pass the same view, so the bytes are named after both.
     assert f.figures["written_kernel_arg"] == f.figures["other_kernel_arg"] == "x_ptr, out_ptr"
+
+
+@needs_interpreter
+def test_an_undeclared_tensor_is_named_after_the_announced_launch_that_first_received_it():
+    # issue 28: "the buffer argument `C` of launch 3 (stage down_gemm)", never an address
+    x = torch.arange(128, dtype=torch.float32)
+    y = torch.zeros(128, dtype=torch.float32)
+    with RaceRecorder() as rec:
+        _launch(rec, "quant_input", shift_kernel, (2,), {}, {}, y, y, 128, BLOCK=64)  # y: first received here
+        _launch(rec, "reduce", shift_kernel, (2,), {}, {}, x, y, 128, BLOCK=64)
+        _launch(rec, "reduce", shift_kernel, (2,), {}, {}, y, y, 128, BLOCK=64)
+    findings = rec.findings()
+    assert [f.buffers[0] for f in findings] == ["the buffer argument `x_ptr, out_ptr` of launch 0 (stage quant_input)"] * 2
+    assert all("0x" not in f.message for f in findings)
 
 
 @needs_interpreter

@@ -317,3 +317,24 @@ def test_vllm_scales_are_correctly_rounded_quotients_on_every_device(quant, devi
         return
     scale = vllm.quantize(row.to(device), quant)[1]
     assert scale.flatten()[0].cpu() == (amax.double() / 448).float()
+
+
+def test_sglangs_reduce_starts_from_the_first_row_up_to_k2_and_from_zero_above():
+    """reduce=fp32_from_zero_past_k2: torch.add keeps a -0.0 pair, torch.sum from +0 does not."""
+    from reference.rounding.gemm_reduce import reduce_fp32_from_zero_past_k2
+
+    for k, sign in ((1, -1.0), (2, -1.0), (3, 1.0), (6, 1.0)):
+        rows = torch.full((2, k, 4), -0.0, dtype=torch.bfloat16)
+        out = reduce_fp32_from_zero_past_k2(rows)
+        assert torch.equal(torch.copysign(torch.ones(2, 4), out.float()), torch.full((2, 4), sign)), k
+
+
+def test_sglangs_group_scale_floors_the_amax_at_1e10_then_multiplies():
+    from reference.rounding.quant import scale_min_amax, scale_min_amax_product, scale_min_amax_product_1e10
+
+    amax = torch.tensor([[[0.0]], [[3.7]], [[1e-12]]])
+    scale, floored = scale_min_amax_product_1e10(amax)
+    assert torch.equal(floored, amax.clamp_min(1e-10))
+    assert torch.equal(scale, floored * torch.tensor(1.0 / 448, dtype=torch.float32))
+    assert not torch.equal(scale, scale_min_amax_product(amax)[0])  # lmdeploy's floor is 1e-6
+    assert not torch.equal(scale, scale_min_amax(amax)[0])  # amax * (1/448) is not amax / 448 everywhere

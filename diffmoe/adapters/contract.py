@@ -149,6 +149,10 @@ class LaunchInfo:
     grid: tuple[int, ...]
     reads: Mapping[str, torch.Tensor]  # vocabulary name -> the view the launch reads
     writes: Mapping[str, torch.Tensor]  # vocabulary name -> the view the launch writes
+    # True: the launch runs a Triton kernel (a @triton.jit function) on `grid`; False (the default):
+    # a torch op or other host code reported as a stage (a stand-in, a torch implementation). Under the
+    # interpreter a launch that says True and runs no Triton program is a contract finding (issue 33).
+    triton: bool = False
 
 
 class LaunchRecorder(Protocol):
@@ -236,6 +240,8 @@ IMPLEMENTATION_ALIASES = {
     "vllm": "peers.vllm_0_33:make", "lmdeploy": "peers.lmdeploy_0_18:make", "liger": "peers.liger_0_8:make",
     # every supported vLLM release, spelled as `diffmoe peers fetch` spells it (peers/vllm_core.py RELEASES)
     "vllm==0.28.0": "peers.vllm_0_28:make", "vllm==0.30.0": "peers.vllm_0_30:make", "vllm==0.33.0": "peers.vllm_0_33:make",
+    # SGLang (peers/sglang_core.py): its CUDA branch; the non-CUDA branch is peers.sglang_0_5_23:make_fallback
+    "sglang": "peers.sglang_0_5_23:make", "sglang==0.5.23": "peers.sglang_0_5_23:make", "sglang==0.5.20": "peers.sglang_0_5_20:make",
 }
 
 # The optional factory attributes (module docstring).

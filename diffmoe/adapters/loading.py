@@ -14,6 +14,7 @@ import importlib.util
 import os
 import sys
 
+from diffmoe.adapters import families
 from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, IMPLEMENTATION_ALIASES, ImplementationFactory
 from diffmoe.problem.config import quoted
 
@@ -48,12 +49,18 @@ def _import_impl_module(name: str):
 def load_factory(spec: str) -> ImplementationFactory:
     """'MODULE:FACTORY' or 'path/to/file.py:FACTORY' -> the factory callable; a clear ValueError
     when it cannot be found. A module name is also looked up in the current directory.
+    'MODULE:FUNCTION@FAMILY' is a fused_experts family function (diffmoe.adapters.families).
 
     Whatever importing the module raises (an ImportError, a SyntaxError, any exception of its
     top-level code, even SystemExit; not KeyboardInterrupt) is that ValueError, naming the
     module and the error: the CLI's usage error (exit 2), not a traceback or a silent exit."""
     if isinstance(spec, str) and spec in IMPLEMENTATION_ALIASES:
         spec = IMPLEMENTATION_ALIASES[spec]
+    if isinstance(spec, str) and families.SEPARATOR in spec:  # MODULE:FUNCTION@FAMILY: a fused_experts function
+        function_spec, _, family = spec.rpartition(families.SEPARATOR)
+        if family not in families.FAMILIES:
+            raise ValueError(f"--family must be one of {list(families.FAMILIES)}, got {family!r} (in {spec!r})")
+        return families.function_factory(load_factory(function_spec), family, spec)
     if not isinstance(spec, str) or spec.count(":") != 1:
         raise ValueError(f"--impl must be MODULE:FACTORY, path/to/file.py:FACTORY or a peer's name "
                          f"({', '.join(IMPLEMENTATION_ALIASES)}) (e.g. {DEFAULT_IMPLEMENTATION}), got {spec!r}")

@@ -21,7 +21,8 @@ Command line (wired by diffmoe.frontends.cli as `diffmoe peers ...`; `main(argv)
 
     diffmoe peers fetch NAME [--wheel FILE.whl]   download (or take FILE.whl), verify, extract;
                                                   NAME: vllm (0.33.0), vllm==0.28.0, vllm==0.30.0,
-                                                  vllm==0.33.0, lmdeploy
+                                                  vllm==0.33.0, lmdeploy, liger, sglang (0.5.23),
+                                                  sglang==0.5.20, sglang==0.5.23
     diffmoe peers list                            every known peer, its pin and whether it is cached
 
 Owns the pinned wheels (name, version, sha256, files kept) and the cache layout. Must not
@@ -105,6 +106,34 @@ VLLM_RELEASES: dict[str, PeerWheel] = {
     "vllm==0.33.0": _vllm("0.33.0", "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"),  # 336,361,138
 }
 _LIGER = "liger_kernel"
+_SGLANG_MOE = "sglang/srt/layers/moe/moe_runner/triton_utils"
+# The SGLang files the adapter loads (peers/sglang_core.py), the same paths in both supported
+# releases.
+_SGLANG_FILES = (
+    f"{_SGLANG_MOE}/fused_moe.py",  # fused_experts, _fused_moe_kernel_sequence, moe_combine_topk: the run sequence
+    f"{_SGLANG_MOE}/moe_align_block_size.py",  # the Python side of the alignment op (+1 bucket)
+    f"{_SGLANG_MOE}/fused_moe_triton_config.py",  # try_get_optimal_moe_config: the tile config
+    "sglang/kernels/ops/moe/fused_moe_triton_kernels.py",  # fused_moe_kernel, invoke_fused_moe_kernel, moe_sum_reduce_triton
+    "sglang/kernels/ops/moe/moe_align_small_numel.py",  # the Triton align for one-token batches over > 63 experts
+    "sglang/kernels/ops/quantization/fp8_kernel.py",  # scaled_fp8_quant, the per-token-group quants
+    "sglang/kernels/ops/quantization/fp8_utils.py",  # fp8_dtype_to_triton (fp8_kernel.py imports it)
+    f"{_SGLANG_MOE}/configs/",  # the tuned tile configs per Triton release and GPU (~390 JSON files, ~1.6 MB)
+)
+
+
+def _sglang(version: str, filename: str, sha256: str) -> PeerWheel:
+    return PeerWheel(name="sglang", package="sglang", version=version, filename=filename, sha256=sha256,
+                     files=_SGLANG_FILES, license="Apache-2.0", platform="manylinux_2_34_x86_64", python="3.11")
+
+
+# Every supported SGLang release, by `diffmoe peers fetch` name; each sha256 measured on the wheel
+# PyPI served on 2026-12-05 (sizes in bytes beside it).
+SGLANG_RELEASES: dict[str, PeerWheel] = {
+    "sglang==0.5.20": _sglang("0.5.20", "sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl",
+                              "1573527042f4f6b4ead838302818595fc77fdc611dbcc2e40cd150fbc8f8513c"),  # 27,393,709
+    "sglang==0.5.23": _sglang("0.5.23", "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
+                              "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"),  # 39,063,923
+}
 PEERS: dict[str, PeerWheel] = {
     "vllm": VLLM_RELEASES["vllm==0.33.0"],  # the default vLLM pin: `--impl vllm`, the same cache as vllm==0.33.0
     **VLLM_RELEASES,
@@ -140,6 +169,8 @@ PEERS: dict[str, PeerWheel] = {
         ),
         license="BSD-2-Clause",
     ),
+    "sglang": SGLANG_RELEASES["sglang==0.5.23"],  # the default SGLang pin: `--impl sglang`
+    **SGLANG_RELEASES,
 }
 
 

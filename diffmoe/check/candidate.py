@@ -7,6 +7,10 @@ program order, the interpreter's address recorder), and a teacher-forced stage
 (`Candidate.run_stage`). It returns what it saw (a `Run`, findings of the watchers); the judge
 (diffmoe/check/execution.py and the oracles) decides what it means.
 
+Longer than 400 lines because one watched call composes every watch (poison, the recorders, the
+red-zone, input and unwritten-read watchers, the program order, the bounds guard, the address
+recorder) with the instance services they share; split, each half would need the other's.
+
 Under isolation it runs in the candidate's process (diffmoe/isolation/): it must not import the
 reference (tests/test_isolation.py imports it under the isolation's import guard).
 
@@ -25,6 +29,8 @@ Robustness: nothing the implementation does ends the check without a Report.
   * Every input is kept as a bitwise copy, compared after each run (and, in the first run,
     before and after each launch, so the finding names the stage), and restored, so the later
     runs still see the original inputs; a changed input is a `contract` finding.
+  * Every call runs under the bounds guard (`memory_guarded`): under the interpreter an access
+    outside the allocation it addresses is refused, never performed, so no call corrupts the heap.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +50,7 @@ from diffmoe.adapters.contract import ImplementationFactory, Schedule, Workspace
 from diffmoe.check.call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet
 from diffmoe.check.recording import ChainedRecorder, LaunchLog
 from diffmoe.check.report import Finding, Oracles
-from diffmoe.check.watchers import InputWatch, RedZoneWatch, StageTracker
+from diffmoe.check.watchers import InputWatch, RedZoneWatch, StageTracker, UnwrittenReads
 from diffmoe.interpreter import grid_order
 from diffmoe.oracles.guards import GuardedTensor, GuardedWorkspaces
 from diffmoe.problem.config import MoEConfig, quoted
@@ -69,6 +76,9 @@ class Run:
     returned: Any = None  # the tensor run() returned (not a copy; isolated: its TensorIdentity)
     reported: set[str] = field(default_factory=set)  # intermediates run() returned itself
     addresses: Any = None  # the interpreter's per-program address record (RaceRecorder), first run only
+    out_of_bounds: list = field(default_factory=list)  # accesses the bounds guard refused (bounds_guard.OutOfBounds)
+    unwritten_reads: list = field(default_factory=list)  # reads of bytes nothing wrote (watchers.UnwrittenReads)
+    storages: dict = field(default_factory=dict)  # first address of each named tensor of the call -> its name
 
 
 @dataclass(frozen=True)
@@ -166,9 +176,16 @@ class Candidate:
         self.inputs = InputWatch(problem.inputs())
         self._progress = progress
         self.pending: list[Finding] = []  # the watchers' findings of a call that then crashed
+        self.refused: list = []  # every access the bounds guard refused, every call, not yet taken
 
     def take_pending(self) -> list[Finding]:
         found, self.pending = self.pending, []
+        return found
+
+    def take_refused(self) -> list:
+        """The bounds guard's refused accesses since the last take: of calls that crashed, and of
+        teacher-forced stages (a run's own are in its Run)."""
+        found, self.refused = self.refused, []
         return found
 
     # ---- progress -------------------------------------------------------------------
@@ -278,6 +295,20 @@ class Candidate:
             ))
         return plan
 
+    @contextmanager
+    def memory_guarded(self, named: dict[str, torch.Tensor], skipped: dict[str, str],
+                       stage: str | None = None) -> Iterator[Any]:
+        """One call under the bounds guard (diffmoe/interpreter/bounds_guard.py: on under the interpreter
+        whatever the selection); yields the guard (a LaunchRecorder, its refused accesses in `events`)
+        or None where it cannot hook (the reason in `skipped` under the bounds oracle's name)."""
+        from diffmoe.interpreter.bounds_guard import guard_for_call  # imports triton
+
+        guard, why = guard_for_call(named, stage)
+        if guard is None:
+            skipped.setdefault(Oracles.BOUNDS, why)
+        with guard or nullcontext():
+            yield guard
+
     # ---- one call -----------------------------------------------------------------------
     def execute(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, schedule: Schedule,
                 poison: int | None, problem: Problem | None = None, what: str | None = None,
@@ -294,13 +325,13 @@ class Candidate:
         order = self.program_order(impl, schedule, skipped if schedule_selected else {})
         with addresses if addresses is not None else nullcontext():
             run = self._execute(impl, guarded, output, schedule, poison, problem, what, attribute_input_writes,
-                                poison_workspaces, order, addresses)
+                                poison_workspaces, order, addresses, skipped)
         run.addresses = addresses
         found, self.pending = self.pending, []
         return Executed(run, found, skipped)
 
     def _execute(self, impl, guarded, output, schedule, poison, problem, what, attribute_input_writes,
-                 poison_workspaces, order, extra_recorder) -> Run:
+                 poison_workspaces, order, extra_recorder, skipped) -> Run:
         self.enter(what)
         if poison is not None:
             guarded.poison(poison)
@@ -313,17 +344,27 @@ class Candidate:
         watch = RedZoneWatch(guarded, output)
         run = self.method(impl, "run", what)
         self.inputs.start(attribute_input_writes)
-        recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, extra_recorder)
+        named = {**(problem or self.problem).inputs(), **dict(zip(("ws1", "ws2"), guarded.workspaces)),
+                 **({Buffers.OUTPUT: output.tensor} if output is not None else {})}
+        unwritten = UnwrittenReads(t.untyped_storage().data_ptr() for t in named.values())
+        guard = None
         try:
-            with numpy_quiet(), exits_intercepted(), order:
+            # the call's own allocations poisoned, so a tensor nobody wrote is told from one written;
+            # the guard innermost: a race recorder entered around this call records only what it let through
+            with numpy_quiet(), exits_intercepted(), allocations_poisoned(), order, \
+                    self.memory_guarded(named, skipped) as guard:
+                recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, unwritten,
+                                           guard, extra_recorder)
                 result = run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
                              schedule=schedule, recorder=recorder)
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
             if not implementation_failed(exc):
                 raise
             self.pending += self.inputs.finish(what, log)
+            self.refused += guard.events if guard else []
             raise Crash(crash_finding(exc, tracker.stage, what)) from exc
         self.pending += self.inputs.finish(what, log)
+        refused = guard.events if guard else []  # delivered with the run (its objects: the bounds oracle tells runs apart by them)
         returned = getattr(result, "output", None)
         intermediates = getattr(result, "intermediates", {})
         if not isinstance(returned, torch.Tensor) or not isinstance(intermediates, dict):
@@ -348,7 +389,9 @@ class Candidate:
                 buffers.setdefault(name, tensor.detach().clone())
         buffers[Buffers.OUTPUT] = out
         watch.check()  # writes made outside any reported launch
-        return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates))
+        storages = {t.untyped_storage().data_ptr(): name for name, t in named.items()}
+        return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates),
+                   out_of_bounds=refused, unwritten_reads=unwritten.found, storages=storages)
 
     def program_order(self, impl, schedule: Schedule, skipped: dict[str, str]):
         """The control `run` is called in: diffmoe.interpreter.grid_order's, which reorders the programs of every
@@ -389,12 +432,15 @@ class Candidate:
         """impl.run_stage(stage, inputs, problem): (what it returned, the input watch's findings);
         a failure raises Crash (the watch's findings in `pending`)."""
         self.inputs.start(False)
+        named, guard = {**self.problem.inputs(), **inputs}, None
         try:
-            with numpy_quiet(), exits_intercepted():
+            with numpy_quiet(), exits_intercepted(), self.memory_guarded(named, {}, stage) as guard:
                 outputs = impl.run_stage(stage, inputs, self.problem)
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
             if not implementation_failed(exc):
                 raise
             self.pending += self.inputs.finish(what)
+            self.refused += guard.events if guard else []
             raise Crash(crash_finding(exc, stage, what)) from exc
+        self.refused += guard.events if guard else []
         return outputs, self.inputs.finish(what)

@@ -102,6 +102,8 @@ class Check:
         self.sequenced = False
         # selected oracles that could not run on this check, and why (the report says so)
         self.skipped: dict[str, str] = {}
+        self.out_of_bounds: list = []  # every access the bounds guard refused, every call, in order
+        self.storages: dict[int, str] = {}  # first address of each named tensor of a call -> its name (the candidate's addresses)
 
     def selected(self, oracle: str) -> bool:
         return oracle in self.oracles
@@ -163,10 +165,14 @@ class Check:
                                               self.selected(Oracles.SCHEDULE))
         except Crash:
             self.findings += self.candidate.take_pending()
+            self.out_of_bounds += self.candidate.take_refused()
             raise
         self.findings += executed.findings
+        self.out_of_bounds += executed.run.out_of_bounds
+        self.storages.update(executed.run.storages)
         for name, why in executed.skipped.items():
-            self.skipped.setdefault(name, why)
+            if name != Oracles.BOUNDS or self.selected(name):
+                self.skipped.setdefault(name, why)
         self.settle_uncomputed_rows(executed.run.buffers, problem)
         return executed.run
 
@@ -178,6 +184,8 @@ class Check:
         except Crash:
             self.findings += self.candidate.take_pending()
             raise
+        finally:
+            self.out_of_bounds += self.candidate.take_refused()
 
     # ---- what oracles share -------------------------------------------------------------
     def judge_run(self, run: Run, first: bool) -> list[Finding]:

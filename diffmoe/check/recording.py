@@ -4,18 +4,22 @@
 read and wrote (the runtime aliasing oracle judges those), and optionally a copy of every
 buffer right after the launch that wrote it: intermediates in shared workspaces are
 overwritten by later stages, so the copy is the only way to compare them with the reference.
+It also keeps whether a launch was reported as a Triton kernel and, under the interpreter, how
+many Triton programs ran during it (diffmoe.interpreter.program_count; the contract oracle judges
+a Triton launch that ran none).
 
 Owns the launch log and the snapshots. Must not judge what it records: the oracles do.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Mapping
 
 import torch
 
 from diffmoe.adapters.contract import LaunchInfo, LaunchRecorder
+from diffmoe.interpreter.program_count import programs_run
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,10 @@ class RecordedLaunch:
     grid: tuple[int, ...]
     reads: list[TensorRegion]
     writes: list[TensorRegion]
+    triton: bool = False  # reported as a Triton kernel (LaunchInfo.triton)
+    # Triton programs the interpreter ran between before_launch and after_launch; None where they are
+    # not counted (compiled launches: diffmoe.interpreter.program_count) or the launch did not finish
+    programs: int | None = None
 
 
 def _regions(views: Mapping[str, torch.Tensor]) -> list[TensorRegion]:
@@ -85,6 +93,7 @@ class LaunchLog:
     launches: list[RecordedLaunch] = field(default_factory=list)
     snapshots: dict[str, torch.Tensor] = field(default_factory=dict)
     snapshot_launch: dict[str, int] = field(default_factory=dict)
+    _open: list[tuple[int, int | None]] = field(default_factory=list)  # launches begun: (index, programs run then)
 
     def before_launch(self, launch: LaunchInfo) -> None:
         self.launches.append(
@@ -95,10 +104,17 @@ class LaunchLog:
                 grid=tuple(launch.grid),
                 reads=_regions(launch.reads),
                 writes=_regions(launch.writes),
+                triton=bool(getattr(launch, "triton", False)),
             )
         )
+        self._open.append((len(self.launches) - 1, programs_run()))
 
     def after_launch(self, launch: LaunchInfo) -> None:
+        if self._open:
+            index, before = self._open.pop()
+            after = programs_run()
+            if before is not None and after is not None:
+                self.launches[index] = replace(self.launches[index], programs=after - before)
         if not self.snapshot:
             return
         for name, view in launch.writes.items():
@@ -108,6 +124,7 @@ class LaunchLog:
     def clear(self) -> None:
         """Forget everything, to record another run."""
         self.launches.clear()
+        self._open.clear()
         self.snapshots.clear()
         self.snapshot_launch.clear()
 

@@ -178,6 +178,8 @@ class DifferentialRun(Check):
             self.findings += self.judge_run(run, first=index == 0)
         for oracle in self.active:
             self.findings += oracle.finish(self)
+        for oracle in self.active:
+            self.findings += oracle.after_finish(self)
 
 
 def _check_problem_argument(problem: object, config: MoEConfig) -> Problem:
@@ -316,6 +318,8 @@ class _Job:
             state.run()
         except Crash as crash:
             state.findings += state.candidate.take_pending()
+            for oracle in state.active:
+                state.findings += oracle.after_crash(state)
             state.findings.append(crash.finding)
         finally:
             if hasattr(state.candidate, "close"):

@@ -1,8 +1,9 @@
 """Recorders that watch one call of the implementation, launch by launch.
 
 Owns: the stage in flight (so a crash or a timeout can name it), bitwise copies of the
-problem's inputs (which input a run wrote, when, and restoring it), and the guard bytes
-checked after every launch. Each is a `LaunchRecorder` (diffmoe/adapters/contract.py) chained into the
+problem's inputs (which input a run wrote, when, and restoring it), the guard bytes
+checked after every launch, and the reads of the implementation's own tensors that nothing wrote
+(`UnwrittenReads`, which the poison oracle words). Each is a `LaunchRecorder` (diffmoe/adapters/contract.py) chained into the
 call by `Check.execute`; none judges anything beyond what it watches.
 
 Must not report under an oracle's name other than the contract's (input writes).
@@ -139,3 +140,65 @@ class RedZoneWatch:
 
     def after_launch(self, launch: LaunchInfo) -> None:
         self.check(launch.stage, list(launch.writes))
+
+
+_FILL: dict[torch.dtype, torch.Tensor | None] = {}
+
+
+def _fill_pattern(dtype: torch.dtype) -> torch.Tensor | None:
+    """The bytes of one element of `dtype` as torch's fill_uninitialized_memory leaves it (NaN
+    floats, the largest integers), asked of torch itself once per dtype; None where the fill
+    cannot be told from a value code writes on purpose (all-zero bytes)."""
+    if dtype not in _FILL:
+        from diffmoe.check.call_environment import allocations_poisoned
+
+        with allocations_poisoned():
+            pattern = torch.empty(1, dtype=dtype).view(torch.uint8).clone()
+        # bool's fill is True, a value code writes on purpose as often as not
+        _FILL[dtype] = pattern if bool(pattern.any()) and dtype != torch.bool else None
+    return _FILL[dtype]
+
+
+class UnwrittenReads:
+    """Which bytes a launch reads that no launch of this call wrote and nothing else did either.
+
+    Runs with the call's own allocations poisoned (`call_environment.allocations_poisoned`):
+    a tensor the implementation allocated and nobody wrote still holds torch's fill pattern. Before
+    each launch, every view it declares it reads whose storage is not one of the check's own
+    (workspaces, output, inputs: the poison oracle's second run judges those) and whose bytes no
+    earlier launch of this call declared it wrote is looked at: when every element still holds the
+    fill pattern, no launch and no host code (a `torch.zeros`, a copy) wrote any of it.
+    `found` lists (launch index, stage, kernel, view name, bytes) for the poison oracle to word.
+    """
+
+    def __init__(self, own_storages: Collection[int]) -> None:
+        self.own = set(own_storages)
+        self.written: dict[int, list[tuple[int, int]]] = {}  # storage -> byte ranges launches wrote
+        self.found: list[tuple[int, str, str, str, int]] = []
+        self.launches = 0
+
+    def _unwritten(self, region) -> bool:
+        return not any(s < region.end_byte and region.start_byte < e for s, e in self.written.get(region.storage_ptr, ()))
+
+    def before_launch(self, launch: LaunchInfo) -> None:
+        for name, view in (launch.reads or {}).items():
+            if not isinstance(view, torch.Tensor) or view.numel() == 0 or view.device.type == "meta":
+                continue
+            region = region_of(name, view)
+            pattern = _fill_pattern(view.dtype)
+            if region.storage_ptr in self.own or pattern is None or not self._unwritten(region):
+                continue
+            size = view.element_size()
+            elements = view.detach().contiguous().view(torch.uint8).reshape(-1, size)
+            # every element: a declared read view may be wider than what the launch reads (the unused
+            # tail of a private sorted-ids buffer sized for the worst case, measured on the shipped
+            # implementation), so a partly filled view says nothing certain
+            if bool((elements == pattern.to(elements.device)).all()):
+                self.found.append((self.launches, launch.stage, launch.kernel, str(name), elements.numel()))
+
+    def after_launch(self, launch: LaunchInfo) -> None:
+        self.launches += 1
+        for name, view in (launch.writes or {}).items():
+            if isinstance(view, torch.Tensor) and view.numel():
+                region = region_of(name, view)
+                self.written.setdefault(region.storage_ptr, []).append((region.start_byte, region.end_byte))

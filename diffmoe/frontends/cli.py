@@ -96,6 +96,7 @@ from diffmoe.problem.config import (
 from diffmoe.problem.config import MAX_SHARED_EXPERTS, MAX_SWIGLU_LIMIT
 from diffmoe.problem.numerics import EXAMPLE as NUMERICS_EXAMPLE
 from diffmoe.problem.numerics import MAX_NUMERICS_FILE_CHARS, PROFILE_NAMES, parse_spec, profile_from_toml
+from diffmoe.adapters.families import FAMILIES as FAMILY_NAMES
 from diffmoe.adapters.contract import (
     CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ConfigRefused, Schedule, WorkspacePlan,
     factory_attribute, factory_plan,
@@ -437,7 +438,23 @@ def fuzz_waivers(args: argparse.Namespace):
 def _add_impl_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
                                                           "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers; "
-                                                          "vllm==0.28.0, vllm==0.30.0: those releases)")
+                                                          "vllm==0.28.0, vllm==0.30.0: those releases; lmdeploy, liger, "
+                                                          "sglang (0.5.23), sglang==0.5.20)")
+    p.add_argument("--fn", metavar="MODULE:FUNCTION", help="a fused_experts function to test as it is, called with its "
+                                                          "family's signature (--family); the same as --impl MODULE:FUNCTION@FAMILY")
+    p.add_argument("--family", choices=FAMILY_NAMES, help="the signature --fn is called with: vllm's or sglang's fused_experts")
+
+
+def fold_fn(args: argparse.Namespace) -> None:
+    """--fn MODULE:FUNCTION --family F is --impl MODULE:FUNCTION@F (what replay lines carry)."""
+    fn, family = getattr(args, "fn", None), getattr(args, "family", None)
+    if fn is None and family is None:
+        return
+    if fn is None or family is None:
+        raise UsageError("--fn and --family go together: --fn MODULE:FUNCTION --family vllm|sglang")
+    if getattr(args, "impl", None) is not None:
+        raise UsageError("--fn replaces --impl: give one of them")
+    args.impl = f"{fn}@{family}"
 
 
 # --isolation's default for check and fuzz (docs/robustness.md, "Isolation"); a module constant
@@ -1496,6 +1513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers, museum or numerics (see diffmoe --help)")
+        fold_fn(args)
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
         return status

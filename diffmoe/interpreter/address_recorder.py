@@ -250,9 +250,8 @@ def _kernel_arg_regions(names: Any, args: tuple, kwargs: Mapping[str, Any]) -> t
             ext = _view_extent(v) if hasattr(v, "data_ptr") else None
             if ext:
                 extents.setdefault((ext[0], ext[0] + ext[1]), []).append(n)
-    return tuple(
-        _Region(f"unnamed@0x{start:x}", start, end, kernel_arg=", ".join(ns)) for (start, end), ns in extents.items()
-    )
+    # labelled by the recorder (RaceRecorder._run_begin): after the launch that first received them
+    return tuple(_Region("", start, end, kernel_arg=", ".join(ns)) for (start, end), ns in extents.items())
 
 
 def _install() -> None:
@@ -303,6 +302,7 @@ class RaceRecorder:
             if (ext := _view_extent(tensor)) is not None
         )
         self._stray: list[_StrayStores] = []
+        self._argument_names: dict[tuple[int, int], str] = {}  # undeclared tensors, by extent
         self._depth = 0
         self._launches: list[_Launch] = []
         self._stack: list[_Launch] = []
@@ -414,8 +414,19 @@ class RaceRecorder:
         self._close_implicit_run()
         if self._run is not None:
             self._finish_run()
+        args = tuple(replace(r, label=self._argument_name(kernel, r)) if not r.label else r for r in args)
         self._run = _Run(self._run_count, kernel, args, self._stack[-1] if self._stack else None)
         self._run_count += 1
+
+    def _argument_name(self, kernel: str, region: _Region) -> str:
+        """A tensor no launch declared, named by the launch argument that first received it in this
+        call ("the buffer argument `C` of launch 3 (stage down_gemm)"), never by its address."""
+        key = (region.start, region.end)
+        if key not in self._argument_names:
+            launch = self._stack[-1] if self._stack else None
+            where = f"launch {launch.index} (stage {launch.stage})" if launch else f"an unannounced launch of {kernel}"
+            self._argument_names[key] = f"the buffer argument `{region.kernel_arg}` of {where}"
+        return self._argument_names[key]
 
     def _run_end(self) -> None:
         if self._run is not None and not self._implicit_run:

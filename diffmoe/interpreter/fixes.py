@@ -25,7 +25,8 @@ exact bit patterns), so each is corrected exactly there: `install()` replaces th
 methods for exactly those dtype pairs with numpy code computing what CUDA computes (the PTX
 Triton 3.9 emits for sm_90, compiled here without a GPU: `cvt.rn.satfinite.e4m3x2.f32`,
 `cvt.rn.bf16.f32`, `cvt.f32.bf16`, `cvt.rn.f16x2.e4m3x2` + `cvt.f32.f16`), and the dots as
-an IEEE float32 dot of the exactly widened operands. Every other dtype pair, rounding mode and
+an IEEE float32 dot of the exactly widened operands, one output row at a time as every
+interpreted dot (diffmoe.interpreter.dot_rows, installed beneath these fixes). Every other dtype pair, rounding mode and
 op goes to triton's own implementation unchanged.
 
 The results are, bit for bit, what the kernels' software workarounds (optimized/kernels:
@@ -70,7 +71,9 @@ probe (diffmoe.backend.conformance, run once per process on triton's own methods
     `best_config` names it; timing on a GPU may pick another, whose bits can differ where the
     configs tile a reduction differently.
 
-`suspended()` suspends the cast and dot fixes only (the software paths model exactly those);
+`suspended()` suspends the cast and dot fixes only (the software paths model exactly those; the
+row-by-row product beneath them stays, as no software path models a row's dependence on its
+neighbours);
 `suspended(gated=True)` suspends the probe-gated ones too (the tests showing their defects).
 
 The race recorder (diffmoe.interpreter.address_recorder) hooks other builder methods (loads,
@@ -93,6 +96,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from diffmoe.interpreter import dot_rows
+from diffmoe.interpreter.dot_rows import matmul_by_rows
 from diffmoe.interpreter.triton_pin import triton_release
 
 SUPPORTED_TRITON = (3, 9)
@@ -259,10 +264,8 @@ def _make_patches(interpreter):
         else:
             return orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         # as triton's own float32 path: products and sums in float32 (exact products for these
-        # operands), the accumulator added after
-        import numpy as np
-
-        return TensorHandle(np.matmul(a_data, b_data, dtype=d.data.dtype) + d.data, d.dtype.scalar)
+        # operands), the accumulator added after; row by row as every interpreted dot (dot_rows)
+        return TensorHandle(matmul_by_rows(a_data, b_data, d.data.dtype) + d.data, d.dtype.scalar)
 
     orig_exp = _originals["create_exp"]
 
@@ -294,6 +297,7 @@ def install() -> FixStatus:
         from triton.runtime import interpreter
 
         cls = interpreter.InterpreterBuilder
+        dot_rows.install()  # beneath the fixes: what uninstall() and suspended() put back keeps it
         for name in PATCHED_METHODS:
             _originals[name] = cls.__dict__[name]
         for name, fn in _make_patches(interpreter).items():

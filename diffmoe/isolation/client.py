@@ -49,6 +49,15 @@ class _Zygote:
 
 
 _ZYGOTES: dict[tuple, _Zygote] = {}
+_CANDIDATE_CPU = [0.0]  # CPU seconds the candidates of this process's checks used (bench/ab_isolation.py)
+# How long close() waits for a candidate to say how much CPU it used (it answers at once, unless
+# it is stuck in the implementation: then it is killed without an answer).
+_CLOSE_REPLY_SECONDS = 1.0
+
+
+def candidate_cpu_seconds() -> float:
+    """CPU seconds of every isolated check's candidate process so far, in this process's checks."""
+    return _CANDIDATE_CPU[0]
 _LOCK = threading.Lock()
 
 
@@ -82,6 +91,12 @@ def zygote(preload: tuple[str, ...] = ()) -> _Zygote:
             raise RuntimeError(f"the candidate's zygote process ended at its start (exit code {proc.returncode})")
         _ZYGOTES[key] = found = _Zygote(proc, address, authkey, os.getpid())
         return found
+
+
+def zygote_pids() -> set[int]:
+    """The zygotes this process started and that are still running (a test that counts a process's
+    children leaves them out: they outlive a check on purpose, one per process)."""
+    return {z.proc.pid for z in _ZYGOTES.values() if z.owner == os.getpid() and z.proc.poll() is None}
 
 
 def _alive(z: _Zygote) -> bool:
@@ -155,6 +170,7 @@ class RemoteCandidate:
 
     def __init__(self, factory, device: torch.device, problem, progress, *, factory_ref, preload=()) -> None:
         self._progress = progress
+        self._gone = False  # the candidate's process ended: nothing more can be asked of it
         self.pending: list[Finding] = []
         self._refused: set[str] = set()
         self.phase = "starting the candidate's process"
@@ -181,6 +197,7 @@ class RemoteCandidate:
             try:
                 message = recv(self.conn)
             except (EOFError, OSError):
+                self._gone = True
                 raise Crash(Finding(
                     oracle=Oracles.CRASH,
                     message=f"the candidate's process ended during {self.phase} (its connection closed)",
@@ -203,6 +220,9 @@ class RemoteCandidate:
     def _request(self, op: str, *args):
         if self._crash is not None:  # the factory never loaded: every call is that finding
             raise self._crash
+        if self._gone:
+            raise Crash(Finding(oracle=Oracles.CRASH, message=f"the candidate's process had ended before {op}",
+                                figures={"phase": self.phase}))
         send(self.conn, (op, *args))
         reply = self._receive()
         kind = reply[0]
@@ -219,10 +239,19 @@ class RemoteCandidate:
         found, self.pending = self.pending, []
         return found
 
+    def take_refused(self) -> list:
+        if self._crash is not None or self._gone:
+            return []  # what a process that ended had refused ended with it
+        return self._request("take_refused")
+
     def close(self) -> None:
         try:
             send(self.conn, ("close",))
-        except OSError:
+            if not self._gone and self._crash is None and self.conn.poll(_CLOSE_REPLY_SECONDS):
+                reply = recv(self.conn)
+                if reply[0] == "closed":
+                    _CANDIDATE_CPU[0] += reply[1]
+        except (OSError, EOFError):
             pass
         self.conn.close()
         if self.pid:

@@ -32,6 +32,9 @@ from diffmoe.check.report import ByteRange, Finding, Oracles
 _READ, _WRITE, _ATOMIC_READ, _ATOMIC_WRITE = range(4)
 _N_KINDS = 4
 _EMPTY = np.empty(0, dtype=np.int64)
+# Bytes no view of the launch, no named region and no kernel argument covers (never seen on CPU
+# tensors, whose arguments are the kernel's own storage): named without an address (issue 28).
+UNNAMED = "memory no view or argument of the launch covers"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +347,7 @@ def _analyse(run: _Run) -> tuple[RunSummary, list[_Conflict]]:
 
         def describe(order: tuple[_Region, ...], i: int) -> tuple[str, int, str | None]:
             if i < 0:
-                return f"unnamed@0x{span[0]:x}", span[0], None
+                return UNNAMED, span[0], None
             r = order[i]
             return r.label, r.start, r.kernel_arg
 
@@ -419,7 +422,7 @@ def _stray_stores(run: _Run, named: tuple[_Region, ...]) -> _StrayStores | None:
     while last + 1 < seg.size and seg[last + 1] == seg[last] + 1:
         last += 1
     span = (int(bounds[seg[0]]), int(bounds[seg[last] + 1]))
-    label, base = f"unnamed@0x{span[0]:x}", span[0]
+    label, base = UNNAMED, span[0]
     for r in (*named, *launch.reads, *run.args):
         if r.start <= span[0] < r.end:
             label, base = r.label, r.start

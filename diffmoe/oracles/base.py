@@ -12,6 +12,9 @@ returns its findings. A check calls the hooks in this order:
      active oracle set `records_addresses`);
   3. `finish(check)`               once every order ran (`check.runs`): oracles that compare
      runs, and oracles that run the implementation again (their own calls, stages, siblings).
+  4. `after_finish(check)`         once every `finish` ran: what the calls the oracles made showed.
+  `after_crash(check)` instead of the hooks not yet called when a crash ends the check: what an
+  oracle saw before it (the bounds oracle's refused accesses, which often lead to the crash).
 
 Within one hook, oracles run in ascending `rank`, which fixes the order their findings come
 in a report: how memory was used (races, stray stores, guard bytes, the contract, aliasing)
@@ -49,4 +52,12 @@ class Oracle:
         return []
 
     def finish(self, check: Check) -> list[Finding]:
+        return []
+
+    def after_finish(self, check: Check) -> list[Finding]:
+        """Once every oracle's `finish` ran: what the calls they made showed (the bounds oracle)."""
+        return []
+
+    def after_crash(self, check: Check) -> list[Finding]:
+        """Findings to report before a crash that ended the check (what led up to it)."""
         return []

@@ -1,7 +1,7 @@
 """The call-sequence oracle: a call must not depend on the calls made before it.
 
-Owns the small call after the T call, the T call after the small one, and the diagnostic
-runs a divergence buys. Its T call after the small one also serves two other oracles, so a
+Owns the small call after the T call, the T call after the small one, the call of other values
+of the small call's shape after both, and the diagnostic runs a divergence buys. Its T call after the small one also serves two other oracles, so a
 passing check pays for no extra T run: it is the last program order's run (appended to
 `check.runs` and judged like every order's run, then by the schedule oracle) and, with the
 poison oracle selected, that oracle's second run (`check.sequenced`; poison.py's
@@ -14,10 +14,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dataclasses import replace
+
 from diffmoe.adapters.contract import Schedule
-from diffmoe.problem.inputs import Problem
+from diffmoe.problem.inputs import Problem, tokens_of
 from diffmoe.check.report import Finding, Oracles
-from diffmoe.problem.vocabulary import producer_stage
+from diffmoe.problem.vocabulary import Buffers, Stages, producer_stage
+from diffmoe.tolerance.compare import Rule, compare
+from diffmoe.tolerance.table import END_TO_END, rule_for
 from diffmoe.oracles.base import Oracle
 from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor
 from diffmoe.oracles.poison import poison_findings
@@ -45,7 +49,8 @@ class CallSequence(Oracle):
            "instance and unpoisoned workspaces, bitwise against the small call on a fresh instance and fresh workspaces; "
            "then, on that fresh pair, the T call right after the small one (under the last program order, which the "
            "schedule oracle then judges), bitwise against the T call on its own (stale rows, scales cached in private "
-           "buffers, reductions over the workspace capacity); T >= 2")
+           "buffers, reductions over the workspace capacity); then on that pair a call of the small call's shape with "
+           "other values (the last T // 16 tokens), judged against its own reference (a result kept by shape); T >= 2")
     rank = 60
 
     def finish(self, check: Check) -> list[Finding]:
@@ -57,7 +62,12 @@ class CallSequence(Oracle):
         1. a small call (T // SMALL_CALL_DIVISOR tokens, at least 1) right after the T call
            (runs[0]), on the same instance and unpoisoned workspaces, against the small call on
            a fresh instance and fresh workspaces;
-        2. on that fresh pair, the T call right after the small call, against the T call on its own.
+        2. on that fresh pair, the T call right after the small call, against the T call on its own;
+        3. on that pair again, a call of the small call's shape with other values (the last
+           T // SMALL_CALL_DIVISOR tokens), against its own reference (other_values_findings):
+           every other call of a check repeats inputs already seen, so an implementation that
+           keeps a result by shape and returns it for any later call of that shape (issue 33)
+           passes them all. One small call more per check (docs/oracles.md has its cost).
 
         The T call of (2) does three jobs, so a passing check pays for two small runs and no
         extra T run: it runs under the last program order (whose run the schedule oracle then
@@ -150,4 +160,51 @@ class CallSequence(Oracle):
                         "made on its own (state left by the earlier call: stale rows, scales or private buffers)",
                 figures={"tokens": t_call, "earlier_tokens": earlier, **c.figures()},
             ))
+        # (3): on the fresh pair, a call of the small call's shape with other values
+        other = replace(small, **tokens_of(check.problem, slice(t_large - t_small, t_large)))
+        run = check.execute(fresh, fresh_ws, out_for(t_small, POISON_PATTERNS[0]), first_order, None, problem=other,
+                            what=f"the T={t_small} call of the last {t_small} tokens right after calls of the first "
+                                 f"{t_small} (same workspaces)")
+        check.findings += other_values_findings(check, small, small_alone, other, run)
         return []
+
+
+def other_values_findings(check: Check, earlier: Problem, earlier_run: Run, other: Problem, run: Run) -> list[Finding]:
+    """(3) of CallSequence.finish: `run`, a call of `other` (the shape of `earlier`, other values)
+    made after calls of `earlier` on the same instance, judged against its own reference: by the
+    differential (on a check of `other`: every stage on the candidate's own inputs, then the
+    output within the derived bound; unless the differential has already found the T call
+    diverging from its reference), and, tolerance-free, its output must not be bitwise the
+    earlier call's where the two references' outputs differ beyond the table's end-to-end output
+    rule (an implementation that reports no intermediates gives the differential nothing to
+    derive a bound from; a result kept from the earlier call still shows)."""
+    from diffmoe.check.execution import Check as CheckOf, reference_moe
+    from diffmoe.oracles.differential import Differential
+
+    t = other.num_tokens
+    what = (f"a T={t} call of other values (the last {t} tokens), made after calls of the same shape (the first "
+            f"{t} tokens) on the same instance and workspaces")
+    judge = CheckOf(check.config, check.factory, [Oracles.DIFFERENTIAL], check.schedules, check.device, check.name,
+                    problem=other)
+    # where the T call already diverges from its reference the differential has said so: judged
+    # again here, those divergences would come back under this oracle's name (seen on Liger and
+    # lmdeploy judged under another numerics profile), telling nothing about earlier calls
+    if not any(f.oracle == Oracles.DIFFERENTIAL for f in check.findings):
+        found = Differential().judge_run(judge, run, first=True)
+        for f in found:
+            f.oracle = Oracles.CALL_SEQUENCE
+            f.message = f"{what}, does not match its own reference: {f.message}"
+        if found:
+            return found
+    references = compare(Buffers.OUTPUT, reference_moe(earlier).output, judge.reference.output,
+                         rule_for(check.config.quant, Buffers.OUTPUT, END_TO_END, backend=check.tolerance_backend))
+    same = compare(Buffers.OUTPUT, earlier_run.output, run.output, Rule.bitwise("the same output for other inputs"))
+    if references.ok or not same.ok:
+        return []
+    return [Finding(
+        oracle=Oracles.CALL_SEQUENCE, stage=Stages.REDUCE, buffers=[Buffers.OUTPUT],
+        message=f"{what}, returned bitwise the earlier call's output, though the two references' outputs differ in "
+                f"{references.differing} of {references.total} elements beyond the end-to-end output rule: a result "
+                "kept from an earlier call of the same shape, not computed from this call's inputs",
+        figures={"tokens": t, "reference_elements_differing": references.differing},
+    )]

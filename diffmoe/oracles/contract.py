@@ -1,7 +1,10 @@
 """The contract oracle: what the plug-in contract (diffmoe/adapters/contract.py) asks of a run.
 
 Owns the checks of the first order's run: the output's shape, dtype and device, the caller's
-output tensor used, every written buffer declared, every materialised buffer written. Input
+output tensor used, every written buffer declared, every materialised buffer written, and, under
+the interpreter, every launch reported as a Triton kernel (LaunchInfo.triton) having run at least
+one Triton program (diffmoe.interpreter.program_count counts them; compiled launches are not
+counted, so nothing is judged there). Input
 writes and results that are no RunResult are found by the check itself (diffmoe/check/execution.py)
 and reported under this oracle's name whatever the selection: they make the rest unjudgeable.
 
@@ -10,6 +13,7 @@ Must not touch the order runs beyond reading the first one.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,7 +38,7 @@ class Contract(Oracle):
     name = Oracles.CONTRACT
     checks = "the plug-in contract"
     how = ("output shape/dtype/device, undeclared buffers written, a plan that does not fit the workspaces (reported "
-           "before any launch)")
+           "before any launch), a launch reported as a Triton kernel that ran no Triton program (interpreter only)")
     rank = 30
 
     def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]:
@@ -62,6 +66,15 @@ class Contract(Oracle):
             ))
         declared = set(materialised_buffers(cfg))
         inputs = set(check.problem.inputs())
+        for launch in run.log:
+            if launch.triton and launch.programs == 0 and math.prod(launch.grid) > 0:
+                found.append(Finding(
+                    oracle=Oracles.CONTRACT, stage=launch.stage, buffers=[r.name for r in launch.writes],
+                    message=f"launch {launch.kernel} (stage {launch.stage}) is reported as a Triton kernel on a grid of "
+                            f"{math.prod(launch.grid)} programs, but the interpreter ran no Triton program during it: "
+                            "what it wrote was computed by other code",
+                    figures={"grid": list(launch.grid), "programs_run": 0},
+                ))
         for launch in run.log:
             for region in launch.writes:
                 if region.name in inputs:

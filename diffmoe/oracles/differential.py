@@ -136,13 +136,14 @@ class Differential(Oracle):
         if not failed:
             derived = derived_output_bound(check, run, down_interval)
             if derived is None:
-                # No down-GEMM input reported (an implementation that returns only its output):
-                # the output is still judged, against the reference's with the table's
-                # end-to-end rule. Before, it was not judged at all, and an implementation that
-                # returned zeros and no intermediate passed (issue 33's exploit suite).
-                rule = rule_for(check.config.quant, Buffers.OUTPUT, END_TO_END, backend=check.tolerance_backend)
+                # No down-GEMM input reported (a fused_experts family function, diffmoe.adapters.families,
+                # or any implementation that returns only its output): the output is still judged,
+                # against the reference's with the table's end-to-end row. Before, it was not judged
+                # at all, and an implementation that returned zeros and nothing else passed (issue 33).
+                rule = rule_for(check.config.quant, Buffers.OUTPUT, END_TO_END, backend=check.tolerance_backend,
+                                numerics=check.config.numerics_profile)
                 c = compare(Buffers.OUTPUT, check.reference.output, run.buffers[Buffers.OUTPUT], rule)
-                extra["judged_with"] = "the end-to-end rule: the candidate reported no down-GEMM input"
+                extra["judged_with"] = "the output's end-to-end rule: the candidate reported no down-GEMM input"
             else:
                 bound, extra = derived
                 c = compare(Buffers.OUTPUT, check.reference.output, run.buffers[Buffers.OUTPUT],

@@ -29,6 +29,7 @@ REGISTRY: tuple[tuple[str, str], ...] = (
     ("metamorphic", "diffmoe.oracles.metamorphic:Metamorphic"),
     ("static-aliasing", "diffmoe.oracles.static_aliasing:StaticAliasing"),
     ("runtime-aliasing", "diffmoe.oracles.runtime_aliasing:RuntimeAliasing"),
+    ("bounds", "diffmoe.oracles.bounds:Bounds"),
     ("races", "diffmoe.oracles.races:Races"),
     ("store-extent", "diffmoe.oracles.store_extent:StoreExtent"),
     ("schedule", "diffmoe.oracles.schedule:ScheduleOracle"),

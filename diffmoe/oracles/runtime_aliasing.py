@@ -17,7 +17,7 @@ Owns the runtime rule. Must not run the implementation: it reads the launch log.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from diffmoe.check.recording import LaunchLog, RecordedLaunch, TensorRegion
 from diffmoe.check.report import ByteRange, Finding, Oracles
@@ -32,15 +32,29 @@ class _Labeller:
     A label's pointer may be the storage's own start or lie inside it (a guarded workspace
     is the middle of a larger allocation): bytes are reported relative to the nearest
     labelled pointer at or below them, so "ws2 bytes [0, 4096)" means ws2's first 4096 bytes.
+    A storage the caller did not label is one the implementation allocated: it is named by what
+    it holds, the first view a launch wrote into it (else read from it), never by its address
+    (issue 28): "intermediate_cache1 (allocated by the implementation)".
     """
 
     names: dict[int, str]
+    holds: dict[int, str] = field(default_factory=dict)  # unlabelled storage -> the first view's name
+
+    @classmethod
+    def of(cls, names: dict[int, str], launches: list[RecordedLaunch]) -> _Labeller:
+        holds: dict[int, str] = {}
+        for kind in ("writes", "reads"):
+            for launch in launches:
+                for region in getattr(launch, kind):
+                    holds.setdefault(region.storage_ptr, region.name)
+        return cls(names, holds)
 
     def byte_range(self, region: TensorRegion, start: int, end: int) -> ByteRange:
         limit = region.storage_ptr + max(region.storage_nbytes, 1)
         inside = sorted(p for p in self.names if region.storage_ptr <= p < limit)
         if not inside:
-            return ByteRange(f"0x{region.storage_ptr:x}", start, end)
+            held = self.holds.get(region.storage_ptr, region.name)
+            return ByteRange(f"{held} (allocated by the implementation)", start, end)
         address = region.storage_ptr + start
         below = [p for p in inside if p <= address]
         base = below[-1] if below else inside[0]
@@ -88,8 +102,8 @@ def _last_writer(launches: list[RecordedLaunch], buffer: str, before: int) -> in
 
 def check_runtime_aliasing(log: LaunchLog, region_names: dict[int, str]) -> list[Finding]:
     """Findings for every buffer a launch overwrote while it was still needed (see module doc)."""
-    label = _Labeller(dict(region_names))
     launches = list(log.launches)
+    label = _Labeller.of(dict(region_names), launches)
     found = _Findings()
 
     # Across launches first: its message names who wrote and who reads the lost buffer,

@@ -1,5 +1,5 @@
 """Numerics profiles as data: the reference's rounding points, each point's menu of choices, the
-four built-in profiles, and the spec a user writes to name a profile of their own.
+built-in profiles, and the spec a user writes to name a profile of their own.
 
 A rounding point is a place where two correct MoE kernels may round differently (the amax's NaN
 policy, the scale's floor, how codes are made, silu's precision, the reduce's order...). Each
@@ -51,7 +51,7 @@ class Point:
     menu: tuple[str, ...]
 
 
-_SCALES = ("min_scale", "min_amax", "no_floor", "min_amax_product")
+_SCALES = ("min_scale", "min_amax", "no_floor", "min_amax_product", "min_amax_product_1e10")
 _CODES = ("divide", "reciprocal", "reciprocal_amax")
 _NAN_CODES = ("nan", "pos_max", "neg_max")
 
@@ -89,7 +89,7 @@ POINTS: tuple[Point, ...] = (
     Point("input_weight", "the router weight on the input (router_weight='input', K = 1)", "quant_input, gate_up_gemm",
           QUANT_SCHEMES, ("fp32", "bf16")),
     Point("reduce", "the sum over k: precision, start and order", "reduce", QUANT_SCHEMES,
-          ("fp32", "fp32_from_zero", "bf16", "bf16_from_zero", "bf16_k2_to_4")),
+          ("fp32", "fp32_from_zero", "bf16", "bf16_from_zero", "bf16_k2_to_4", "fp32_from_zero_past_k2")),
 )
 POINT_NAMES: tuple[str, ...] = tuple(p.name for p in POINTS)
 MENUS: dict[str, tuple[str, ...]] = {p.name: p.menu for p in POINTS}
@@ -136,6 +136,25 @@ PROFILES: dict[str, dict[str, str]] = {
         "swiglu_clamp": "none", "silu_rounding": "silu_to_bf16",  # _silu_and_mul_kernel
         "fp8_gemm": "ratio_rescaled",  # fused_moe_blocked_fp8_kernel
         "router_weight": "reduce_bf16", "reduce": "bf16",  # _moe_reduce_kernel
+    },
+    "sglang": {  # SGLang 0.5.23 / 0.5.20, the CUDA branch of fused_experts (peers/sglang_core.py)
+        **_DIFFMOE,
+        "amax": "drop_nan",  # fmaxf chains from 0 in every quant kernel
+        "tensor_scale": "no_floor", "tensor_codes": "reciprocal", "tensor_nan_code": "pos_max",  # per_tensor_quant_fp8.cuh
+        "token_scale": "no_floor", "token_codes": "reciprocal", "token_nan_code": "pos_max",  # per_token_quant_fp8.cuh
+        "group_scale": "min_amax_product_1e10", "group_codes": "reciprocal_amax",
+        "group_nan_code": "pos_max",  # per_token_group_quant.cuh
+        "swiglu_clamp": "none",  # the adapter refuses swiglu_limit (DeepSeek V4's path)
+        "fp8_gemm": "scales_after_dot",  # fused_moe_kernel
+        "reduce": "fp32_from_zero_past_k2",  # torch.add at K = 2, torch.sum / moe_sum_reduce (float32, from +0) above
+    },
+    "sglang_fallback": {  # the same, the non-CUDA branch: torch's silu, SGLang's Triton group quant
+        **_DIFFMOE,
+        "group_scale": "min_amax", "group_codes": "reciprocal", "group_nan_code": "nan",  # _per_token_group_quant_8bit
+        "amax": "propagate_nan",  # tl.max(tl.abs(y)) keeps a NaN
+        "swiglu_clamp": "none", "silu": "torch", "silu_rounding": "silu_to_bf16",  # F.silu(gate) * up in bf16
+        "fp8_gemm": "scales_after_dot",
+        "reduce": "fp32_from_zero",  # moe_sum_reduce_triton: tl.zeros, then += each row
     },
 }
 PROFILE_NAMES: tuple[str, ...] = tuple(PROFILES)

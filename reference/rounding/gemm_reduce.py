@@ -217,3 +217,11 @@ def reduce_bf16_k2_to_4(rows: torch.Tensor) -> torch.Tensor:
     """vLLM 0.33's moe_sum: its bf16-accumulating kernel for K = 2..4 (reduce_bf16_from_zero), at::sum_out
     for other K (reduce_fp32_from_zero; csrc/moe/moe_align_sum_kernels.cu)."""
     return reduce_bf16_from_zero(rows) if rows.shape[1] in BF16_SUM_TOPK else reduce_fp32_from_zero(rows)
+
+
+def reduce_fp32_from_zero_past_k2(rows: torch.Tensor) -> torch.Tensor:
+    """SGLang's combine over top-k (fused_moe.py, CUDA branch): at K = 2 `torch.add` of the two rows,
+    at K = 1 the down GEMM's own store (both from the first row: reduce_fp32), above a float32 sum
+    from +0 (torch.sum, sgl_kernel's moe_sum_reduce; reduce_fp32_from_zero). The start only shows on
+    a token whose rows are all -0.0 (seen in the false-alarm campaign on zero rows at K = 3 and 6)."""
+    return reduce_fp32(rows) if rows.shape[1] <= 2 else reduce_fp32_from_zero(rows)

@@ -28,7 +28,7 @@ from . import quant as q
 
 _UNIT_CHOICES = {
     "scale": {"min_scale": q.scale_min_scale, "min_amax": q.scale_min_amax, "no_floor": q.scale_no_floor,
-              "min_amax_product": q.scale_min_amax_product},
+              "min_amax_product": q.scale_min_amax_product, "min_amax_product_1e10": q.scale_min_amax_product_1e10},
     "codes": {"divide": q.codes_divide, "reciprocal": q.codes_reciprocal, "reciprocal_amax": q.codes_reciprocal_amax},
     "nan_code": {"nan": q.nan_code_nan, "pos_max": q.nan_code_pos_max, "neg_max": q.nan_code_neg_max},
 }
@@ -48,7 +48,8 @@ CHOICES: dict[str, dict[str, Callable]] = {
                       "reduce_bf16": gr.weight_reduce_bf16},
     "input_weight": {"fp32": gr.input_weight_fp32, "bf16": gr.input_weight_bf16},
     "reduce": {"fp32": gr.reduce_fp32, "fp32_from_zero": gr.reduce_fp32_from_zero, "bf16": gr.reduce_bf16,
-               "bf16_from_zero": gr.reduce_bf16_from_zero, "bf16_k2_to_4": gr.reduce_bf16_k2_to_4},
+               "bf16_from_zero": gr.reduce_bf16_from_zero, "bf16_k2_to_4": gr.reduce_bf16_k2_to_4,
+               "fp32_from_zero_past_k2": gr.reduce_fp32_from_zero_past_k2},
 }
 UNIT_OF_SCHEME = {"fp8-tensor": "tensor", "fp8-token": "token", "fp8-block": "group"}
 

@@ -84,6 +84,15 @@ def scale_min_amax_product(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return floored * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32), floored
 
 
+def scale_min_amax_product_1e10(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """scale = max(amax, 1e-10) * float32(1 / 448), the product of min_amax_product with the group
+    quants' 1e-10 floor: SGLang 0.5.23's and 0.5.20's per-token-group quant
+    (kernels/jit/csrc/gemm/per_token_group_quant.cuh: amax = max(amax, 1e-10f), raw_scale = amax *
+    kMaxValueInv; a zero group's scale is 1e-10 / 448, measured by the false-alarm campaign)."""
+    floored = amax.clamp_min(GROUP_AMAX_FLOOR)
+    return floored * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32), floored
+
+
 # ---- the codes before the clamp: units, scale, the floored amax -> float32 ------------------------
 
 

@@ -1,0 +1,136 @@
+"""The fused_experts family without an adapter: a function with vLLM's or SGLang's `fused_experts`
+signature, judged as it is (`--fn MODULE:FUNCTION --family vllm|sglang`, the `--impl` spec
+`MODULE:FUNCTION@FAMILY`, `function_factory(fn, family)` in Python).
+
+A family is how the function is called with a problem's tensors:
+
+    vllm:    fn(hidden_states, w1, w2, topk_weights, topk_ids, use_fp8_w8a8=, per_channel_quant=,
+                w1_scale=, w2_scale=, block_shape=)
+    sglang:  fn(hidden_states, w1, w2, (topk_weights, topk_ids, None), moe_runner_config,
+                use_fp8_w8a8=, per_channel_quant=, w1_scale=, w2_scale=, block_shape=)
+
+with the scheme's flags (fp8-token: per-token activations and per-channel weights; fp8-block:
+block_shape [128, 128]) and SGLang's runner config as a namespace of its defaults (silu, gated,
+no routed scaling, every expert local, out of place). The function returns the [T, H] output.
+
+The function allocates what it needs itself: the declared plan says so (no placement, 0 bytes
+of ws1 and ws2), and it reports no launch, so what is judged is the output (the differential at
+the reduce, the schedule, call-sequence and poison oracles on it); a written adapter (the
+adapter kit, diffmoe.adapters.kit) names each launch's buffers and is judged stage by stage.
+Under the Triton interpreter each launch's programs run in the schedule's order
+(diffmoe.interpreter.grid_order).
+
+Owns the families' calling conventions and the implementation a family function becomes. Must
+not import an implementation (peers/, optimized/).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Callable
+
+import torch
+
+from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
+
+FAMILIES = ("vllm", "sglang")
+SEPARATOR = "@"
+
+
+def _quant_kwargs(config: MoEConfig, problem) -> dict:
+    return dict(use_fp8_w8a8=config.is_fp8, per_channel_quant=config.quant == "fp8-token",
+                w1_scale=problem.w1_scale, w2_scale=problem.w2_scale,
+                block_shape=[QUANT_BLOCK, QUANT_BLOCK] if config.quant == "fp8-block" else None)
+
+
+def _sglang_runner(config: MoEConfig):
+    return types.SimpleNamespace(
+        num_experts=config.num_experts, num_local_experts=config.num_experts, inplace=False, no_combine=False,
+        activation="silu", is_gated=True, apply_router_weight_on_input=False, routed_scaling_factor=None,
+        gemm1_alpha=None, gemm1_clamp_limit=None, swiglu_limit=None, gate_up_interleaved=True,
+        no_combine_keep_router_weight=False)
+
+
+def call(fn: Callable, family: str, config: MoEConfig, problem) -> torch.Tensor:
+    """`fn` called as `family` calls it on `problem` (module docstring)."""
+    ids = problem.topk_ids.to(torch.int32)
+    if family == "vllm":
+        return fn(problem.hidden_states, problem.w1, problem.w2, problem.topk_weights, ids, **_quant_kwargs(config, problem))
+    if family == "sglang":
+        return fn(problem.hidden_states, problem.w1, problem.w2, (problem.topk_weights, ids, None), _sglang_runner(config),
+                  **_quant_kwargs(config, problem))
+    raise ValueError(f"family must be one of {list(FAMILIES)}, got {family!r}")
+
+
+def check_supported(config: MoEConfig) -> None:
+    """What a family call cannot express: the fields the signature has no argument for."""
+    for field, allowed in (("fused", False), ("router_weight", "down"), ("output", "separate"), ("expert_map", None),
+                           ("activation", "silu")):
+        if getattr(config, field) != allowed:
+            raise ValueError(f"{field} must be {allowed!r} for a fused_experts family function: the signature has "
+                             f"no argument for it, got {getattr(config, field)!r}")
+
+
+class FamilyFunction:
+    """A fused_experts family function behind the plug-in contract (diffmoe.adapters.contract)."""
+
+    orders_programs = True  # run() applies the schedule through diffmoe.interpreter.grid_order itself
+
+    def __init__(self, fn: Callable, family: str, name: str, config: MoEConfig, device=None):
+        from diffmoe.adapters.contract import default_device
+
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {list(FAMILIES)}, got {family!r}")
+        config.validate()
+        check_supported(config)
+        self.fn, self.family, self.name, self.config = fn, family, name, config
+        self.device = torch.device(device) if device is not None else default_device()
+        self.max_tokens = config.num_tokens
+
+    def workspace_plan(self, num_tokens: int):
+        from diffmoe.adapters.contract import WorkspacePlan
+        from diffmoe.problem.vocabulary import pipeline_stages
+
+        return WorkspacePlan(planner=f"{self.name} (fresh allocations only)", buffer_list=(), placements=(),
+                             stages=tuple(pipeline_stages(self.config)), workspace_bytes=(0, 0))
+
+    def workspace_shapes(self, max_tokens: int | None = None) -> tuple[int, int]:
+        return (0, 0)
+
+    def run(self, problem, workspaces, *, output=None, schedule=None, recorder=None):
+        from diffmoe.adapters.contract import RunResult, Schedule
+        from diffmoe.interpreter import grid_order
+
+        t, h = problem.num_tokens, self.config.hidden
+        out = output if output is not None else torch.empty(t, h, dtype=torch.bfloat16, device=self.device)
+        if t == 0:
+            return RunResult(output=out)
+        with grid_order.program_order(schedule or Schedule()), torch.no_grad():
+            result = call(self.fn, self.family, self.config, problem)
+        if not isinstance(result, torch.Tensor) or result.shape != (t, h):
+            raise TypeError(f"{self.name} must return the [{t}, {h}] output, got "
+                            f"{getattr(result, 'shape', type(result).__name__)}")
+        out.copy_(result)
+        return RunResult(output=out)
+
+
+def function_factory(fn: Callable, family: str, name: str | None = None):
+    """The factory of `fn` called as `family` calls it; `name` (default MODULE:FUNCTION@FAMILY) is what
+    reports and replay lines call it."""
+    if family not in FAMILIES:
+        raise ValueError(f"--family must be one of {list(FAMILIES)}, got {family!r}")
+    label = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}{SEPARATOR}{family}"
+
+    def make(config: MoEConfig, device=None) -> FamilyFunction:
+        return FamilyFunction(fn, family, label, config, device)
+
+    def supports(config: MoEConfig) -> str | None:
+        try:
+            check_supported(config)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    make.supports = supports  # diffmoe.adapters.contract.SUPPORTS
+    make.name = label
+    return make

@@ -1,0 +1,283 @@
+"""SGLang's Triton fused MoE (`fused_experts`, its CUDA branch) as a diffmoe implementation:
+`--impl sglang` (0.5.23), `--impl sglang==0.5.20`, and `peers.sglang_0_5_23:make_fallback` for the
+branch SGLang takes on a platform that is none of CUDA, HIP, XPU and MUSA.
+
+What runs is SGLang's own Python call sequence from the seven files `diffmoe peers fetch sglang`
+cached out of the pinned wheel (diffmoe/adapters/peer_wheels.py), executed by path with the adapter
+kit (diffmoe/adapters/kit/): fused_moe.py's `fused_experts` (the tile config, the alignment, both
+`invoke_fused_moe_kernel` calls with their activation quant, silu_and_mul, the combine over top-k)
+and its jit kernels. Everything else those files import is a kit stub; the few names evaluated at
+import or on the path get values below (STUB_VALUES): the platform probes (is_cuda() True for the
+CUDA branch, False for the fallback; every other platform False; no SM90, no PDL: the interpreter
+is neither), the environment registry's flags at their default (off), no symmetric-memory pool,
+no fused sum all-reduce, no deterministic-inference override, no tuned-config override.
+
+SGLang's compiled CUDA ops are the adapter kit's stand-ins with SGLang's conventions
+(peers/sglang_standins.py, which also holds the values the stubs carry).
+fused_moe.py's `@torch.compile` sum (top-k > 2 at <= 32 tokens) runs eagerly
+(torch.compiler.set_stance("force_eager")): the same torch.sum, without a C++ toolchain.
+
+Launches are reported with vocabulary names: each stand-in op (ALIGN, the quants, ACTIVATION),
+each `fused_moe_kernel` launch (a proxy around the jit kernel, peers.ReportingKernel: the
+gate/up GEMM reads w1, the down GEMM w2) and, when `fused_experts` returns, the combine over top-k that fused_moe.py
+does in host code (torch.add at K = 2, torch.sum or moe_sum_reduce above), reported as the reduce
+(at K = 1 the down GEMM stores the result itself: the adapter's copy of it is the reduce). Every intermediate SGLang keeps is in route order (row t*K+k),
+so nothing is permuted. The fallback's activation, torch code between the launches, is reported
+as the activation right before the first launch that reads its result.
+
+Workspaces: SGLang allocates every buffer itself (torch.empty in _fused_moe_kernel_sequence),
+so the plan says so; the output is fused_experts' own tensor copied into the caller's.
+
+Numerics: the `sglang` profile (diffmoe.problem.numerics), from the facts above; the fallback's
+`sglang_fallback` (torch's silu rounded to bf16 before the product, Triton group quant).
+Batch invariance: not claimed. The tile config depends on the number of tokens (get_default_config
+switches BLOCK_SIZE_* at M <= E), so a token's row may be summed in another order in another batch.
+
+Owns the adapter (loading SGLang's files, the stand-in conventions, launch reporting, the refusals).
+Must not copy SGLang source or change its numerics: differences are reported, not fixed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import types
+from dataclasses import dataclass
+
+import torch
+
+from diffmoe.adapters import kit, peer_wheels
+from diffmoe.adapters.contract import LaunchInfo
+from diffmoe.problem.config import MoEConfig
+from diffmoe.problem.vocabulary import QUANT_BLOCK, Buffers as B, Stages
+
+from . import ReportingKernel, SelfAllocatingPeer, launch_grid, refuse_set_fields, supports_from
+from .sglang_standins import ACTIVE as _ACTIVE, MOE as _MOE, OPS as _OPS, moe_align_block_size, stub_values
+
+FILES = (  # executed in this order, each seeing the ones before it
+    (f"{_OPS}.quantization.fp8_utils", "sglang/kernels/ops/quantization/fp8_utils.py"),
+    (f"{_OPS}.quantization.fp8_kernel", "sglang/kernels/ops/quantization/fp8_kernel.py"),
+    (f"{_OPS}.moe.fused_moe_triton_kernels", "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"),
+    (f"{_OPS}.moe.moe_align_small_numel", "sglang/kernels/ops/moe/moe_align_small_numel.py"),
+    (f"{_MOE}.fused_moe_triton_config", f"{_MOE.replace('.', '/')}/fused_moe_triton_config.py"),
+    (f"{_MOE}.moe_align_block_size", f"{_MOE.replace('.', '/')}/moe_align_block_size.py"),
+    (f"{_MOE}.fused_moe", f"{_MOE.replace('.', '/')}/fused_moe.py"),
+)
+class SglangFiles:
+    """One release's files loaded once per (cache root, branch)."""
+
+    _loaded: dict = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls, peer: str, cuda: bool) -> SglangFiles:
+        from . import install_interpreter_fixes
+
+        root = peer_wheels.peer_root(peer)  # one line naming `diffmoe peers fetch <peer>` when missing
+        with cls._lock:
+            if (str(root), cuda) not in cls._loaded:
+                install_interpreter_fixes()
+                cls._loaded[(str(root), cuda)] = cls(root, cuda)
+            return cls._loaded[(str(root), cuda)]
+
+    def __init__(self, root, cuda: bool):
+        stubs = kit.Stubs(["sglang", "sgl_kernel", "aiter", "deep_gemm"], stub_values(cuda))
+        self.modules = kit.load_modules(kit.PackageSource.folder(root), FILES, stubs=stubs)
+        # SGLang warns on every call that no tuned config matches E, N and the GPU (none can: diffmoe's
+        # shapes are no real model's); the default config it then takes is the one that runs
+        logging.getLogger(f"{_MOE}.fused_moe_triton_config").setLevel(logging.ERROR)
+        self.fused_moe = self.modules[f"{_MOE}.fused_moe"]
+        kernels = self.modules[f"{_OPS}.moe.fused_moe_triton_kernels"]
+        # instrumentation, not a change: invoke_fused_moe_kernel reaches the jit kernel through a module global
+        kernels.fused_moe_kernel = ReportingKernel("fused_moe_kernel", kernels.fused_moe_kernel, _ACTIVE)
+        fp8 = self.modules[f"{_OPS}.quantization.fp8_kernel"]
+        fp8._per_token_group_quant_8bit = ReportingKernel("_per_token_group_quant_8bit",
+                                                          fp8._per_token_group_quant_8bit, _ACTIVE)
+        self.installed = self.modules.installed
+        if not cuda:  # the fallback still aligns with the +1-bucket op: the name its file imports on a GPU
+            self.modules[f"{_MOE}.moe_align_block_size"].sgl_moe_align_block_size = moe_align_block_size
+
+
+class RunReporter:
+    """One run's launch reporting: vocabulary names and stages from the tensors each launch touches."""
+
+    def __init__(self, impl: SglangTritonMoE, problem, recorder):
+        self.impl, self.problem, self.recorder = impl, problem, recorder
+        self.kernels: list[str] = []
+        self.routing: dict[str, torch.Tensor] = {}
+        self.gate_up: torch.Tensor | None = None
+        self.down_output: torch.Tensor | None = None
+        self.activated = False
+
+    def _launch(self, stage, kernel, grid, reads, writes, run):
+        self.kernels.append(kernel)
+        if self.recorder is None:
+            return run()
+        info = LaunchInfo(stage=stage, kernel=kernel, grid=tuple(grid), reads=reads, writes=writes)
+        self.recorder.before_launch(info)
+        result = run()
+        self.recorder.after_launch(info)
+        return result
+
+    def _quant_names(self, x):
+        if x.data_ptr() == self.problem.hidden_states.data_ptr():
+            return Stages.QUANT_INPUT, B.HIDDEN_STATES, B.QUANTED_GATE_UP_INPUT, B.QUANTED_GATE_UP_INPUT_SCALES
+        self._host_activation(x)
+        return Stages.QUANT_DOWN_INPUT, B.ACTIVATION_OUTPUT, B.QUANTED_DOWN_INPUT, B.QUANTED_DOWN_INPUT_SCALES
+
+    def op(self, op, reads, writes, compute):
+        kernel = f"{op} (diffmoe torch stand-in)"
+        if op == "moe_align_block_size":
+            self.routing = {B.SORTED_TOKEN_IDS: writes["sorted_token_ids"], B.EXPERT_IDS: writes["expert_ids"],
+                            B.NUM_TOKENS_POST_PADDED: writes["num_tokens_post_padded"]}
+            return self._launch(Stages.ALIGN, kernel, (1,), {B.TOPK_IDS: reads["topk_ids"]}, dict(self.routing), compute)
+        if op == "silu_and_mul":
+            self.activated = True
+            return self._launch(Stages.ACTIVATION, kernel, (reads["input"].shape[0],),
+                                {B.GATE_UP_OUTPUT: reads["input"]}, {B.ACTIVATION_OUTPUT: writes["output"]}, compute)
+        stage, x, codes, scales = self._quant_names(reads["input"])
+        return self._launch(stage, kernel, (reads["input"].shape[0],), {x: reads["input"]},
+                            {codes: writes["output"], scales: writes["scale"]}, compute)
+
+    def launch(self, kernel: str, grid, args: dict, run, jit=None):
+        p, cfg = self.problem, self.impl.config
+        grid = launch_grid(jit, grid, args)
+        if kernel == "_per_token_group_quant_8bit":  # the fallback's Triton group quant
+            stage, x, codes, scales = self._quant_names(args["y_ptr"])
+            return self._launch(stage, kernel, grid, {x: args["y_ptr"]}, {codes: args["y_q_ptr"], scales: args["y_s_ptr"]}, run)
+        first = args["b_ptr"].data_ptr() == p.w1.data_ptr()
+        if first:
+            stage, a_name, s_name, w, w_scale, out = (Stages.GATE_UP_GEMM, B.QUANTED_GATE_UP_INPUT,
+                                                      B.QUANTED_GATE_UP_INPUT_SCALES, B.W1, B.W1_SCALE, B.GATE_UP_OUTPUT)
+            if not cfg.is_fp8:
+                a_name = B.HIDDEN_STATES
+            self.gate_up = args["c_ptr"].view(-1, args["c_ptr"].shape[-1])
+        else:
+            self._host_activation(args["a_ptr"])
+            self.down_output = args["c_ptr"].view(-1, args["c_ptr"].shape[-1])
+            stage, a_name, s_name, w, w_scale, out = (Stages.DOWN_GEMM, B.QUANTED_DOWN_INPUT, B.QUANTED_DOWN_INPUT_SCALES,
+                                                      B.W2, B.W2_SCALE, B.DOWN_OUTPUT)
+            if not cfg.is_fp8:
+                a_name = B.ACTIVATION_OUTPUT
+        reads = {a_name: args["a_ptr"], w: args["b_ptr"], **self.routing}
+        if args.get("a_scale_ptr") is not None:
+            reads[s_name] = args["a_scale_ptr"]
+        if args.get("b_scale_ptr") is not None:
+            reads[w_scale] = args["b_scale_ptr"]
+        if args.get("MUL_ROUTED_WEIGHT"):
+            reads[B.TOPK_WEIGHTS] = args["topk_weights_ptr"]
+        c = args["c_ptr"]
+        writes = {out: c.view(-1, c.shape[-1])}
+        return self._launch(stage, kernel, grid, reads, writes, run)
+
+    def _host_activation(self, activation_output):
+        """The fallback's activation is torch code in fused_moe.py between the launches: reported as
+        the activation, reading the gate/up GEMM's output and writing `activation_output`, before the
+        first launch that reads it."""
+        if not self.activated:
+            self.activated = True
+            self._launch(Stages.ACTIVATION, "silu * up (SGLang fused_moe.py host code, torch)", (1,),
+                         {B.GATE_UP_OUTPUT: self.gate_up}, {B.ACTIVATION_OUTPUT: activation_output}, lambda: None)
+
+    def finish(self, output, down_output) -> torch.Tensor:
+        """fused_moe.py's combine over top-k (host code, or moe_sum_reduce inside it): the reduce. At
+        K = 1 there is none: the down GEMM stored fused_experts' result itself, so the adapter's copy
+        of it is reported as the reduce (the output is then judged apart from down_output)."""
+        if self.impl.config.topk == 1:
+            result = torch.empty_like(output)
+            return self._launch(Stages.REDUCE, "copy of the down GEMM's store (diffmoe, K = 1)", (output.shape[0],),
+                                {B.DOWN_OUTPUT: down_output}, {B.OUTPUT: result}, lambda: result.copy_(output))
+        self._launch(Stages.REDUCE, "combine over top-k (SGLang fused_moe.py host code)", (output.shape[0],),
+                     {B.DOWN_OUTPUT: down_output}, {B.OUTPUT: output}, lambda: None)
+        return output
+
+
+@dataclass(frozen=True)
+class Release:
+    peer: str  # diffmoe.adapters.peer_wheels name
+    version: str
+
+
+def check_supported(config: MoEConfig, cuda: bool = True) -> None:
+    """ValueError naming the field for what the adapter does not run, and why."""
+    name = "SGLang's Triton fused MoE" + ("" if cuda else " (non-CUDA fallback)")
+    if config.fused:
+        raise ValueError(f"fused must be false for {name}: its path has no fused activation + quant (silu_and_mul writes "
+                         "intermediate_cache2 in bf16, the down call quantises it)")
+    if not cuda and config.quant in ("fp8-tensor", "fp8-token"):
+        raise ValueError(f"quant must be 'bf16' or 'fp8-block' for {name}: its scaled_fp8_quant calls the CUDA/JIT "
+                         f"per-tensor and per-token ops, which the fallback does not import, got {config.quant!r}")
+    if config.quant == "fp8-block" and QUANT_BLOCK in (config.hidden, config.inter):
+        raise ValueError(f"hidden and inter must be other than {QUANT_BLOCK} for quant='fp8-block' with {name}: a "
+                         "whole-row group goes to SGLang's per-token quant (sglang_per_token_group_quant_fp8), whose "
+                         "rounding the group profile does not describe")
+    if config.router_weight != "down":
+        raise ValueError(f"router_weight must be 'down' for {name}: on the input SGLang multiplies the gate/up GEMM's "
+                         f"accumulator, a rounding point no profile names, got {config.router_weight!r}")
+    if config.output != "separate":
+        raise ValueError(f"output must be 'separate' for {name}: fused_experts returns a fresh tensor, got {config.output!r}")
+    if config.expert_map is not None:
+        raise ValueError(f"expert_map must be None for {name}: fused_experts takes local expert ids (expert "
+                         "parallelism maps them before it)")
+    if config.activation != "silu":
+        raise ValueError(f"activation must be 'silu' for {name}, got {config.activation!r}")
+    refuse_set_fields(config, name, {
+        "swiglu_limit": "its clamped SwiGLU is DeepSeek V4's path (swiglu_limit == 10 only, act_and_mul_triton)",
+        "dropped_slots": "fused_experts is called without -1 ids (its expert filter is off when every expert is local)",
+    })
+
+
+class SglangTritonMoE(SelfAllocatingPeer):
+    """SGLang's fused_experts behind diffmoe's plug-in contract (diffmoe.adapters.contract)."""
+
+    reporter_class = RunReporter
+    active = _ACTIVE
+    release: Release
+    cuda: bool
+
+    def __init__(self, config, device=None):
+        self.name = f"sglang-{self.release.version}" + ("" if self.cuda else "-fallback")
+        self.files_class = types.SimpleNamespace(get=lambda device: SglangFiles.get(self.release.peer, self.cuda))
+        super().__init__(config, device)
+
+    def check_supported(self, config) -> None:  # noqa: D102 - SelfAllocatingPeer's hook
+        check_supported(config, self.cuda)
+
+    def call(self, problem) -> torch.Tensor:
+        fm, cfg = self.files.fused_moe, self.config
+        runner = types.SimpleNamespace(
+            num_experts=cfg.num_experts, num_local_experts=cfg.num_experts, inplace=False, no_combine=False,
+            activation="silu", is_gated=True, apply_router_weight_on_input=False, routed_scaling_factor=None,
+            gemm1_alpha=None, gemm1_clamp_limit=None, swiglu_limit=None, gate_up_interleaved=True,
+            no_combine_keep_router_weight=False)
+        fp8 = cfg.is_fp8
+        with torch.compiler.set_stance("force_eager"):
+            out = fm.fused_experts(
+                problem.hidden_states, problem.w1, problem.w2, (problem.topk_weights, problem.topk_ids.to(torch.int32), None),
+                runner, use_fp8_w8a8=fp8, per_channel_quant=cfg.quant == "fp8-token",
+                w1_scale=problem.w1_scale, w2_scale=problem.w2_scale,
+                block_shape=[QUANT_BLOCK, QUANT_BLOCK] if cfg.quant == "fp8-block" else None)
+        return _ACTIVE.reporter.finish(out, _ACTIVE.reporter.down_output)
+
+    def check_launches(self, reporter) -> None:
+        gemms = reporter.kernels.count("fused_moe_kernel")
+        if gemms != 2:
+            raise RuntimeError(f"SGLang's fused_experts launched {reporter.kernels}; the adapter expects two fused_moe_kernel launches")
+
+
+def factory(release: Release, cuda: bool, module: str):
+    """The factory of one release and branch (a spec suffix picks the branch: make / make_fallback)."""
+    cls = type(f"SglangTritonMoE_{release.version.replace('.', '_')}{'' if cuda else '_fallback'}", (SglangTritonMoE,),
+               {"release": release, "cuda": cuda, "__module__": module})
+
+    def make(config: MoEConfig, device=None) -> SglangTritonMoE:
+        return cls(config, device)
+
+    make.__module__ = module
+    make.__name__ = make.__qualname__ = "make" if cuda else "make_fallback"  # the spec a replay line names
+    make.numerics = "sglang" if cuda else "sglang_fallback"  # diffmoe.adapters.contract.NUMERICS
+    make.supports = supports_from(lambda c: check_supported(c, cuda))  # diffmoe.adapters.contract.SUPPORTS
+    make.batch_invariant = False  # diffmoe.adapters.contract.BATCH_INVARIANT: the tile config follows the token count
+    make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
+    make.release = release
+    return make
