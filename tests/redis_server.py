@@ -1,6 +1,6 @@
 """A real redis-server for the tests that need one (issue 31): started on a free port of
 localhost, with nothing saved to disk, and stopped (terminated, then killed, then reaped) when the
-session ends, so no server outlives the suite.
+module that uses it ends, so no server outlives the suite.
 
 Where no redis-server is installed the tests that need one are skipped, except under CI=true,
 where they fail: CI installs it (.ci/run), and a skipped test there would prove nothing.

@@ -24,7 +24,7 @@ from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture
 LEGACY_MINIMAL = MINIMAL_FUSED_CONFIG.replace(planner="legacy")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped with the module: tests elsewhere count this process's children
 def redis_server():
     server = RedisServer()
     yield server
@@ -33,7 +33,7 @@ def redis_server():
 
 @pytest.fixture
 def redis_db(redis_server):
-    """A clean database 0 of the session's server (each xdist worker has its own server)."""
+    """A clean database 0 of the module's server (each xdist worker has its own server)."""
     redis_server.client().flushdb()
     return redis_server
 
