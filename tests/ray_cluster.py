@@ -2,7 +2,7 @@
 --head` and `ray start --address`, each run with `--block` as a child of the test process, so
 stopping it (SIGTERM, which makes `ray start --block` stop every process it started, then a kill)
 leaves no Ray process behind; `ray stop` is never used, as it stops every Ray process on the
-machine, other users' included. Every port is a free one of this machine and the session folder
+machine, other users' included. Every port is a free one of this machine and Ray's temporary folder
 is the test's own, so two suites on one machine do not meet.
 
 Where Ray is not installed the tests that need it are skipped, except under CI=true, where they fail
@@ -96,6 +96,6 @@ class RayCluster:
                 try:
                     p.wait(30)
                 except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)  # its own session: the processes it started
+                    os.killpg(p.pid, signal.SIGKILL)  # its own process group: the processes it started
                     p.wait()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
