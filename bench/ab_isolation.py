@@ -19,6 +19,8 @@ import argparse
 import statistics
 import time
 
+import torch
+
 from diffmoe.check.runner import run_differential
 from diffmoe.isolation.client import candidate_cpu_seconds
 from diffmoe.problem.config import MoEConfig
@@ -43,6 +45,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    # one thread, as the CLI's checks run (a forked worker, diffmoe/check/worker.py), and the
+    # candidate takes its judge's count: idle OpenMP threads spinning on a busy machine would
+    # otherwise be counted as CPU seconds
+    torch.set_num_threads(1)
     for label, config in CONFIGS.items():
         for isolation in ("none", "process"):
             one(config, isolation)  # warm-up: first-call costs, the zygote's start

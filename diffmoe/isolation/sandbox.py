@@ -301,6 +301,44 @@ def _picklable(obj: object) -> bool:
     return True
 
 
+# The config of the zygote's warm-up call: small, fp8 (the quantisation kernels and both GEMMs).
+_WARM_CONFIG = dict(num_tokens=4, num_experts=2, topk=2, hidden=128, inter=128, quant="fp8-token", fused=False)
+
+
+def _warm_interpreter() -> None:
+    """One call of diffmoe's own shipped kernels on a small problem, under the interpreter only:
+    the interpreter's per-process memos (numpy dtypes, block types, shapes: diffmoe.interpreter.
+    fast_path) and the kernels' rewrites are filled once here, not in every child (a child that
+    starts cold paid about 0.4 s of CPU more per check: bench/ab_isolation.py). The candidate's own
+    code never runs here: whatever it keeps between calls starts empty in every child."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, Schedule
+        from diffmoe.adapters.loading import load_factory
+        from diffmoe.check.candidate import Candidate
+        from diffmoe.oracles.guards import POISON_PATTERNS
+        from diffmoe.problem.config import MoEConfig
+        from diffmoe.problem.inputs import make_problem
+
+        config = MoEConfig(**_WARM_CONFIG)
+        candidate = Candidate(load_factory(DEFAULT_IMPLEMENTATION), torch_device(), make_problem(config, torch_device()))
+        impl = candidate.build(config)
+        guarded = candidate.allocate(candidate.workspace_shapes(impl, config.num_tokens), "warm-up")
+        output = candidate.new_output(config.num_tokens, config.hidden)
+        # as a check's first run (the address recorder) and a later order's (the program order)
+        candidate.execute(impl, guarded, output, Schedule(), POISON_PATTERNS[0], address_oracles=("races",))
+        candidate.execute(impl, guarded, output, Schedule.parse("reversed"), POISON_PATTERNS[1])
+    except Exception:  # noqa: BLE001 - a warm-up that fails only leaves the children cold
+        pass
+
+
+def torch_device():
+    import torch
+
+    return torch.device("cpu")
+
+
 def zygote_main(preload: list[str]) -> None:
     """Read the authentication key from stdin, listen, preload, print the address, fork per check."""
     from multiprocessing.connection import Listener
@@ -318,6 +356,8 @@ def zygote_main(preload: list[str]) -> None:
         except BaseException:  # noqa: BLE001 - the child imports it again and reports what fails
             pass
     _GUARD.take()  # the zygote's attempts are nobody's finding: each child makes its own
+    torch.set_num_threads(1)  # no OpenMP team before the forks (a child sets its judge's count)
+    _warm_interpreter()
     if "triton" in sys.modules:
         from diffmoe.interpreter import fast_path
 
