@@ -2,7 +2,7 @@
 
     diffmoe check [config options | --config FILE.json] [--impl MODULE:FACTORY] [--oracles a,b]
                   [--time-limit S] [--json]
-    diffmoe fuzz  [--max-examples N] [--seed S | --database DIR] [--workers N] [--planner P] [--impl ...]
+    diffmoe fuzz  [--max-examples N] [--seed S | --database DIR|redis://HOST:PORT/N] [--workers N] [--planner P] [--impl ...]
                   [--max-tokens T] [--max-experts E] [--oracles a,b] [--time-limit S] [--json]
                   [--save-failure FILE.json] [config flags as bounds: --topk 1..2 --quant fp8-block --fused ...]
                   [--waive ORACLE@STAGE ... | --waive-file F] [--keep-going N]
@@ -49,11 +49,15 @@ the limit is diffmoe.check.runner.default_time_limit(): 120 s on the Triton inte
 CUDA. Ctrl-C or SIGTERM stops a fuzz at once: it prints the smallest failure found so far
 (exit 1) or that none was found (exit 130). --database DIR keeps Hypothesis's example
 database there: a failure found (even by an interrupted run) is replayed first by the next
-run with the same DIR. A seeded run replays nothing (Hypothesis's @seed turns the database
+run with the same DIR. --database redis://HOST:PORT/N keeps it on a Redis server instead, shared by
+workers on several machines (a bad URL or a server that does not answer: exit 2 before any example
+runs; diffmoe/fuzz/database_spec.py). A seeded run replays nothing (Hypothesis's @seed turns the database
 off), so --seed and --database exclude each other. Without either, DIFFMOE_HYPOTHESIS_DB (the
 pytest profiles' shared database, diffmoe/fuzz/profiles.py) names the database; --seed
 still wins over it. --workers N (default: the cores this process may use) runs the execution
 tier in N processes sharing the database (diffmoe/fuzz/workers.py); the plan tier runs here.
+--cluster local|auto|ray://HOST:PORT runs those N searches as Ray tasks instead
+(diffmoe/fuzz/cluster_workers.py): a local runtime started here, or a running cluster.
 
 `numerics fit` exits 0 when a profile explains every stage of every calibration config, 1 when a
 residue is left (a stage no menu choice explains, or a candidate that fails on a config), 2 for
@@ -855,7 +859,7 @@ def _save_failure(args, report) -> int | None:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from diffmoe.fuzz.workers import MAX_WORKERS, default_workers, fuzz_in_workers
+    from diffmoe.fuzz.workers import MAX_WORKERS, default_workers
     from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT, MAX_KEEP_GOING
     from diffmoe.fuzz.profiles import SHARED_DATABASE_ENV, shared_database_path
     from diffmoe.fuzz.plan_tier import MAX_PLAN_EXAMPLES
@@ -910,6 +914,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         args.workers = DEFAULT_FUZZ_WORKERS or default_workers()
     if args.workers > MAX_WORKERS:
         raise UsageError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
+    if args.cluster is not None:
+        from diffmoe.cluster.runtime import parse_cluster
+
+        try:
+            args.cluster = parse_cluster(args.cluster)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     shared = shared_database_path()
     if args.database is None and args.seed is None and shared:
         args.database = shared  # as the pytest profiles use it; an explicit --seed or --database wins
@@ -917,8 +928,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.database is not None:
         if args.seed is not None:
             raise UsageError("--seed and --database cannot be combined: a seeded run is reproducible and replays no stored failure")
-        if os.path.exists(args.database) and not os.path.isdir(args.database):
-            raise UsageError(f"--database {args.database} exists and is not a folder")
+        from diffmoe.fuzz.database_spec import check_database
+
+        try:  # a bad redis:// URL or a server that does not answer: exit 2 before any example runs
+            check_database(args.database)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     oracles = parse_oracles(args.oracles)
     factory, name = load_implementation(args.impl, args.isolation)
     if bounded is not None:
@@ -938,7 +953,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     try:
         with _sigterm_interrupts(), implementation_output_to_stderr():
             plan_outcome = _plan_phase(args, factory, name, seed)
-            outcome = None if _plan_decides(args, plan_outcome) else fuzz_in_workers(
+            outcome = None if _plan_decides(args, plan_outcome) else _fuzz_runner(args)(
                 workers=args.workers,
                 max_examples=args.max_examples,
                 seed=seed,
@@ -998,6 +1013,26 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             return EXIT_INTERNAL
         return EXIT_FINDINGS
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
+
+
+def _fuzz_runner(args: argparse.Namespace):
+    """The execution tier's searches: processes on this machine, or Ray tasks with --cluster (a
+    cluster that cannot be started or reached is a usage error, exit 2, before its first task)."""
+    from diffmoe.fuzz.workers import fuzz_in_workers
+
+    if args.cluster is None:
+        return fuzz_in_workers
+    from diffmoe.fuzz.cluster_workers import fuzz_on_cluster
+
+    def on_cluster(**kwargs):
+        try:
+            return fuzz_on_cluster(cluster=args.cluster, **kwargs)
+        except ValueError as exc:
+            if str(exc).startswith("--cluster"):
+                raise UsageError(str(exc)) from None
+            raise
+
+    return on_cluster
 
 
 def _check_writable(path: str) -> None:
@@ -1371,10 +1406,12 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--device", help="torch device (default: the implementation's)")
     fz.add_argument("--time-limit", type=_time_limit, metavar="S",
                     help="per-example limit on seconds without progress (no launch), past it a timeout finding (0: no limit; default 120 on the interpreter, none on CUDA)")
-    fz.add_argument("--database", metavar="DIR",
-                    help="Hypothesis example database: failures are saved there and replayed first next time (not with --seed; default $DIFFMOE_HYPOTHESIS_DB when set and no --seed is given)")
+    fz.add_argument("--database", metavar="DIR|redis://HOST:PORT/N",
+                    help="Hypothesis example database, a folder or a Redis server shared by several machines: failures are saved there and replayed first next time (not with --seed; default $DIFFMOE_HYPOTHESIS_DB when set and no --seed is given)")
     fz.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                     help="processes running the execution tier, sharing the database and splitting --max-examples (default: the usable cores; 1: this process)")
+    fz.add_argument("--cluster", metavar="local|auto|ray://HOST:PORT",
+                    help="run the --workers searches as Ray tasks: local (a Ray runtime started here), auto (the running cluster this machine is in), ray://HOST:PORT or HOST:PORT (that cluster); default: processes on this machine")
     _add_isolation_option(fz)
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     fz.add_argument("--save-failure", metavar="FILE.json", help="write the minimal failing config here (replay with check --config)")

@@ -66,12 +66,13 @@ from typing import Any, Callable, Collection, Sequence
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis import seed as hypothesis_seed
-from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Unsatisfiable
 
 from diffmoe.problem.config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
 from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
 from diffmoe.fuzz.database import ResumingDatabase
+from diffmoe.fuzz.database_spec import open_database
 from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
 from diffmoe.check.report import Finding, Oracles, Report
 from diffmoe.fuzz.bounds import FieldBounds
@@ -163,8 +164,8 @@ def _database(database: ExampleDatabase | str | os.PathLike | None) -> ExampleDa
     if database is None or isinstance(database, ExampleDatabase):
         return database
     if isinstance(database, (str, os.PathLike)):
-        return DirectoryBasedExampleDatabase(os.fspath(database))
-    raise TypeError(f"database must be None, a directory path or a hypothesis ExampleDatabase, got {database!r}")
+        return open_database(database)  # a folder, or redis://HOST:PORT/N (diffmoe/fuzz/database_spec.py)
+    raise TypeError(f"database must be None, a directory path, a redis:// URL or a hypothesis ExampleDatabase, got {database!r}")
 
 
 def _sibling_of(report: Report) -> MoEConfig | None:
@@ -238,7 +239,8 @@ def fuzz(
     seed: an int makes the run reproducible (Hypothesis's @seed); None draws a fresh one.
     planner: pins the planner of every config ("legacy" to watch the known bug get caught;
     None draws both). max_tokens, max_experts: bound T and E of the drawn configs (the
-    interpreter's cost grows with both). database: None (nothing stored), a directory, or an ExampleDatabase:
+    interpreter's cost grows with both). database: None (nothing stored), a directory, a redis://HOST:PORT/N
+    URL (diffmoe/fuzz/database_spec.py) or an ExampleDatabase:
     failures are stored there and replayed first on the next run. A seeded run replays
     nothing by design (Hypothesis's @seed turns the database off), so seed and database
     are exclusive. special_rows: draw all-zero, NaN and Inf rows at the default shares

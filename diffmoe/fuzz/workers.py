@@ -196,7 +196,7 @@ def fuzz_in_workers(*, workers: int, max_examples: int, seed: int | None,
     """`fuzz(max_examples=..., seed=..., **fuzz_kwargs)` split over `workers` processes (module doc).
 
     workers == 1 (or max_examples == 1) runs `fuzz` in this process. fuzz_kwargs are fuzz()'s
-    (database must then be None or a directory path, as every worker opens it itself).
+    (database must then be None, a directory path or a redis:// URL, as every worker opens it itself).
     """
     check_int("workers", workers, 1, MAX_WORKERS)
     if workers > 1 and fuzz_kwargs.get("keep_going", 1) != 1:
@@ -210,7 +210,7 @@ def fuzz_in_workers(*, workers: int, max_examples: int, seed: int | None,
         return fuzz(max_examples=max_examples, seed=seed, progress=progress, **fuzz_kwargs)
     database = fuzz_kwargs.get("database")
     if database is not None and not isinstance(database, (str, os.PathLike)):
-        raise TypeError(f"database must be None or a directory path with workers > 1 (each worker opens it), got {database!r}")
+        raise TypeError(f"database must be None, a directory path or a redis:// URL with workers > 1 (each worker opens it), got {database!r}")
 
     device = fuzz_kwargs.get("device")
     method = worker_start_method(torch.device(device) if device is not None else torch.device("cpu"))

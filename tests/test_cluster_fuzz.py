@@ -1,0 +1,237 @@
+"""`diffmoe fuzz --workers N --cluster ...`: the searches as Ray tasks on a real two-node Ray cluster of
+this machine (tests/ray_cluster.py) and on a local runtime the command starts itself (issue 31).
+
+What the process pool guarantees holds on Ray: the same seed draws the same examples, the first
+failure is shrunk and named with its repeatable search, Ctrl-C stops every task keeping what was
+found, and a task whose process is killed mid-run is retried, the run completing and saying so.
+The stand-in runner (tests/ray_standins.py) judges inside the tasks; one slow test runs the real
+kernels through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from diffmoe.cluster.runtime import ClusterSpec, parse_cluster, task_options
+from diffmoe.frontends import cli
+from diffmoe.fuzz.cluster_workers import fuzz_on_cluster
+from diffmoe.fuzz.driver import fuzz
+from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.fuzz.workers import split_examples, worker_seed
+from ray_cluster import RayCluster
+from ray_standins import runtime_env
+from redis_server import RedisServer, unused_port
+from signal_dispositions import sigint_as
+from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture, shared
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
+
+LEGACY_MINIMAL = MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    cluster = RayCluster(nodes=2)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def on_cluster(ray_cluster, monkeypatch):
+    """fuzz_on_cluster on the two-node cluster, the stand-in installed in its tasks."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # as the test cluster was started
+
+    def run(variables: dict | None = None, **kwargs):
+        return fuzz_on_cluster(cluster=ray_cluster.address, runtime_env=runtime_env(**(variables or {})), **kwargs)
+
+    return run
+
+
+def _logged(path) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+@pytest.mark.parametrize("spec, parsed", [
+    ("local", ClusterSpec("local")), ("auto", ClusterSpec("auto")),
+    ("ray://head.internal:10001", ClusterSpec("address", "ray://head.internal:10001")),
+    ("10.0.0.5:6379", ClusterSpec("address", "10.0.0.5:6379")),
+])
+def test_cluster_specs_parse(spec, parsed):
+    assert parse_cluster(spec) == parsed
+
+
+@pytest.mark.parametrize("spec, named", [("", "local, auto, ray://HOST:PORT"), ("remote", "local, auto"),
+                                         ("ray://", "ray://HOST:PORT"), ("ray://host", "ray://HOST:PORT"),
+                                         ("host:99999", r"port must be an integer in \[1, 65535\]"),
+                                         ("http://host:1", "local, auto")])
+def test_bad_cluster_specs_name_the_allowed_forms(spec, named):
+    with pytest.raises(ValueError, match=named):
+        parse_cluster(spec)
+
+
+def test_a_task_asks_for_one_gpu_on_cuda_only():
+    assert task_options("cuda:0") == {"num_gpus": 1, "num_cpus": 1}
+    assert task_options("cpu") == task_options(None) == {"num_cpus": 1}
+
+
+@pytest.fixture
+def cli_runner(fake_runner, monkeypatch):
+    monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
+    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in runner lives in this process only
+    monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
+    return fake_runner()
+
+
+@pytest.mark.parametrize("spec", ["remote", "ray://host", "unreachable"])  # ids stay the same in every xdist worker
+def test_cli_bad_or_unreachable_cluster_is_exit_2_in_one_line(cli_runner, capsys, spec):
+    spec = f"127.0.0.1:{unused_port()}" if spec == "unreachable" else spec
+    code = cli.main(["fuzz", "--workers", "2", "--cluster", spec, "--seed", "1", "--planner", "legacy", "--max-examples", "20"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len([line for line in err if "--cluster" in line]) == 1
+    assert not any("Traceback" in line for line in err) and cli_runner.calls == []
+
+
+def test_cli_one_worker_runs_in_process_without_ray(cli_runner, capsys):
+    code = cli.main(["fuzz", "--workers", "1", "--cluster", "local", "--seed", "1", "--planner", "legacy", "--max-examples", "50"])
+    assert code == 1 and LEGACY_MINIMAL.short() in capsys.readouterr().out
+    assert cli_runner.calls  # judged here, by this process's stand-in
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def test_two_nodes_find_and_shrink_the_legacy_alias(on_cluster, tmp_path):
+    log = tmp_path / "calls.jsonl"
+    outcome = on_cluster({"STANDIN_LOG": str(log)}, workers=2, max_examples=200, seed=1, planner="legacy")
+    assert outcome.report.config == LEGACY_MINIMAL and not outcome.interrupted
+    note = next(n for n in outcome.notes if n.startswith("found by worker "))
+    assert "--workers 1 --seed" in note  # the task's own search, repeatable alone
+    assert _logged(log)  # judged in the tasks' processes (which ones depends on timing: a task that
+    # finds the failure at once may end before Ray has started a worker on the second node)
+
+
+def test_the_same_seed_draws_the_same_examples_as_the_pool_split(on_cluster, fake_runner, tmp_path):
+    log = tmp_path / "calls.jsonl"
+    outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_FAILS": "never"}, workers=2, max_examples=12, seed=7)
+    assert outcome.passed and outcome.generated_examples == 12
+    on_ray = sorted(json.dumps(c["config"], sort_keys=True) for c in _logged(log))
+    here = []
+    for index, share in enumerate(split_examples(12, 2)):  # worker i's search, alone in this process
+        fake = fake_runner(fails=lambda c: False)
+        fuzz(max_examples=share, seed=worker_seed(7, index))
+        here += [json.dumps(c.to_dict(), sort_keys=True) for c in fake.calls]
+    assert on_ray == sorted(here)
+
+
+def test_tasks_on_two_nodes_share_a_redis_database(on_cluster):
+    server = RedisServer()
+    try:
+        first = on_cluster(workers=2, max_examples=200, seed=None, planner="legacy", database=server.url())
+        assert first.report.config == LEGACY_MINIMAL
+        second = on_cluster(workers=2, max_examples=200, seed=None, planner="legacy", database=server.url())
+        assert second.report.config == LEGACY_MINIMAL
+        assert second.generated_examples <= 2  # each task's replay of the stored failure comes first
+    finally:
+        server.stop()
+
+
+def test_a_clean_search_says_nothing_was_retried(on_cluster):
+    outcome = on_cluster({"STANDIN_FAILS": "never"}, workers=2, max_examples=10, seed=3)
+    assert outcome.passed and outcome.generated_examples == 10
+    assert not any("retried" in n for n in outcome.notes)
+
+
+@pytest.mark.parametrize("signum,disposition", [(signal.SIGINT, "terminal"), (signal.SIGTERM, "ignored")],
+                         ids=["ctrl-c", "sigterm-with-sigint-ignored"])
+def test_a_stop_ends_every_task_and_keeps_what_was_found(on_cluster, tmp_path, signum, disposition):
+    log = tmp_path / "calls.jsonl"
+    # 0.05 s an example: 1,000 examples would take each task 25 s, and the shrink of the first
+    # failure (T >= 40) some 50 runs; the stop comes 0.3 s after that failure was judged, mid-shrink
+    found = lambda: any(c["config"]["num_tokens"] >= 40 for c in _logged(log))  # noqa: E731
+    stopper = threading.Thread(target=_signal_when, args=(found, signum))
+    # SIGINT as a terminal's job has it (xdist's workers and background jobs start with it ignored);
+    # SIGTERM as the CLI turns it into an interrupt
+    with sigint_as(disposition), cli._sigterm_interrupts():
+        stopper.start()
+        started = time.perf_counter()
+        outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_SLEEP": "0.05", "STANDIN_FAILS": "tokens>=40"},
+                             workers=2, max_examples=1_000, seed=11)
+        stopper.join()
+    assert outcome.interrupted
+    assert time.perf_counter() - started < 60  # stopped, not run to the end
+    assert outcome.report is not None and outcome.report.config.num_tokens >= 40  # what was found is kept
+
+
+def _signal_when(ready, signum: int, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    os.kill(os.getpid(), signum)
+
+
+def test_a_task_killed_mid_run_is_retried_and_the_run_completes(on_cluster, tmp_path):
+    log = tmp_path / "calls.jsonl"
+    killed = []
+
+    def kill_first_task() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            calls = _logged(log)
+            if len(calls) >= 4:
+                killed.append(calls[0]["pid"])
+                os.kill(calls[0]["pid"], signal.SIGKILL)  # its worker process, mid-search
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_first_task)
+    killer.start()
+    outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_SLEEP": "0.1", "STANDIN_FAILS": "never"},
+                         workers=2, max_examples=40, seed=5)
+    killer.join()
+    assert killed, "no task was killed"
+    assert outcome.passed and not outcome.interrupted and outcome.generated_examples == 40
+    retried = [n for n in outcome.notes if "retried 1 time(s)" in n]
+    assert len(retried) == 1 and f"pid {killed[0]}" in retried[0]
+    pids = {c["pid"] for c in _logged(log)}
+    assert killed[0] in pids and len(pids) >= 3  # the killed task ran again in a new process
+
+
+def _processes_marked(mark: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if mark.encode() in fh.read():
+                        with open(f"/proc/{entry}/stat") as st:
+                            if st.read().rsplit(")", 1)[1].split()[0] != "Z":
+                                found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_cli_local_cluster_finds_the_legacy_planner_with_the_real_kernels_and_leaves_no_process(tmp_path):
+    mark = f"DIFFMOE_TEST_MARK={uuid.uuid4().hex}"
+    env = dict(os.environ, **dict([mark.split("=", 1)]))
+    done = subprocess.run(
+        [sys.executable, "-m", "diffmoe", "fuzz", "--workers", "2", "--cluster", "local", "--seed", "1",
+         "--planner", "legacy", "--max-examples", "10", "--max-tokens", "8", "--max-experts", "4",
+         "--oracles", "static-aliasing", "--isolation", "none", "--plan-examples", "0"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert LEGACY_MINIMAL.short() in done.stdout and "found by worker" in done.stdout
+    time.sleep(2)
+    assert _processes_marked(mark) == []  # the local runtime stopped with the command
