@@ -58,12 +58,15 @@ def test_a_planted_wrong_entry_is_named_and_the_shipped_one_passes(configs_folde
 
 
 def test_a_resume_file_carries_every_verdict_to_the_next_sweep(configs_folder, tmp_path, capsys):
-    folder = _planted_copy(configs_folder, tmp_path, json.loads((configs_folder / SHIPPED).read_text())["1"], ("8", "16"))
+    shipped = json.loads((configs_folder / SHIPPED).read_text())["1"]
+    other_schedule = {**shipped, "num_warps": 2 * shipped["num_warps"], "num_stages": shipped["num_stages"] + 1}
+    folder = _planted_copy(configs_folder, tmp_path, other_schedule, ("8", "16"))
     resume = tmp_path / "verdicts.jsonl"
     args = ["--impl", "vllm==0.33.0", "--config-dir", str(folder), "--resume", str(resume), "--json"]
     assert command.main(args) == 0
     first = json.loads(capsys.readouterr().out)["rows"]
-    # batches 8 and 16 hold the same tile on the same shrunk problem (T = 8 for both): judged once
+    # batches 8 and 16 hold the same tile on the same shrunk problem (T = 8 for both) but for num_warps and
+    # num_stages, compile options the interpreter drops: judged once
     assert [r["shared"] for r in first if r["file"] == SHIPPED] == [False, True]
     assert len(resume.read_text().splitlines()) == 3  # the entry's run and the default config at T=1 and T=8
     assert command.main(args) == 0
@@ -165,3 +168,45 @@ def test_an_sglang_entry_asking_for_tma_runs_its_tma_path_and_passes():
             "num_stages": 6, "USE_TMA": True}  # triton_3_7_1/E=32,N=1792,device_name=NVIDIA_B300_SXM6_AC.json "1"
     report = run_differential(MoEConfig(num_tokens=1, num_experts=4, topk=2, hidden=256, inter=128, quant="bf16"), force(tile))
     assert report.passed, report.render()
+
+
+def test_compile_options_make_no_other_run_on_the_interpreter_and_do_compiled():
+    config = sweep.shrunk_config("bf16", 8, 4, load_factory("examples/torch_moe.py:make"))
+    tile = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
+    scheduled = {**tile, "num_warps": 8, "num_stages": 3, "waves_per_eu": 0, "kpack": 2}
+    assert sweep.run_key(config, tile, interpreted=True) == sweep.run_key(config, scheduled, interpreted=True)
+    assert sweep.run_key(config, tile, interpreted=False) != sweep.run_key(config, scheduled, interpreted=False)
+    assert sweep.run_key(config, tile) != sweep.run_key(config, {**tile, "GROUP_SIZE_M": 8})  # a value-bearing key
+
+
+def jit_parameters(source: str) -> dict[str, set[str]]:
+    """The parameter names of every @triton.jit function in `source`."""
+    import ast
+
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+            found[node.name] = {a.arg for a in node.args.args + node.args.kwonlyargs}
+    return found
+
+
+def test_jit_parameters_sees_a_kernel_taking_a_compile_option():
+    source = "import triton\n@triton.jit\ndef k(x_ptr, num_warps: tl.constexpr):\n    pass\n"
+    assert jit_parameters(source) == {"k": {"x_ptr", "num_warps"}}
+
+
+@pytest.mark.parametrize("impl", ["vllm==0.33.0", "sglang==0.5.23"])
+def test_no_kernel_of_the_release_takes_a_compile_option_as_a_parameter(impl):
+    """The interpreter drops launch keywords that are not the kernel's parameters; a kernel that took
+    one (e.g. num_stages as a constexpr) would make it value-bearing and sweep.INTERPRETER_IGNORED wrong."""
+    try:
+        root = peer_wheels.fetch(impl)
+    except peer_wheels.PeerError as exc:
+        pytest.skip(f"{impl} is not in the peer cache and cannot be fetched ({exc})")
+    kernels = {}
+    for path in root.rglob("*.py"):
+        text = path.read_text(errors="replace")
+        if "triton.jit" in text:
+            kernels.update({f"{path.name}:{k}": p for k, p in jit_parameters(text).items()})
+    assert any("fused_moe_kernel" in name for name in kernels), sorted(kernels)
+    assert {name: p & sweep.INTERPRETER_IGNORED for name, p in kernels.items() if p & sweep.INTERPRETER_IGNORED} == {}

@@ -9,8 +9,9 @@ MAX_TOKENS only the cost grows). fused, and I = 2 * QUANT_BLOCK where I = QUANT_
 are the release's own choices for the scheme (its `supports`). Every oracle judges but metamorphic (the peers run one pipeline per scheme: the
 museum's set, diffmoe/adapters/museum.py).
 
-Many entries force the same run (the same tile on the same shrunk problem: the 5252 entries of vLLM
-0.33.0's supported files and its 6 default rows are 1487 distinct runs at MAX_TOKENS 8), so each distinct run is judged
+Many entries force the same run (the same tile on the same shrunk problem, and on the interpreter the
+same tile less the compile options it drops, INTERPRETER_IGNORED: the 5252 entries of vLLM 0.33.0's
+supported files and its 6 default rows are 731 distinct runs at MAX_TOKENS 8), so each distinct run is judged
 once and its verdict shared (`Row.shared`). With a resume file, every verdict is appended to it as
 it is reached (one JSON line) and a later sweep with the same file takes them from it: an
 interrupted sweep continues where it stopped. The release's default-config path (no file, vLLM's
@@ -56,7 +57,7 @@ def factory_tuned_configs(factory: Callable | None) -> tuple[str, Callable[[dict
 
 SHRUNK_EXPERTS = 4  # enough experts for a token's two slots to land in different experts' blocks
 # T at most 8: one check of every oracle at T=8, E=4, H=256, I=128 took 4.4 s to 10 s on this 2-core machine
-# (bf16, fp8-tensor, fp8-block, loaded by other work; measured 2026-12-05), 1487 distinct runs for vLLM 0.33.0
+# (bf16, fp8-tensor, fp8-block, loaded by other work; measured 2026-12-05), 731 distinct runs for vLLM 0.33.0
 MAX_TOKENS = 8
 DEFAULT_CONFIG = "(default config)"
 DEFAULT_BATCHES = (1, MAX_TOKENS)
@@ -121,8 +122,21 @@ def shrunk_config(scheme: str, experts: int, batch: int, factory: Callable) -> M
     raise ValueError(f"--impl refuses every shrunk problem of scheme {scheme!r}: {unsupported(factory, config)}")
 
 
-def run_key(config: MoEConfig, tile: dict | None) -> str:
-    """What makes two entries the same run: the shrunk problem and the forced tile."""
+# Triton's compile options, which schedule compiled code and change no value: the interpreter's launcher
+# keeps only the kernel's own parameters (triton/runtime/interpreter.py GridExecutor.__call__ drops the
+# rest), and no fused-MoE kernel of vLLM 0.33.0 or SGLang 0.5.23 has a parameter of these names
+# (tests/test_tuned_configs.py reads them). 12864 of the two releases' 12900 entries set num_warps and
+# num_stages, 1692 the ROCm options; dropping them halves the distinct runs on a CPU (vLLM 0.33.0
+# 1487 -> 731, SGLang 0.5.23 1400 -> 742). Compiled, every key counts.
+INTERPRETER_IGNORED = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu",
+                                 "matrix_instr_nonkdim", "kpack", "grf_mode"})
+
+
+def run_key(config: MoEConfig, tile: dict | None, interpreted: bool = True) -> str:
+    """What makes two entries the same run: the shrunk problem and the forced tile (on the interpreter,
+    less the compile options it drops: INTERPRETER_IGNORED)."""
+    if tile is not None and interpreted:
+        tile = {k: v for k, v in tile.items() if k not in INTERPRETER_IGNORED}
     return json.dumps([config.to_dict(), None if tile is None else sorted(tile.items())], sort_keys=True, default=str)
 
 
@@ -182,13 +196,16 @@ def sweep(factory: Callable, folder: Path, impl: str, pattern: str = "*.json", m
     todo = entries + [r for r in todo if r[2] is None]
     if on_start is not None:
         on_start(len(todo))
+    from diffmoe.interpreter.grid_order import interpreting
+
+    interpreted = interpreting()
     done = load_resume(resume)
     out = open(resume, "a") if resume is not None else None
     try:
         for file, batch, entry, scheme, experts in todo:
             tile = None if entry is None else entry.tile
             config = shrunk_config(scheme, experts, batch, factory)
-            key = run_key(config, tile)
+            key = run_key(config, tile, interpreted)
             start = time.perf_counter()
             if key in done:
                 item = done[key]
