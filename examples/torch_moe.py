@@ -37,12 +37,19 @@ def grouped_gemm(a, w, w_scale, local):  # out[r] = a[r] @ dequant(w[local[r]]).
     return out
 
 
+def swiglu(gu, inter, limit):  # silu(gate) * up in float32, rounded once; the limit clamps both first
+    gate, up = gu[:, :inter].float(), gu[:, inter:].float()
+    if limit is not None:  # gate <= limit, up in [-limit, limit] (config.swiglu_limit; None: no clamp)
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (F.silu(gate) * up).bfloat16()
+
+
 def stage_math(stage, got, problem):
     """One stage on tensors named by the vocabulary -> its outputs, as fresh tensors (run_stage)."""
     cfg, (t, k), q = problem.config, problem.topk_ids.shape, problem.config.quant
     ids = problem.topk_ids.long().flatten()  # routed row t*K + k -> its local expert
     local = ids if problem.expert_map is None else problem.expert_map.long()[ids]
-    act = lambda gu: (F.silu(gu[:, : cfg.inter].float()) * gu[:, cfg.inter :].float()).bfloat16()  # noqa: E731
+    act = lambda gu: swiglu(gu, cfg.inter, cfg.swiglu_limit)  # noqa: E731
     x = got[N.HIDDEN_STATES]  # router_weight='input' (K == 1) weighs the tokens first
     x = (x.float() * got[N.TOPK_WEIGHTS]).to(torch.bfloat16) if cfg.router_weight == "input" else x
     if stage == S.QUANT_INPUT:
@@ -60,7 +67,8 @@ def stage_math(stage, got, problem):
         down = grouped_gemm(a, problem.w2, problem.w2_scale, local)  # router weight in float32, then bf16
         return {N.DOWN_OUTPUT: (down * got[N.TOPK_WEIGHTS].reshape(-1, 1) if cfg.router_weight == "down" else down).bfloat16()}
     rows = got[N.DOWN_OUTPUT].view(t, k, cfg.hidden).float().unbind(1)  # the reduce: float32, k = 0..K-1
-    return {N.OUTPUT: sum(rows[1:], rows[0]).bfloat16()}
+    total = sum(rows[1:], rows[0])  # DeepSeek-style models scale the routed sum, in float32, before rounding
+    return {N.OUTPUT: (total if cfg.routed_scaling_factor is None else total * cfg.routed_scaling_factor).bfloat16()}
 
 
 class TorchMoE:

@@ -28,6 +28,10 @@ CONFIGS = [
     MoEConfig(num_tokens=8, num_experts=4, topk=2, hidden=256, inter=256, quant="fp8-tensor", fused=True,
               expert_map=(0, -1, 1, 2), call_tokens=5),
     MoEConfig(num_tokens=8, num_experts=4, topk=1, hidden=128, inter=128, quant="fp8-token", router_weight="input"),
+    # the MoE-model features it implements: a fit of the example found the clamp missing (a residue at
+    # activation), and a check of this config fails without it
+    MoEConfig(num_tokens=6, num_experts=4, topk=2, hidden=128, inter=128, quant="fp8-token", fused=True,
+              swiglu_limit=1.3, routed_scaling_factor=2.5, weight_scales="tensor"),
 ]
 
 
