@@ -80,6 +80,10 @@ def vllm_sites(version: str) -> tuple[Site, ...]:
               "per_out_ch_quant=is_per_token"),
              "per_act_token_quant=True, per_out_ch_quant=True for fp8-token with channel weights"),
     ]
+    sites.append(Site("fused choice (silu + 128-block quant)", f"{_MOE}/experts/triton_moe.py", "TritonExperts.apply",
+                      ("ops.silu_and_mul_per_block_quant(",),
+                      "fused=True for fp8-block unless the release unfuses it under a clamp (vllm_core.RELEASES: "
+                      "clamp_unfuses_block_quant, read here as `self.activation_config.clamp_limit is None`)"))
     if version == "0.33.0":
         sites.append(Site("per-tensor weights, per-token activations", _FP8, "Fp8MoEMethod.get_fused_moe_quant_config",
                           ("per_act_token_quant=self.per_act_token_quant",),
@@ -236,11 +240,15 @@ def dataclass_defaults(root: Path, path: str, cls: str) -> dict:
     return defaults
 
 
-def missing_fragments(root: Path, site: Site) -> list[str]:
-    """The fragments of `site` its function does not hold (whitespace ignored; a trailing comma may end the call)."""
+def holds(root: Path, site: Site, fragment: str) -> bool:
+    """Whether `site.function` holds `fragment` (whitespace ignored; a trailing comma may end a call)."""
     source, node = function_node(root, site)
-    body = _squash(ast.get_source_segment(source, node)).replace(",)", ")")
-    return [f for f in site.fragments if _squash(f).replace(",)", ")") not in body]
+    return _squash(fragment).replace(",)", ")") in _squash(ast.get_source_segment(source, node)).replace(",)", ")")
+
+
+def missing_fragments(root: Path, site: Site) -> list[str]:
+    """The fragments of `site` its function does not hold."""
+    return [f for f in site.fragments if not holds(root, site, f)]
 
 
 def calls(root: Path, site: Site) -> list[ast.Call]:

@@ -9,9 +9,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import dataclasses  # noqa: E402
 import shutil  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from diffmoe.adapters import peer_wheels  # noqa: E402
 from diffmoe.adapters.loading import load_factory  # noqa: E402
@@ -86,7 +88,10 @@ def test_vllm_calls_apply_and_the_input_quant_with_the_layers_keywords(spec):
     experts = impl.files.experts(config, q)
     kw = impl.apply_kwargs(experts, None, None, None, make_problem(config), None, None)
     assert cs.keyword_mismatch(cs.call_keywords(root, _site(spec, "self.fused_experts.apply")), 0, kw) is None
-    assert kw["a2_scale"] is experts.a2_scale and kw["global_num_experts"] == config.num_experts
+    assert kw["global_num_experts"] == config.num_experts
+    # the experts' own a2_scale, told apart from a literal None by a static one (diffmoe's schemes have none)
+    static = impl.files.experts(config, dataclasses.replace(q, a2_scale=torch.ones(1)))
+    assert impl.apply_kwargs(static, None, None, None, make_problem(config), None, None)["a2_scale"] is static.a2_scale
     quantize = cs.call_keywords(root, _site(spec, "moe_kernel_quantize_input"))
     assert cs.keyword_mismatch(quantize, 2, vllm_core.quantize_kwargs(q), ignore=vllm_core.MX_ONLY_QUANTIZE_KEYWORDS) is None
     # the SwiGLU limit where the quant methods put it (gemm1_clamp_limit) and where the layer does (FusedMoEConfig)
@@ -95,11 +100,22 @@ def test_vllm_calls_apply_and_the_input_quant_with_the_layers_keywords(spec):
 
 
 @pytest.mark.parametrize("spec", VLLM)
-@pytest.mark.parametrize("pair", sorted(SCALE_PAIRS))
+@pytest.mark.parametrize("pair", sorted(SCALE_PAIRS), ids="/".join)
 def test_vllm_passes_each_pairs_flags_as_its_quant_method_does(spec, pair):
     assert set(cs.VLLM_PAIR_FLAGS) == set(SCALE_PAIRS)
     passed = vars(vllm_core.quant_config(_pair_config(pair, spec)))
     assert cs.flag_mismatch(cs.VLLM_PAIR_FLAGS[pair][1], passed) is None
+
+
+@pytest.mark.parametrize("spec", VLLM)
+def test_vllm_release_rows_are_what_each_wheels_apply_does(spec):
+    """peers/vllm_core.py RELEASES, the adapter's per-release choices (the fused choice under a clamp, the map at
+    the alignment), read in the release's TritonExperts.apply."""
+    version = spec.partition("==")[2]
+    release, root = vllm_core.RELEASES[version], _root(spec)
+    site = next(s for s in cs.vllm_sites(version) if s.function == "TritonExperts.apply")
+    assert release.clamp_unfuses_block_quant == cs.holds(root, site, "self.activation_config.clamp_limit is None")
+    assert release.drops_remote_at_align == cs.holds(root, site, "ignore_invalid_experts=skip_invalid")
 
 
 def test_a_vllm_adapter_passing_the_wrong_flag_or_dropping_a_keyword_is_caught():
