@@ -51,6 +51,12 @@ def vllm_sites(version: str) -> tuple[Site, ...]:
              "exactly this keyword set (VllmTritonMoE.apply_kwargs)", call="self.fused_experts.apply"),
         Site("expert map", _MK, apply, ("global_num_experts=global_num_experts", "expert_map=expert_map"),
              "global_num_experts=E, expert_map=the config's map (None without one)"),
+        Site("expert map, router weight, shared experts (the layer's)", f"{_MOE}/fused_moe_modular_method.py",
+             "FusedMoEModularMethod.apply",
+             ("global_num_experts=layer.global_num_experts", "expert_map=layer.expert_map",
+              "apply_router_weight_on_input=layer.apply_router_weight_on_input", "shared_experts=shared_experts"),
+             "E, the config's map, router_weight == 'input'; no SharedExperts module (diffmoe's shared experts "
+             "are routed slots)"),
         Site("second GEMM's activation scale", _MK, apply, ("a2_scale=self.fused_experts.a2_scale",),
              "a2_scale=experts.a2_scale (None: dynamic)"),
         Site("router-weight placement", _MK, apply, ("apply_router_weight_on_input=apply_router_weight_on_input",),
@@ -115,6 +121,7 @@ _SGL_RUNNER = "sglang/srt/layers/moe/moe_runner/triton.py"
 _SGL_QUANT = "sglang/srt/layers/quantization"
 _SGL_FUSED_MOE = "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe.py"
 SGLANG_RUNNER_CONFIG = ("sglang/srt/layers/moe/moe_runner/base.py", "MoeRunnerConfig")  # the dataclass of the runner config
+SGLANG_LAYER = ("sglang/srt/layers/moe/fused_moe_triton/layer.py", "FusedMoE.__init__")  # the layer that fills it
 # the runner config fields the adapter sets apart from MoeRunnerConfig's defaults, and why (docs/peers.md)
 SGLANG_RUNNER_SET = {
     "num_experts": "E, as FusedMoE fills it",
@@ -138,6 +145,11 @@ def sglang_sites(version: str) -> tuple[Site, ...]:
              ("moe_runner_config=runner_config", "topk_output=dispatch_output.topk_output"),
              "the runner config: routed_scaling_factor (None, or make_scaled's 2.0), apply_router_weight_on_input "
              "False, swiglu_limit / gemm1_clamp_limit None (refused when set)"),
+        Site("runner config (the layer's)", SGLANG_LAYER[0], SGLANG_LAYER[1],
+             ("self.moe_runner_config=MoeRunnerConfig(", "num_local_experts=self.num_local_experts", "inplace=inplace",
+              "routed_scaling_factor=routed_scaling_factor", "apply_router_weight_on_input=apply_router_weight_on_input",
+              "swiglu_limit=swiglu_limit", "gemm1_clamp_limit=gemm1_clamp_limit"),
+             "the layer's parameter defaults (inplace=True, no scaling factor, no clamp) but for SGLANG_RUNNER_SET"),
         Site("runner config", _SGL_FUSED_MOE, "fused_experts",
              ("moe_runner_config.routed_scaling_factor", "moe_runner_config.apply_router_weight_on_input",
               "moe_runner_config.swiglu_limit", "moe_runner_config.gemm1_clamp_limit"),
@@ -224,6 +236,21 @@ def attribute_reads(root: Path, site: Site, name: str) -> frozenset[str]:
     _, node = function_node(root, site)
     return frozenset(a.attr for a in ast.walk(node)
                      if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id == name)
+
+
+def parameter_defaults(root: Path, site: Site) -> dict:
+    """The literal defaults of `site.function`'s keyword parameters (one without a literal default is left out)."""
+    _, node = function_node(root, site)
+    args = node.args
+    pairs = [*zip(args.args[len(args.args) - len(args.defaults):], args.defaults),
+             *((a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)]
+    defaults = {}
+    for arg, value in pairs:
+        try:
+            defaults[arg.arg] = ast.literal_eval(value)
+        except ValueError:
+            pass
+    return defaults
 
 
 def dataclass_defaults(root: Path, path: str, cls: str) -> dict:

@@ -155,7 +155,9 @@ def _runner_departures(spec: str, runner: dict) -> set[str]:
     site = next(s for s in cs.sglang_sites(spec.partition("==")[2]) if s.feature == "runner config")
     reads = cs.attribute_reads(root, site, "moe_runner_config")
     assert reads <= set(runner), f"the adapter's runner config lacks {sorted(reads - set(runner))}"
-    defaults = cs.dataclass_defaults(root, *cs.SGLANG_RUNNER_CONFIG)
+    # a field the layer passes from one of its parameters takes that parameter's default, else the dataclass's
+    layer = next(s for s in cs.sglang_sites(spec.partition("==")[2]) if s.function == cs.SGLANG_LAYER[1])
+    defaults = {**cs.dataclass_defaults(root, *cs.SGLANG_RUNNER_CONFIG), **cs.parameter_defaults(root, layer)}
     return {f for f in reads if runner[f] != defaults[f]}
 
 

@@ -90,6 +90,7 @@ _VLLM_FILES = (
     f"{_VLLM_MOE}/modular_kernel.py",  # FusedMoEExperts(Modular): TritonExperts' base classes
     f"{_VLLM_MOE}/configs/",  # the tuned tile configs fused_moe.py reads per GPU name (~340 JSON files, ~1.1 MB)
     # the call sites the adapter mirrors, read (never run) by tests/test_peer_call_sites.py (peers/call_sites.py)
+    f"{_VLLM_MOE}/fused_moe_modular_method.py",  # FusedMoEModularMethod.apply: the layer's expert map, router weight
     f"{_VLLM_MOE}/prepare_finalize/no_dp_ep.py",  # prepare: the router weight on the input, the input quant's flags
     f"{_VLLM_MOE}/oracle/fp8.py",  # make_fp8_moe_quant_config: the SwiGLU limit as gemm1_clamp_limit, the scale flags
     f"{_VLLM_MOE}/unquantized_fused_moe_method.py",  # bf16's quant config: the SwiGLU limit as gemm1_clamp_limit
@@ -126,6 +127,7 @@ _SGLANG_FILES = (
     "sglang/kernels/ops/quantization/fp8_utils.py",  # fp8_dtype_to_triton (fp8_kernel.py imports it)
     f"{_SGLANG_MOE}/configs/",  # the tuned tile configs per Triton release and GPU (~390 JSON files, ~1.6 MB)
     # the call sites the adapter mirrors, read (never run) by tests/test_peer_call_sites.py (peers/call_sites.py)
+    "sglang/srt/layers/moe/fused_moe_triton/layer.py",  # FusedMoE.__init__: the runner config the layer fills
     "sglang/srt/layers/moe/moe_runner/triton.py",  # fused_experts_none_to_triton: the fused_experts call
     "sglang/srt/layers/moe/moe_runner/base.py",  # MoeRunnerConfig: the runner fields fused_experts reads
     "sglang/srt/layers/quantization/fp8.py",  # Fp8MoEMethod.get_triton_quant_info: per-tensor and 128-block FP8
