@@ -98,8 +98,9 @@ def vllm_sites(version: str) -> tuple[Site, ...]:
         # Fp8MoEMethod passes no per_act_token_quant before 0.31: its MoE never runs per-token activations
         sites.append(Site("per-tensor weights, per-token activations", _FP8, "Fp8MoEMethod.get_fused_moe_quant_config",
                           ("a2_scale=a2_scale,block_shape=",),
-                          "per_act_token_quant=True, per_out_ch_quant=False (no quant method of this wheel builds "
-                          "the pair; TritonExperts._supports_quant_scheme lists it)"))
+                          "per_act_token_quant=True, per_out_ch_quant=False (Fp8MoEMethod sets no per-token flag, and "
+                          "compressed-tensors, Quark and online FP8 tie it to per-channel weights; "
+                          "TritonExperts._supports_quant_scheme lists the pair)"))
     return tuple(sites)
 
 
