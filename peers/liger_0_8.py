@@ -205,8 +205,14 @@ class LigerFusedMoE(SelfAllocatingPeer):
     check_supported = staticmethod(check_supported)
 
     def call(self, problem) -> torch.Tensor:
-        return self.files.fused_moe.LigerFusedMoEFunction.apply(
-            problem.hidden_states, problem.w1, problem.w2, problem.topk_ids.to(torch.int32), problem.topk_weights)
+        return self.files.fused_moe.LigerFusedMoEFunction.apply(*self.apply_args(problem))
+
+    @staticmethod
+    def apply_args(problem) -> tuple:
+        """LigerFusedMoEFunction.apply's arguments as Liger's own module passes them (LigerExperts.forward in
+        transformers/swiglu.py: x, gate_up_proj, down_proj, the top-k ids as int32, the top-k weights;
+        peers/call_sites.py reads it)."""
+        return problem.hidden_states, problem.w1, problem.w2, problem.topk_ids.to(torch.int32), problem.topk_weights
 
     def check_launches(self, reporter) -> None:
         if reporter.kernels[3:] != list(FORWARD_KERNELS[3:]):

@@ -237,11 +237,24 @@ class LmdeployBlockedFP8MoE(SelfAllocatingPeer):
     check_supported = staticmethod(check_supported)
 
     def call(self, problem) -> torch.Tensor:
-        cfg = self.config
-        codes, scales = self.files.quant_fp8(problem.hidden_states, QUANT_BLOCK, dtype=torch.float8_e4m3fn)
+        codes, scales = self.files.quant_fp8(problem.hidden_states, QUANT_BLOCK, **self.quant_kwargs(problem))
         return self.files.blocked_fp8.fused_moe_blocked_fp8(
-            codes, scales, problem.w1, problem.w1_scale, problem.w2, problem.w2_scale,
-            problem.topk_weights, problem.topk_ids, cfg.topk, out_dtype=torch.bfloat16, num_experts=cfg.num_experts)
+            codes, scales, problem.w1, problem.w1_scale, problem.w2, problem.w2_scale, **self.call_kwargs(problem))
+
+    @staticmethod
+    def quant_kwargs(problem) -> dict:
+        """quant_fp8's keywords as lmdeploy's TritonFusedMoEBlockedF8Impl.forward passes them
+        (backends/cuda/moe/blocked_fp8.py; peers/call_sites.py reads it): the weights' dtype, the
+        impl's scale_fmt (None: a plain float32 scale; 'ue8m0' is a model's choice diffmoe has no field for)."""
+        return dict(dtype=problem.w1.dtype, scale_fmt=None)
+
+    def call_kwargs(self, problem) -> dict:
+        """fused_moe_blocked_fp8's keywords as TritonFusedMoEBlockedF8Impl.forward passes them: no biases,
+        the input's dtype out, and with every expert local (no expert list, or a full one) expert_offset 0 and
+        num_experts None. (The adapter passed num_experts=E before: the same run, but not the layer's call.)"""
+        return dict(topk_weights=problem.topk_weights, topk_ids=problem.topk_ids, topk=self.config.topk, w1_bias=None,
+                    w2_bias=None, out_dtype=problem.hidden_states.dtype, expert_offset=0, num_experts=None,
+                    renormalize=False, act_func=None)
 
     def check_launches(self, reporter) -> None:
         if reporter.gemms != 2 or reporter.quants != 2:

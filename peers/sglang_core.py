@@ -283,21 +283,38 @@ class SglangTritonMoE(SelfAllocatingPeer):
         check_supported(config, self.cuda)
 
     def call(self, problem) -> torch.Tensor:
-        fm, cfg = self.files.fused_moe, self.config
-        runner = types.SimpleNamespace(
+        with torch.compiler.set_stance("force_eager"), override_config(self.tile_config):
+            out = self.files.fused_moe.fused_experts(**self.fused_experts_kwargs(problem))
+        return _ACTIVE.reporter.finish(out, _ACTIVE.reporter.down_output)
+
+    def runner_config(self) -> types.SimpleNamespace:
+        """The MoeRunnerConfig fields fused_experts reads, as FusedMoE (fused_moe_triton/layer.py) fills them for a
+        model without expert parallelism; every other field at MoeRunnerConfig's default (moe_runner/base.py),
+        except `inplace`: False, so that the problem's hidden states are never overwritten (the layer's default
+        writes the result over them; the kernels and their order are the same)."""
+        cfg = self.config
+        return types.SimpleNamespace(
             num_experts=cfg.num_experts, num_local_experts=cfg.num_experts, inplace=False, no_combine=False,
             activation="silu", is_gated=True, apply_router_weight_on_input=False,
-            routed_scaling_factor=self.routed_scaling_factor,
-            gemm1_alpha=None, gemm1_clamp_limit=None, swiglu_limit=None, gate_up_interleaved=True,
-            no_combine_keep_router_weight=False)
-        fp8 = cfg.is_fp8
-        with torch.compiler.set_stance("force_eager"), override_config(self.tile_config):
-            out = fm.fused_experts(
-                problem.hidden_states, problem.w1, problem.w2, (self._router_weights(problem), problem.topk_ids.to(torch.int32), None),
-                runner, use_fp8_w8a8=fp8, per_channel_quant=cfg.quant == "fp8-token",
-                w1_scale=problem.w1_scale, w2_scale=problem.w2_scale,
-                block_shape=[QUANT_BLOCK, QUANT_BLOCK] if cfg.quant == "fp8-block" else None)
-        return _ACTIVE.reporter.finish(out, _ACTIVE.reporter.down_output)
+            routed_scaling_factor=self.routed_scaling_factor, gemm1_alpha=None, gemm1_beta=None,
+            gemm1_clamp_limit=None, swiglu_limit=None, gate_up_interleaved=True, no_combine_keep_router_weight=False)
+
+    def fused_experts_kwargs(self, problem) -> dict:
+        """fused_experts' keywords as the Triton runner passes them (fused_experts_none_to_triton in
+        moe_runner/triton.py), from the quant info its quant method builds (peers/call_sites.py reads both):
+        Fp8MoEMethod for per-tensor and 128-block FP8 (no per_channel_quant; block_shape its weight_block_size),
+        W8A8FP8MoEMethod for per-channel weights (per_channel_quant=True), dynamic activations (a13_scale None),
+        no biases, zero points or pre-quantised input. The adapter passed only some of them, positionally, before."""
+        cfg = self.config
+        return dict(
+            hidden_states=problem.hidden_states, w1=problem.w1, w2=problem.w2,
+            # StandardTopKOutput (topk_weights, topk_ids, router_logits): SGLang's top-k writes int32 ids
+            topk_output=(self._router_weights(problem), problem.topk_ids.to(torch.int32), None),
+            moe_runner_config=self.runner_config(), b1=None, b2=None, use_fp8_w8a8=cfg.is_fp8, use_int8_w8a8=False,
+            use_int8_w8a16=False, use_int4_w4a16=False, per_channel_quant=cfg.quant == "fp8-token",
+            w1_scale=problem.w1_scale, w2_scale=problem.w2_scale, w1_zp=None, w2_zp=None, a1_scale=None, a2_scale=None,
+            block_shape=[QUANT_BLOCK, QUANT_BLOCK] if cfg.quant == "fp8-block" else None, a1_q=None,
+            fuse_swiglu_interleaved=False)
 
     def _router_weights(self, problem) -> torch.Tensor:
         """The top-k weights fused_experts is given: the problem's, divided by the routed scaling factor

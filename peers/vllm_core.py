@@ -193,14 +193,30 @@ def quant_config(config: MoEConfig, w1_scale=None, w2_scale=None) -> vllm_standi
     for per-token activations, per_out_ch_quant for per-channel weights; per-tensor weights beside
     per-token activations (kFp8StaticTensorSym, kFp8DynamicTokenSym) keep their [E] scale, which
     fused_moe.py's invoke_fused_moe_triton_kernel broadcasts over N (stride_bsn 0 for a 1-D B_scale)."""
+    # The SwiGLU limit rides in the quant config too, as gemm1_clamp_limit: every release's quant methods pass the
+    # layer's swiglu_limit so (UnquantizedFusedMoEMethod.get_fused_moe_quant_config, and make_fp8_moe_quant_config for
+    # Fp8MoEMethod and compressed-tensors; peers/call_sites.py reads them). The adapter passed it only in the layer's
+    # FusedMoEConfig before: the same clamp (activation.py's from_configs takes the quant config's first), not the call.
     q = config.quant
     if q == "bf16":
-        return vllm_standins.FusedMoEQuantConfig()
+        return vllm_standins.FusedMoEQuantConfig(gemm1_clamp_limit=swiglu_limit(config))
     return vllm_standins.FusedMoEQuantConfig(
         quant_dtype=vllm_ops.FP8, per_act_token_quant=q == "fp8-token",
         per_out_ch_quant=config.weight_granularity == "channel",
         block_shape=[QUANT_BLOCK, QUANT_BLOCK] if q == "fp8-block" else None, w1_scale=w1_scale, w2_scale=w2_scale,
+        gemm1_clamp_limit=swiglu_limit(config),
     )
+
+
+# the keywords no_dp_ep.py's _quantize_input passes that describe MX / NVFP4 scales only (the adapter leaves them
+# at moe_kernel_quantize_input's defaults: an FP8 quant never reads them); peers/call_sites.py checks the rest
+MX_ONLY_QUANTIZE_KEYWORDS = ("is_scale_swizzled", "is_scale_transposed", "mx_alignment")
+
+
+def quantize_kwargs(q: vllm_standins.FusedMoEQuantConfig) -> dict:
+    """moe_kernel_quantize_input's keywords as the no-DP/EP prepare passes them (_quantize_input in
+    prepare_finalize/no_dp_ep.py), less MX_ONLY_QUANTIZE_KEYWORDS."""
+    return dict(quant_dtype=q.quant_dtype, per_act_token_quant=q.per_act_token_quant, block_shape=q.block_shape)
 
 
 def swiglu_limit(config: MoEConfig) -> float | None:
@@ -486,9 +502,7 @@ class VllmTritonMoE:
                 if cfg.router_weight == "input":  # no_dp_ep.prepare (K == 1)
                     a1 = a1 * problem.topk_weights.to(a1.dtype)
                 q = quant_config(cfg, problem.w1_scale, problem.w2_scale)
-                a1q, a1q_scale = files.utils.moe_kernel_quantize_input(
-                    a1, q.a1_scale, quant_dtype=q.quant_dtype, per_act_token_quant=q.per_act_token_quant,
-                    block_shape=q.block_shape)
+                a1q, a1q_scale = files.utils.moe_kernel_quantize_input(a1, q.a1_scale, **quantize_kwargs(q))
                 reporter.phase = "apply"
                 experts = files.experts(cfg, q)
                 # where try_get_optimal_moe_config is an lru_cache (keyed by shapes, not by the override) it is
@@ -508,12 +522,19 @@ class VllmTritonMoE:
         return out, reporter
 
     def _apply(self, experts, out, a1q, a1q_scale, problem, workspace13, workspace2) -> None:
+        experts.apply(**self.apply_kwargs(experts, out, a1q, a1q_scale, problem, workspace13, workspace2))
+
+    def apply_kwargs(self, experts, out, a1q, a1q_scale, problem, workspace13, workspace2) -> dict:
+        """TritonExperts.apply's keywords as vLLM's modular kernel passes them
+        (FusedMoEKernelModularImpl._fused_experts in modular_kernel.py; peers/call_sites.py reads it): a2_scale
+        is the experts' own (`self.fused_experts.a2_scale`, None for dynamic activations; the adapter passed a
+        literal None before), expert_tokens_meta what the no-DP/EP prepare returns (None)."""
         cfg = self.config
-        experts.apply(
+        return dict(
             output=out, hidden_states=a1q, w1=problem.w1, w2=problem.w2, topk_weights=problem.topk_weights,
             topk_ids=problem.topk_ids, activation=vllm_standins.MoEActivation.SILU, global_num_experts=cfg.num_experts,
-            expert_map=problem.expert_map, a1q_scale=a1q_scale, a2_scale=None, workspace13=workspace13, workspace2=workspace2,
-            expert_tokens_meta=None, apply_router_weight_on_input=cfg.router_weight == "input",
+            expert_map=problem.expert_map, a1q_scale=a1q_scale, a2_scale=experts.a2_scale, workspace13=workspace13,
+            workspace2=workspace2, expert_tokens_meta=None, apply_router_weight_on_input=cfg.router_weight == "input",
         )
 
     @staticmethod

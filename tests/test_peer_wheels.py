@@ -49,7 +49,9 @@ def fake_peer(tmp_path, monkeypatch):
 def test_the_vllm_pin():
     pin = peer_wheels.PEERS["vllm"]
     assert pin.requirement == "vllm==0.33.0" and len(pin.sha256) == 64 and int(pin.sha256, 16)
-    assert all(f.startswith("vllm/model_executor/layers/fused_moe/") and f.endswith((".py", "/")) for f in pin.files)
+    # the adapter's files below fused_moe/, and the quant methods whose call sites it mirrors (peers/call_sites.py)
+    assert all(f.startswith(("vllm/model_executor/layers/fused_moe/", "vllm/model_executor/layers/quantization/"))
+               and f.endswith((".py", "/")) for f in pin.files)
 
 
 def fetch_with_fake_pip(pin, wheel: Path, monkeypatch) -> list[str]:
@@ -69,7 +71,9 @@ def fetch_with_fake_pip(pin, wheel: Path, monkeypatch) -> list[str]:
 def test_the_lmdeploy_pin():
     pin = peer_wheels.PEERS["lmdeploy"]
     assert pin.requirement == "lmdeploy==0.18.0" and len(pin.sha256) == 64 and int(pin.sha256, 16)
-    assert all(f.startswith("lmdeploy/pytorch/kernels/cuda/") and f.endswith(".py") for f in pin.files)
+    # the kernels, and the backend's MoE impl whose call it mirrors (peers/call_sites.py)
+    assert all(f.startswith(("lmdeploy/pytorch/kernels/cuda/", "lmdeploy/pytorch/backends/cuda/moe/"))
+               and f.endswith(".py") for f in pin.files)
     # a cp311-cp311 wheel: the pin names its interpreter, and the file name agrees
     assert pin.python == "3.11" and "-cp311-cp311-" in pin.filename
 
@@ -149,6 +153,20 @@ def test_fetch_downloads_without_dependencies_and_deletes_the_wheel(fake_peer, m
     # offline after one fetch: a second fetch does not run pip
     monkeypatch.setattr(peer_wheels.subprocess, "run", lambda *a, **k: pytest.fail("fetched again"))
     assert peer_wheels.fetch("toy") == root
+
+
+def test_a_cache_kept_under_another_file_list_is_a_miss_that_one_fetch_mends(fake_peer, monkeypatch):
+    """A pin whose kept files grew (a call site added for tests/test_peer_call_sites.py): the cache extracted
+    under the old list is not a cache (peer_root names the fetch), and one fetch downloads and keeps the new list."""
+    pin, wheel = fake_peer
+    peer_wheels.fetch("toy", wheel)
+    grown = dataclasses.replace(pin, files=(*KEPT, "pkg/__init__.py"))
+    monkeypatch.setitem(peer_wheels.PEERS, "toy", grown)
+    with pytest.raises(PeerError, match="run `diffmoe peers fetch toy` once"):
+        peer_wheels.peer_root("toy")
+    fetch_with_fake_pip(grown, wheel, monkeypatch)
+    root = peer_wheels.peer_root("toy")
+    assert (root / "pkg/__init__.py").is_file() and json.loads((root / peer_wheels.MANIFEST).read_text())["files"][-1] == "pkg/__init__.py"
 
 
 def test_a_failed_download_is_one_line(fake_peer, monkeypatch):

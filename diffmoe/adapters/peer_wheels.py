@@ -89,6 +89,14 @@ _VLLM_FILES = (
     f"{_VLLM_MOE}/utils.py",  # _resize_cache, moe_kernel_quantize_input, enable_swap_ab
     f"{_VLLM_MOE}/modular_kernel.py",  # FusedMoEExperts(Modular): TritonExperts' base classes
     f"{_VLLM_MOE}/configs/",  # the tuned tile configs fused_moe.py reads per GPU name (~340 JSON files, ~1.1 MB)
+    # the call sites the adapter mirrors, read (never run) by tests/test_peer_call_sites.py (peers/call_sites.py)
+    f"{_VLLM_MOE}/fused_moe_modular_method.py",  # FusedMoEModularMethod.apply: the layer's expert map, router weight
+    f"{_VLLM_MOE}/prepare_finalize/no_dp_ep.py",  # prepare: the router weight on the input, the input quant's flags
+    f"{_VLLM_MOE}/oracle/fp8.py",  # make_fp8_moe_quant_config: the SwiGLU limit as gemm1_clamp_limit, the scale flags
+    f"{_VLLM_MOE}/unquantized_fused_moe_method.py",  # bf16's quant config: the SwiGLU limit as gemm1_clamp_limit
+    "vllm/model_executor/layers/quantization/fp8.py",  # Fp8MoEMethod: per-tensor and 128-block FP8, its flags
+    # CompressedTensorsW8A8Fp8MoEMethod: per-channel weights beside per-token activations
+    "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/compressed_tensors_moe_w8a8_fp8.py",
 )
 
 
@@ -118,6 +126,13 @@ _SGLANG_FILES = (
     "sglang/kernels/ops/quantization/fp8_kernel.py",  # scaled_fp8_quant, the per-token-group quants
     "sglang/kernels/ops/quantization/fp8_utils.py",  # fp8_dtype_to_triton (fp8_kernel.py imports it)
     f"{_SGLANG_MOE}/configs/",  # the tuned tile configs per Triton release and GPU (~390 JSON files, ~1.6 MB)
+    # the call sites the adapter mirrors, read (never run) by tests/test_peer_call_sites.py (peers/call_sites.py)
+    "sglang/srt/layers/moe/fused_moe_triton/layer.py",  # FusedMoE.__init__: the runner config the layer fills
+    "sglang/srt/layers/moe/moe_runner/triton.py",  # fused_experts_none_to_triton: the fused_experts call
+    "sglang/srt/layers/moe/moe_runner/base.py",  # MoeRunnerConfig: the runner fields fused_experts reads
+    "sglang/srt/layers/quantization/fp8.py",  # Fp8MoEMethod.get_triton_quant_info: per-tensor and 128-block FP8
+    "sglang/srt/layers/quantization/w8a8_fp8.py",  # W8A8Fp8MoEMethod.get_triton_quant_info: per-channel weights
+    "sglang/srt/layers/quantization/unquant.py",  # UnquantizedFusedMoEMethod.get_triton_quant_info: bf16
 )
 
 
@@ -150,6 +165,9 @@ PEERS: dict[str, PeerWheel] = {
             f"{_LMDEPLOY_KERNELS}/activation.py",  # silu_and_mul
             f"{_LMDEPLOY_KERNELS}/blocked_gemm_fp8.py",  # quant_fp8: the 1x128-group activation quant
             f"{_LMDEPLOY_KERNELS}/utils.py",  # get_device_props (the launch grids read it)
+            # the call site the adapter mirrors (TritonFusedMoEBlockedF8Impl.forward), read by
+            # tests/test_peer_call_sites.py (peers/call_sites.py)
+            "lmdeploy/pytorch/backends/cuda/moe/blocked_fp8.py",
         ),
         license="Apache-2.0",
         python="3.11",
@@ -166,6 +184,8 @@ PEERS: dict[str, PeerWheel] = {
             f"{_LIGER}/ops/fused_moe_kernels.py",  # the routing, fused up-proj + SwiGLU, down-proj and gather-sum kernels
             f"{_LIGER}/ops/utils.py",  # ensure_contiguous (the forward's decorator)
             f"{_LIGER}/utils.py",  # infer_device (ops/utils.py imports it)
+            # the call site the adapter mirrors (LigerExperts.forward), read by tests/test_peer_call_sites.py
+            f"{_LIGER}/transformers/swiglu.py",
         ),
         license="BSD-2-Clause",
     ),
