@@ -117,14 +117,28 @@ class FamilyFunction:
         return RunResult(output=out)
 
 
+# What a function may carry for its factory, copied onto it (a peer wheel's function does, peers/sglang_core.py
+# wheel_function): its numerics profile, the pinned wheel it runs from, whether it is batch-invariant; and
+# `family` (the one signature it has: another is refused) and `supports` (its own refusals, after the family's)
+CARRIED = ("numerics", "peer_wheel", "batch_invariant")
+
+
 def function_factory(fn: Callable, family: str, name: str | None = None):
     """The factory of `fn` called as `family` calls it; `name` (default MODULE:FUNCTION@FAMILY) is what
-    reports and replay lines call it."""
+    reports and replay lines call it. The factory carries what `fn` carries (CARRIED)."""
     if family not in FAMILIES:
         raise ValueError(f"--family must be one of {list(FAMILIES)}, got {family!r}")
     label = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}{SEPARATOR}{family}"
+    own_family = getattr(fn, "family", None)
+    if own_family is not None and own_family != family:
+        raise ValueError(f"--family must be {own_family!r} for {label}: the function has {own_family}'s "
+                         f"fused_experts signature, got {family!r}")
+    own_supports = getattr(fn, "supports", None)
 
     def make(config: MoEConfig, device=None) -> FamilyFunction:
+        refused = own_supports(config) if own_supports is not None else None
+        if refused is not None:
+            raise ValueError(refused)
         return FamilyFunction(fn, family, label, config, device)
 
     def supports(config: MoEConfig) -> str | None:
@@ -132,7 +146,11 @@ def function_factory(fn: Callable, family: str, name: str | None = None):
             check_supported(config)
         except ValueError as exc:
             return str(exc)
-        return None
+        return own_supports(config) if own_supports is not None else None
+
+    for attribute in CARRIED:
+        if hasattr(fn, attribute):
+            setattr(make, attribute, getattr(fn, attribute))
 
     make.supports = supports  # diffmoe.adapters.contract.SUPPORTS
     make.name = label
