@@ -14,7 +14,7 @@ from diffmoe.adapters import peer_wheels
 
 from . import supports_from
 from .sglang_core import FILES, Release, SglangFiles, check_supported
-from .sglang_standins import MOE
+from .sglang_standins import ACTIVE, MOE
 
 # the module of `--fn sglang==V:fused_experts --family sglang` when the spec names none (wheel_function)
 FUNCTION_MODULE = f"{MOE}.fused_moe"
@@ -26,7 +26,8 @@ def wheel_function(release: Release, path: str):
     the peer's stubs and stand-ins, `@torch.compile` eager): what `--fn sglang==V:PATH --family sglang` calls
     (diffmoe.adapters.loading), with no user code. It carries its factory's attributes (diffmoe.adapters.
     families.CARRIED): the sglang family, the `sglang` profile, the pinned wheel, the CUDA branch's refusals.
-    No launch is reported: the family judges the output (a written adapter judges stage by stage)."""
+    Its launches report to the peer's ACTIVE slot: the family function attributes each to its stage from the
+    tensors it touches (diffmoe.adapters.kit.attribution), so it is judged stage by stage."""
     module, _, name = path.rpartition(":")
     module = module or FUNCTION_MODULE
     loaded = [n for n, _ in FILES]
@@ -55,6 +56,7 @@ def wheel_function(release: Release, path: str):
 
     function.__qualname__ = function.__name__ = f"{release.peer}:{module}:{name}"
     function.family, function.numerics, function.peer_wheel = "sglang", "sglang", release.peer
+    function.active = ACTIVE  # its kernel proxy and stand-ins report there: every launch attributed to its stage
     function.batch_invariant = False  # the tile config follows the token count (module docstring)
     function.supports = supports_from(lambda c: check_supported(c, True))
     return function

@@ -51,9 +51,9 @@ def _sglang_runner(config: MoEConfig):
         no_combine_keep_router_weight=False)
 
 
-def call(fn: Callable, family: str, config: MoEConfig, problem) -> torch.Tensor:
-    """`fn` called as `family` calls it on `problem` (module docstring)."""
-    ids = problem.topk_ids.to(torch.int32)
+def call(fn: Callable, family: str, config: MoEConfig, problem, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """`fn` called as `family` calls it on `problem` (module docstring), `ids` the int32 topk_ids."""
+    ids = problem.topk_ids.to(torch.int32) if ids is None else ids
     if family == "vllm":
         return fn(problem.hidden_states, problem.w1, problem.w2, problem.topk_weights, ids, **_quant_kwargs(config, problem))
     if family == "sglang":
@@ -87,6 +87,11 @@ class FamilyFunction:
         config.validate()
         check_supported(config)
         self.fn, self.family, self.name, self.config = fn, family, name, config
+        # a function whose kernels report to `fn.active` (diffmoe.adapters.kit.ReportingKernel, stand-ins): each
+        # launch attributed to its stage from the tensors it touches, `fn.buffer_names` naming the arguments
+        # attribution cannot tell apart (diffmoe.adapters.kit.attribution)
+        self.active = getattr(fn, "active", None)
+        self.buffer_names = getattr(fn, "buffer_names", None)
         self.device = torch.device(device) if device is not None else default_device()
         self.max_tokens = config.num_tokens
 
@@ -108,13 +113,35 @@ class FamilyFunction:
         out = output if output is not None else torch.empty(t, h, dtype=torch.bfloat16, device=self.device)
         if t == 0:
             return RunResult(output=out)
-        with grid_order.program_order(schedule or Schedule()), torch.no_grad():
-            result = call(self.fn, self.family, self.config, problem)
+        if self.active is None:
+            with grid_order.program_order(schedule or Schedule()), torch.no_grad():
+                result = call(self.fn, self.family, self.config, problem)
+        else:
+            result = self._attributed(problem, schedule, recorder)
         if not isinstance(result, torch.Tensor) or result.shape != (t, h):
             raise TypeError(f"{self.name} must return the [{t}, {h}] output, got "
                             f"{getattr(result, 'shape', type(result).__name__)}")
         out.copy_(result)
         return RunResult(output=out)
+
+    def _attributed(self, problem, schedule, recorder) -> torch.Tensor:
+        """The call with every launch attributed to its stage (diffmoe.adapters.kit.Attribution)."""
+        from diffmoe.adapters.contract import Schedule, interpreter_enabled
+        from diffmoe.adapters.kit import Attribution
+        from diffmoe.interpreter import fast_path, fixes, grid_order
+
+        if interpreter_enabled():  # a Triton function: the interpreter's exact casts and dots, as optimized/ runs
+            fast_path.install()
+            fixes.install()
+        attribution = Attribution(self.config, problem, recorder, self.buffer_names)
+        ids = attribution.name(problem.topk_ids.to(torch.int32), "topk_ids")
+        self.active.reporter = attribution
+        try:
+            with grid_order.program_order(schedule or Schedule()), torch.no_grad():
+                result = call(self.fn, self.family, self.config, problem, ids)
+        finally:
+            self.active.reporter = None
+        return attribution.finish(result) if isinstance(result, torch.Tensor) else result
 
 
 # What a function may carry for its factory, copied onto it (a peer wheel's function does, peers/sglang_core.py
