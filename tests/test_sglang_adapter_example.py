@@ -93,3 +93,16 @@ def _example_files():
 
     return next(m.files for m in list(sys.modules.values())
                 if getattr(m, "__file__", None) == str(EXAMPLE) and hasattr(m, "files"))
+
+
+def test_the_readme_counts_it_and_the_docs_show_the_self_allocating_helpers():
+    """The README's own-kernel section used to show only the carve-from-workspaces case, the helpers for a
+    kernel that allocates its own buffers known only from docstrings (issue 28)."""
+    root = EXAMPLE.parents[1]
+    lines = len(EXAMPLE.read_text().splitlines())
+    assert f"in **{lines} lines**" in (root / "README.md").read_text()
+    page = (root / "docs" / "plugging-in.md").read_text()
+    assert f"**{lines} lines**" in page
+    for name in ("SelfAllocatingPeer", "fresh_allocations_plan", "kit.ReportingKernel", "kit.launch_grid",
+                 "kit.Attribution", "examples/sglang_adapter.py"):
+        assert name in page, name
