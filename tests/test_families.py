@@ -72,11 +72,21 @@ def test_sglangs_own_fused_experts_passes_from_its_wheel_with_no_user_code(sglan
     assert report.passed, report.render()
 
 
+def test_the_other_release_is_named_the_same_way():
+    try:
+        peer_wheels.fetch("sglang==0.5.20")
+    except peer_wheels.PeerError as exc:
+        pytest.skip(f"{exc}")
+    report = run_differential(MoEConfig(**{**SGLANG_SMALL, "quant": "fp8-block"}), load_factory("sglang==0.5.20:fused_experts@sglang"))
+    assert report.passed and report.implementation == "sglang==0.5.20:fused_experts@sglang", report.render()
+
+
+@pytest.mark.slow  # 28 s on 2 cores (2026-12-05): two command-line checks, each in its own candidate process
 def test_the_cli_runs_a_wheel_function_and_its_replay_line_rebuilds_it(sglang_wheel, capsys):
     from diffmoe.check.report import check_command, is_factory_spec
 
     argv = ["check", "--fn", SGLANG_PATH.rpartition("@")[0], "--family", "sglang", "--tokens", "4", "--experts", "4",
-            "--topk", "2", "--hidden", "256", "--inter", "256", "--quant", "fp8-token", "--unfused"]
+            "--topk", "2", "--hidden", "256", "--inter", "256", "--quant", "fp8-token", "--unfused", "--oracles", "differential"]
     assert main(argv) == 0, capsys.readouterr()
     assert SGLANG_PATH in capsys.readouterr().out
     assert is_factory_spec(SGLANG) and is_factory_spec(SGLANG_PATH)  # replay lines carry them, not MODULE:FACTORY
