@@ -14,9 +14,12 @@ block_shape [128, 128]) and SGLang's runner config as a namespace of its default
 no routed scaling, every expert local, out of place). The function returns the [T, H] output.
 
 The function allocates what it needs itself: the declared plan says so (no placement, 0 bytes
-of ws1 and ws2), and it reports no launch, so what is judged is the output (the differential at
-the reduce, the schedule, call-sequence and poison oracles on it); a written adapter (the
-adapter kit, diffmoe.adapters.kit) names each launch's buffers and is judged stage by stage.
+of ws1 and ws2). A plain function reports no launch, so what is judged is the output (the
+differential at the reduce, the schedule, call-sequence and poison oracles on it). A function that
+carries `active` (the thread-local slot its kernel proxies and stand-ins report to: the adapter
+kit's ReportingKernel) runs under an automatic attribution (diffmoe.adapters.kit.attribution):
+every launch is reported at its stage from the tensors it touches, and it is judged stage by stage
+(examples/sglang_adapter.py; SGLang's function from its wheel, `--fn sglang==0.5.23:fused_experts`).
 Under the Triton interpreter each launch's programs run in the schedule's order
 (diffmoe.interpreter.grid_order).
 
