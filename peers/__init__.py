@@ -14,9 +14,7 @@ Owns the package's entry point and what every adapter shares: `PeerFiles` (a pee
 loaded once per cache root and device) and `modules_installed` (its module names resolved to
 those files while it runs), the interpreter set-up, the check of a
 problem against the built implementation, the `supports` answer from an adapter's check, the refusal of config fields an adapter does not
-wire (`refuse_set_fields`), the
-launch-reporting proxy that stands where a peer's module holds a jit kernel (`ReportingKernel`),
-the grid such a launch runs (`launch_grid`), the recorder's view of a launch whose rows a peer
+wire (`refuse_set_fields`), the recorder's view of a launch whose rows a peer
 keeps expert-sorted (`report_launch`), the shape of an adapter whose peer allocates
 every buffer itself (`SelfAllocatingPeer`, `fresh_allocations_plan`) and the permutation of a peer's expert-sorted rows into route order (`route_order`). Must not hold third-party source or judge a peer's results.
 """
@@ -28,6 +26,8 @@ import threading
 import types
 
 import torch
+
+from diffmoe.adapters.kit.attribution import ReportingKernel, launch_grid  # noqa: F401 - the adapters' proxy, kept here
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -162,49 +162,12 @@ class PeerFiles:
             yield self
 
 
-class ReportingKernel:
-    """Stands where a peer's module holds a jit kernel (instrumentation, not a change): `kernel[grid](...)`
-    goes to the reporter `active.reporter` of the run in progress, if any, as
-    `reporter.launch(name, grid, bound_args, run, jit)`, and runs the peer's kernel unchanged."""
-
-    def __init__(self, name: str, jit, active: threading.local):
-        self.name, self.jit, self.active = name, jit, active
-        self.arg_names = list(jit.arg_names)
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            run = lambda: self.jit[grid](*args, **kwargs)  # noqa: E731
-            reporter = getattr(self.active, "reporter", None)
-            if reporter is None:
-                return run()
-            bound = dict(zip(self.arg_names, args), **kwargs)
-            return reporter.launch(self.name, grid, bound, run, self.jit)
-
-        return launch
-
-
 def route_order(sorted_rows: torch.Tensor, sorted_idx: torch.Tensor) -> torch.Tensor:
     """A peer's expert-sorted rows (row r holds route sorted_idx[r]) gathered into route order
     (row t * K + k holds route t * K + k), the order of diffmoe's vocabulary."""
     out = torch.empty_like(sorted_rows)
     out[sorted_idx.long()] = sorted_rows
     return out
-
-
-def launch_grid(jit, grid, args: dict) -> tuple[int, ...]:
-    """The grid a launch `jit[grid](**args)` runs: a tuple as given, or a callable grid of the bound
-    arguments; of an autotuned kernel with one config, of the arguments and that config's
-    meta-parameters (the only config it can run). An autotuned kernel with several configs picks
-    one at launch, so its grid is not known beforehand: a ValueError says so."""
-    if not callable(grid):
-        return tuple(grid)
-    configs = getattr(jit, "configs", None)
-    if configs is None:
-        return tuple(grid(args))
-    if len(configs) != 1:
-        raise ValueError(f"{getattr(jit, 'fn', jit)} is autotuned over {len(configs)} configs: its grid is chosen at "
-                         "launch; pin it to one config to report its launches")
-    return tuple(grid({**args, **configs[0].all_kwargs()}))
 
 
 def fresh_allocations_plan(config, planner: str):

@@ -5,10 +5,15 @@ factor, `peers.sglang_0_5_20:make_scaled`.
 Owns this release's factories. Must not hold what the releases share: that is peers/sglang_core.py.
 """
 
+import functools
+
 from .sglang_core import Release, factory
+from .sglang_function import wheel_function as _wheel_function
 
 RELEASE = Release(peer="sglang==0.5.20", version="0.5.20")
 make = factory(RELEASE, cuda=True, module=__name__)
 make_fallback = factory(RELEASE, cuda=False, module=__name__)
 # the CUDA branch with a routed scaling factor (sglang_core.ROUTED_SCALING_FACTOR): the museum's SGLang exhibit
 make_scaled = factory(RELEASE, cuda=True, module=__name__, scaled=True)
+# `--fn sglang==0.5.20:[MODULE:]FUNCTION --family sglang` (diffmoe.adapters.contract.WHEEL_FUNCTIONS)
+wheel_function = functools.partial(_wheel_function, RELEASE)

@@ -253,8 +253,9 @@ def check_supported(config: MoEConfig, cuda: bool = True) -> None:
     refuse_set_fields(config, name, {
         "swiglu_limit": "its clamped SwiGLU is DeepSeek V4's path (swiglu_limit == 10 only, act_and_mul_triton)",
         "dropped_slots": "fused_experts is called without -1 ids (its expert filter is off when every expert is local)",
-        "weight_scales": "the adapter passes SGLang's per_channel_quant for the schemes' own pairs only; per-tensor "
-                         "weights beside per-token activations are not wired yet",
+        "weight_scales": "SGLang's one flag per_channel_quant gives per-token activations per-channel weights, and "
+                         "per-tensor activations per-tensor weights (invoke_fused_moe_kernel, fused_moe_kernel): "
+                         "per-tensor weights beside per-token activations is no call its path takes",
         "routed_scaling_factor": "the adapter's moe runner config passes routed_scaling_factor=None; SGLang's "
                                  "combine takes one, not wired yet",
     })

@@ -131,3 +131,42 @@ def test_moe_sum_precisions():
     scaled = torch.empty_like(fp32)
     standins.moe_sum(rows, scaled, precision="fp32", scale=2.5)
     assert torch.equal(scaled, (rows.float().sum(1) * 2.5).bfloat16())
+
+
+# ---- automatic launch attribution (kit/attribution.py) ----
+
+def _attribution(recorder=None, names=None):
+    from diffmoe.problem.config import MoEConfig
+    from diffmoe.problem.inputs import make_problem
+
+    config = MoEConfig(num_tokens=4, num_experts=4, topk=2, hidden=128, inter=128, quant="fp8-token", fused=False)
+    problem = make_problem(config)
+    return kit.Attribution(config, problem, recorder, names), problem
+
+
+def test_attribution_names_each_launch_stage_and_buffers_from_the_tensors_it_touches():
+    from diffmoe.check.recording import LaunchLog
+    from diffmoe.problem.vocabulary import FP8_DTYPE, Stages
+
+    log = LaunchLog(snapshot=False)
+    attribution, problem = _attribution(log)
+    codes, scales = torch.empty(4, 128, dtype=FP8_DTYPE), torch.empty(4, 1)
+    attribution.op("quant", {"input": problem.hidden_states}, {"output": codes, "scale": scales}, lambda: None)
+    gate_up = torch.empty(8, 256, dtype=torch.bfloat16)
+    attribution.launch("gemm", (1,), {"a": codes, "b": problem.w1, "a_s": scales, "b_s": problem.w1_scale,
+                                      "w": problem.topk_weights, "c": gate_up}, lambda: None)
+    assert [(launch.stage, sorted(r.name for r in launch.writes)) for launch in log.launches] == [
+        (Stages.QUANT_INPUT, ["quanted_gate_up_input", "quanted_gate_up_input_scales"]),
+        (Stages.GATE_UP_GEMM, ["gate_up_output"])]
+    # the router weights passed to the gate/up GEMM are not its read: the down GEMM's, as the pipeline says
+    assert "topk_weights" not in {r.name for r in log.launches[1].reads}
+
+
+def test_attribution_takes_the_adapters_names_and_refuses_a_launch_it_cannot_place():
+    attribution, problem = _attribution(names={"scratch": "private:tile_offsets"})
+    ids = attribution.name(problem.topk_ids.to(torch.int32), "topk_ids")
+    scratch, sorted_ids = torch.empty(3, dtype=torch.int32), torch.empty(16, dtype=torch.int32)
+    attribution.op("align", {"topk_ids": ids}, {"scratch": scratch, "sorted_token_ids": sorted_ids}, lambda: None)
+    assert attribution.name_of(scratch) == "private:tile_offsets" and attribution.name_of(sorted_ids) == "sorted_token_ids"
+    with pytest.raises(ValueError, match="mystery reads none of the pipeline's buffers"):
+        attribution.launch("mystery", (1,), {"x": torch.empty(4)}, lambda: None)

@@ -1,8 +1,9 @@
 """The fused_experts family without an adapter (diffmoe/adapters/families.py): a function with
 vLLM's or SGLang's signature judged as it is, from Python (`function_factory`), from an `--impl`
 spec (`MODULE:FUNCTION@FAMILY`) and from the command line (`--fn ... --family ...`): a correct
-function passes, a planted bug is caught at the reduce, and SGLang's own fused_experts (from the
-peer cache) passes called with the sglang family's signature."""
+function passes, a planted bug is caught at the reduce; and SGLang's own fused_experts, named
+inside its pinned wheel (`sglang==0.5.23:fused_experts@sglang`), passes every scheme with no user
+code, its replay line rebuilds it, and what it cannot run is refused with the reason."""
 
 from __future__ import annotations
 
@@ -47,19 +48,80 @@ def test_the_cli_runs_fn_and_family_and_replays_it(capsys):
     assert err.count("\n") == 1 and "--fn and --family go together" in err
 
 
-def test_sglangs_own_fused_experts_passes_as_the_sglang_family():
-    try:  # fetched on first use, as tests/test_peers_sglang.py does (a fresh cache: CI)
+@pytest.fixture(scope="module")
+def sglang_wheel():
+    """SGLang 0.5.23's files in the peer cache, fetched on first use as tests/test_peers_sglang.py does."""
+    try:
         peer_wheels.fetch("sglang==0.5.23")
-        root_files = __import__("peers.sglang_core", fromlist=["SglangFiles"]).SglangFiles.get("sglang==0.5.23", True)
     except peer_wheels.PeerError as exc:
         pytest.skip(f"{exc}")
-    fused_moe = root_files.fused_moe
 
-    def fused_experts(*args, **kwargs):
-        with root_files.installed():
-            return fused_moe.fused_experts(*args, **kwargs)
 
-    make = families.function_factory(fused_experts, "sglang", "sglang 0.5.23 fused_experts@sglang")
-    config = MoEConfig(**{**SMALL, "hidden": 256, "inter": 256, "quant": "fp8-token", "numerics": "sglang"})
-    report = run_differential(config, make)
+SGLANG = "sglang==0.5.23:fused_experts@sglang"  # the function at the release's default path
+SGLANG_PATH = "sglang==0.5.23:sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:fused_experts@sglang"
+SGLANG_SMALL = dict(SMALL, hidden=256, inter=256)
+
+
+@pytest.mark.parametrize("quant", ["bf16", "fp8-tensor", "fp8-token", "fp8-block"])
+def test_sglangs_own_fused_experts_passes_from_its_wheel_with_no_user_code(sglang_wheel, quant):
+    """`sglang==0.5.23:fused_experts@sglang`: the wheel's function loaded with the SGLang peer's stubs and
+    stand-ins, judged under its own profile (the factory carries it), every scheme its Triton path has."""
+    make = load_factory(SGLANG)
+    assert make.name == SGLANG and make.numerics == "sglang" and make.peer_wheel == "sglang==0.5.23"
+    report = run_differential(MoEConfig(**{**SGLANG_SMALL, "quant": quant}), make)
     assert report.passed, report.render()
+
+
+def test_the_other_release_is_named_the_same_way():
+    try:
+        peer_wheels.fetch("sglang==0.5.20")
+    except peer_wheels.PeerError as exc:
+        pytest.skip(f"{exc}")
+    report = run_differential(MoEConfig(**{**SGLANG_SMALL, "quant": "fp8-block"}), load_factory("sglang==0.5.20:fused_experts@sglang"))
+    assert report.passed and report.implementation == "sglang==0.5.20:fused_experts@sglang", report.render()
+
+
+@pytest.mark.slow  # 28 s on 2 cores (2026-12-05): two command-line checks, each in its own candidate process
+def test_the_cli_runs_a_wheel_function_and_its_replay_line_rebuilds_it(sglang_wheel, capsys):
+    from diffmoe.check.report import check_command, is_factory_spec
+
+    argv = ["check", "--fn", SGLANG_PATH.rpartition("@")[0], "--family", "sglang", "--tokens", "4", "--experts", "4",
+            "--topk", "2", "--hidden", "256", "--inter", "256", "--quant", "fp8-token", "--unfused", "--oracles", "differential"]
+    assert main(argv) == 0, capsys.readouterr()
+    assert SGLANG_PATH in capsys.readouterr().out
+    assert is_factory_spec(SGLANG) and is_factory_spec(SGLANG_PATH)  # replay lines carry them, not MODULE:FACTORY
+    config = MoEConfig(**{**SGLANG_SMALL, "quant": "fp8-block", "numerics": "sglang"})
+    replay = check_command(config, SGLANG_PATH, oracles=["differential"])
+    assert f"--impl {SGLANG_PATH}" in replay
+    assert main(replay.split()[1:]) == 0, capsys.readouterr()  # `diffmoe check ...`: the same function rebuilt
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("sglang==0.5.23:fused_experts@vllm", "--family must be 'sglang'"),
+    ("sglang==0.5.23:sglang.srt.utils:fused_experts@sglang", "must be one of the files diffmoe keeps"),
+    ("sglang==0.5.23:fused_expertz@sglang", "it has no 'fused_expertz'"),
+    ("sglang==0.5.23:fused_experts", "name its signature, --fn sglang==0.5.23:fused_experts --family"),
+])
+def test_a_wheel_function_spec_that_names_nothing_is_one_clear_error(sglang_wheel, spec, message):
+    with pytest.raises(ValueError, match=message):
+        load_factory(spec)
+
+
+def test_the_pair_sglang_does_not_take_is_refused_with_its_reason(sglang_wheel):
+    """SGLang's per_channel_quant ties per-token activations to per-channel weights: per-tensor weights
+    beside per-token activations is refused through `supports`; the schemes' own pairs are not."""
+    make = load_factory(SGLANG)
+    reason = make.supports(MoEConfig(**{**SGLANG_SMALL, "quant": "fp8-token", "weight_scales": "tensor"}))
+    assert reason is not None and reason.startswith("weight_scales") and "per_channel_quant" in reason, reason
+    with pytest.raises(ValueError, match="^weight_scales"):
+        make(MoEConfig(**{**SGLANG_SMALL, "quant": "fp8-token", "weight_scales": "tensor"}))
+    assert all(make.supports(MoEConfig(**{**SGLANG_SMALL, "quant": q})) is None
+               for q in ("bf16", "fp8-tensor", "fp8-token", "fp8-block"))
+
+
+def test_a_wheel_function_without_its_wheel_names_the_fetch(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(peer_wheels.CACHE_ENV, str(tmp_path / "empty"))
+    argv = ["check", "--fn", "sglang==0.5.23:fused_experts", "--family", "sglang", "--quant", "bf16", "--unfused"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "diffmoe peers fetch sglang==0.5.23" in err, err

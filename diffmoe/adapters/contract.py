@@ -243,6 +243,11 @@ IMPLEMENTATION_ALIASES = {
     # SGLang (peers/sglang_core.py): its CUDA branch; the non-CUDA branch is peers.sglang_0_5_23:make_fallback
     "sglang": "peers.sglang_0_5_23:make", "sglang==0.5.23": "peers.sglang_0_5_23:make", "sglang==0.5.20": "peers.sglang_0_5_20:make",
 }
+# The peer wheels whose functions `--fn NAME==V[:MODULE]:FUNCTION --family F` loads with no user code (loading.py):
+# each the MODULE:FACTORY of `wheel_function(path)`, the function at `path` with its factory's attributes
+WHEEL_FUNCTIONS = {
+    "sglang==0.5.23": "peers.sglang_0_5_23:wheel_function", "sglang==0.5.20": "peers.sglang_0_5_20:wheel_function",
+}
 
 # The optional factory attributes (module docstring).
 PLAN_WORKSPACES = "plan_workspaces"

@@ -14,9 +14,12 @@ block_shape [128, 128]) and SGLang's runner config as a namespace of its default
 no routed scaling, every expert local, out of place). The function returns the [T, H] output.
 
 The function allocates what it needs itself: the declared plan says so (no placement, 0 bytes
-of ws1 and ws2), and it reports no launch, so what is judged is the output (the differential at
-the reduce, the schedule, call-sequence and poison oracles on it); a written adapter (the
-adapter kit, diffmoe.adapters.kit) names each launch's buffers and is judged stage by stage.
+of ws1 and ws2). A plain function reports no launch, so what is judged is the output (the
+differential at the reduce, the schedule, call-sequence and poison oracles on it). A function that
+carries `active` (the thread-local slot its kernel proxies and stand-ins report to: the adapter
+kit's ReportingKernel) runs under an automatic attribution (diffmoe.adapters.kit.attribution):
+every launch is reported at its stage from the tensors it touches, and it is judged stage by stage
+(examples/sglang_adapter.py; SGLang's function from its wheel, `--fn sglang==0.5.23:fused_experts`).
 Under the Triton interpreter each launch's programs run in the schedule's order
 (diffmoe.interpreter.grid_order).
 
@@ -51,9 +54,9 @@ def _sglang_runner(config: MoEConfig):
         no_combine_keep_router_weight=False)
 
 
-def call(fn: Callable, family: str, config: MoEConfig, problem) -> torch.Tensor:
-    """`fn` called as `family` calls it on `problem` (module docstring)."""
-    ids = problem.topk_ids.to(torch.int32)
+def call(fn: Callable, family: str, config: MoEConfig, problem, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """`fn` called as `family` calls it on `problem` (module docstring), `ids` the int32 topk_ids."""
+    ids = problem.topk_ids.to(torch.int32) if ids is None else ids
     if family == "vllm":
         return fn(problem.hidden_states, problem.w1, problem.w2, problem.topk_weights, ids, **_quant_kwargs(config, problem))
     if family == "sglang":
@@ -87,6 +90,11 @@ class FamilyFunction:
         config.validate()
         check_supported(config)
         self.fn, self.family, self.name, self.config = fn, family, name, config
+        # a function whose kernels report to `fn.active` (diffmoe.adapters.kit.ReportingKernel, stand-ins): each
+        # launch attributed to its stage from the tensors it touches, `fn.buffer_names` naming the arguments
+        # attribution cannot tell apart (diffmoe.adapters.kit.attribution)
+        self.active = getattr(fn, "active", None)
+        self.buffer_names = getattr(fn, "buffer_names", None)
         self.device = torch.device(device) if device is not None else default_device()
         self.max_tokens = config.num_tokens
 
@@ -108,23 +116,59 @@ class FamilyFunction:
         out = output if output is not None else torch.empty(t, h, dtype=torch.bfloat16, device=self.device)
         if t == 0:
             return RunResult(output=out)
-        with grid_order.program_order(schedule or Schedule()), torch.no_grad():
-            result = call(self.fn, self.family, self.config, problem)
+        if self.active is None:
+            with grid_order.program_order(schedule or Schedule()), torch.no_grad():
+                result = call(self.fn, self.family, self.config, problem)
+        else:
+            result = self._attributed(problem, schedule, recorder)
         if not isinstance(result, torch.Tensor) or result.shape != (t, h):
             raise TypeError(f"{self.name} must return the [{t}, {h}] output, got "
                             f"{getattr(result, 'shape', type(result).__name__)}")
         out.copy_(result)
         return RunResult(output=out)
 
+    def _attributed(self, problem, schedule, recorder) -> torch.Tensor:
+        """The call with every launch attributed to its stage (diffmoe.adapters.kit.Attribution)."""
+        from diffmoe.adapters.contract import Schedule, interpreter_enabled
+        from diffmoe.adapters.kit import Attribution
+        from diffmoe.interpreter import fast_path, fixes, grid_order
+
+        if interpreter_enabled():  # a Triton function: the interpreter's exact casts and dots, as optimized/ runs
+            fast_path.install()
+            fixes.install()
+        attribution = Attribution(self.config, problem, recorder, self.buffer_names)
+        ids = attribution.name(problem.topk_ids.to(torch.int32), "topk_ids")
+        self.active.reporter = attribution
+        try:
+            with grid_order.program_order(schedule or Schedule()), torch.no_grad():
+                result = call(self.fn, self.family, self.config, problem, ids)
+        finally:
+            self.active.reporter = None
+        return attribution.finish(result) if isinstance(result, torch.Tensor) else result
+
+
+# What a function may carry for its factory, copied onto it (a peer wheel's function does, peers/sglang_core.py
+# wheel_function): its numerics profile, the pinned wheel it runs from, whether it is batch-invariant; and
+# `family` (the one signature it has: another is refused) and `supports` (its own refusals, after the family's)
+CARRIED = ("numerics", "peer_wheel", "batch_invariant")
+
 
 def function_factory(fn: Callable, family: str, name: str | None = None):
     """The factory of `fn` called as `family` calls it; `name` (default MODULE:FUNCTION@FAMILY) is what
-    reports and replay lines call it."""
+    reports and replay lines call it. The factory carries what `fn` carries (CARRIED)."""
     if family not in FAMILIES:
         raise ValueError(f"--family must be one of {list(FAMILIES)}, got {family!r}")
     label = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}{SEPARATOR}{family}"
+    own_family = getattr(fn, "family", None)
+    if own_family is not None and own_family != family:
+        raise ValueError(f"--family must be {own_family!r} for {label}: the function has {own_family}'s "
+                         f"fused_experts signature, got {family!r}")
+    own_supports = getattr(fn, "supports", None)
 
     def make(config: MoEConfig, device=None) -> FamilyFunction:
+        refused = own_supports(config) if own_supports is not None else None
+        if refused is not None:
+            raise ValueError(refused)
         return FamilyFunction(fn, family, label, config, device)
 
     def supports(config: MoEConfig) -> str | None:
@@ -132,7 +176,11 @@ def function_factory(fn: Callable, family: str, name: str | None = None):
             check_supported(config)
         except ValueError as exc:
             return str(exc)
-        return None
+        return own_supports(config) if own_supports is not None else None
+
+    for attribute in CARRIED:
+        if hasattr(fn, attribute):
+            setattr(make, attribute, getattr(fn, attribute))
 
     make.supports = supports  # diffmoe.adapters.contract.SUPPORTS
     make.name = label

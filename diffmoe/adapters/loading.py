@@ -1,5 +1,8 @@
-"""Loading an implementation's factory from a spec: `MODULE:FACTORY`, `path/to/file.py:FACTORY`
-or a peer's name (contract.IMPLEMENTATION_ALIASES).
+"""Loading an implementation's factory from a spec: `MODULE:FACTORY`, `path/to/file.py:FACTORY`,
+a peer's name (contract.IMPLEMENTATION_ALIASES), or a fused_experts family function
+`FUNCTION_SPEC@FAMILY` (diffmoe.adapters.families), where FUNCTION_SPEC is `MODULE:FUNCTION` or a
+function inside a pinned peer wheel, `NAME==V:FUNCTION` / `NAME==V:MODULE:FUNCTION`
+(contract.WHEEL_FUNCTIONS: `sglang==0.5.23:fused_experts@sglang`).
 
 Owns: importing the spec's module (a file under a name unique to its path; a module name from
 the current directory too) and every failure of it as one clear ValueError. Used by the CLI,
@@ -15,7 +18,7 @@ import os
 import sys
 
 from diffmoe.adapters import families
-from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, IMPLEMENTATION_ALIASES, ImplementationFactory
+from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS, ImplementationFactory
 from diffmoe.problem.config import quoted
 
 
@@ -46,10 +49,29 @@ def _import_impl_module(name: str):
     return importlib.import_module(name)
 
 
+def wheel_function_spec(spec: object) -> tuple[str, str] | None:
+    """(peer, path) of a function inside a pinned peer wheel, `NAME==V:PATH` with NAME==V one of
+    contract.WHEEL_FUNCTIONS (PATH is `FUNCTION` or `MODULE:FUNCTION` inside the package), else None."""
+    if not isinstance(spec, str):
+        return None
+    peer, sep, path = spec.partition(":")
+    return (peer, path) if sep and peer in WHEEL_FUNCTIONS else None
+
+
+def load_wheel_function(peer: str, path: str):
+    """The function at `path` inside `peer`'s cached wheel, loaded by the peer's adapter with its stubs and
+    stand-ins (the wheel itself is read at the first call: a missing one is the CLI's one line first)."""
+    function = load_factory(WHEEL_FUNCTIONS[peer])(path)
+    if not callable(function):
+        raise ValueError(f"{WHEEL_FUNCTIONS[peer]} gave no function for {peer}:{path}")
+    return function
+
+
 def load_factory(spec: str) -> ImplementationFactory:
     """'MODULE:FACTORY' or 'path/to/file.py:FACTORY' -> the factory callable; a clear ValueError
     when it cannot be found. A module name is also looked up in the current directory.
-    'MODULE:FUNCTION@FAMILY' is a fused_experts family function (diffmoe.adapters.families).
+    'MODULE:FUNCTION@FAMILY' is a fused_experts family function (diffmoe.adapters.families), and so is
+    'NAME==V:[MODULE:]FUNCTION@FAMILY', the function inside a pinned peer wheel (wheel_function_spec).
 
     Whatever importing the module raises (an ImportError, a SyntaxError, any exception of its
     top-level code, even SystemExit; not KeyboardInterrupt) is that ValueError, naming the
@@ -60,7 +82,12 @@ def load_factory(spec: str) -> ImplementationFactory:
         function_spec, _, family = spec.rpartition(families.SEPARATOR)
         if family not in families.FAMILIES:
             raise ValueError(f"--family must be one of {list(families.FAMILIES)}, got {family!r} (in {spec!r})")
-        return families.function_factory(load_factory(function_spec), family, spec)
+        wheel = wheel_function_spec(function_spec)
+        function = load_wheel_function(*wheel) if wheel else load_factory(function_spec)
+        return families.function_factory(function, family, spec)
+    if wheel_function_spec(spec) is not None:
+        raise ValueError(f"--impl {spec!r} is a function inside a peer wheel: name its signature, "
+                         f"--fn {spec} --family {'|'.join(families.FAMILIES)} (or --impl {spec}@FAMILY)")
     if not isinstance(spec, str) or spec.count(":") != 1:
         raise ValueError(f"--impl must be MODULE:FACTORY, path/to/file.py:FACTORY or a peer's name "
                          f"({', '.join(IMPLEMENTATION_ALIASES)}) (e.g. {DEFAULT_IMPLEMENTATION}), got {spec!r}")

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from diffmoe.problem.config import OPT_IN_FIELDS, MoEConfig
-from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES
+from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS
 
 
 class Oracles:
@@ -51,6 +51,9 @@ OPT_IN_ORACLES: frozenset[str] = frozenset({Oracles.BATCH_INVARIANCE})
 # What `--impl` (diffmoe.check.runner.load_factory) can load: MODULE:FACTORY, one colon, a top-level
 # attribute of an importable module. Anything else (a lambda, a closure, a label) is a name only.
 _FACTORY_SPEC = re.compile(r"[^\s:<>()]+:[^\s:<>().]+")
+# A fused_experts function inside a pinned peer wheel, NAME==V:[MODULE:]FUNCTION@FAMILY (contract.WHEEL_FUNCTIONS):
+# loadable too, its MODULE dotted and a second colon allowed
+_WHEEL_FUNCTION_SPEC = re.compile(r"([^\s:]+):(?:[\w.]+:)?\w+@\w+")
 # The stand-in a replay command carries for an implementation no command can load.
 UNREPLAYABLE_IMPL = "MODULE:FACTORY"
 
@@ -58,9 +61,13 @@ UNREPLAYABLE_IMPL = "MODULE:FACTORY"
 def is_factory_spec(implementation: str) -> bool:
     """Whether a report's implementation name is one `--impl` can load: a MODULE:FACTORY spec (the
     runner names a factory so only when `import_module(MODULE).FACTORY is factory`) or an alias
-    of one (contract.IMPLEMENTATION_ALIASES: `--impl vllm`)."""
-    return isinstance(implementation, str) and (
-        implementation in IMPLEMENTATION_ALIASES or _FACTORY_SPEC.fullmatch(implementation) is not None)
+    of one (contract.IMPLEMENTATION_ALIASES: `--impl vllm`), or a function inside a pinned peer wheel
+    (`sglang==0.5.23:fused_experts@sglang`, contract.WHEEL_FUNCTIONS)."""
+    if not isinstance(implementation, str):
+        return False
+    wheel = _WHEEL_FUNCTION_SPEC.fullmatch(implementation)
+    return (implementation in IMPLEMENTATION_ALIASES or _FACTORY_SPEC.fullmatch(implementation) is not None
+            or (wheel is not None and wheel.group(1) in WHEEL_FUNCTIONS))
 
 
 def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME,

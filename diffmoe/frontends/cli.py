@@ -457,7 +457,9 @@ def _add_impl_option(p: argparse.ArgumentParser) -> None:
                                                           "vllm==0.28.0, vllm==0.30.0: those releases; lmdeploy, liger, "
                                                           "sglang (0.5.23), sglang==0.5.20)")
     p.add_argument("--fn", metavar="MODULE:FUNCTION", help="a fused_experts function to test as it is, called with its "
-                                                          "family's signature (--family); the same as --impl MODULE:FUNCTION@FAMILY")
+                                                          "family's signature (--family); the same as --impl MODULE:FUNCTION@FAMILY; "
+                                                          "NAME==V:FUNCTION or NAME==V:MODULE:FUNCTION is the function inside "
+                                                          "that pinned peer wheel (sglang==0.5.23:fused_experts)")
     p.add_argument("--family", choices=FAMILY_NAMES, help="the signature --fn is called with: vllm's or sglang's fused_experts")
 
 

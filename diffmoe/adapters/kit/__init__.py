@@ -13,6 +13,9 @@
   distribution or a folder, no `__init__` of the package run;
 - `stubs.py`: the modules and names an import path needs but never calls, made on demand, each
   a placeholder that raises naming the symbol if it is called;
+- `attribution.py`: automatic launch attribution: every Triton launch (through a
+  `ReportingKernel` proxy) and every stand-in op of a run reported at its pipeline stage from
+  the tensors it reads and writes (`Attribution`), so an adapter names buffers, not launches;
 - `standins.py`: torch versions of the CUDA ops fused-MoE kernels call (the alignment, the FP8
   quantisations, silu_and_mul, the top-k sum), each held to the op's stated facts, with the
   conventions kernels differ in as parameters.
@@ -20,7 +23,9 @@
 Owns nothing but the kit's public names. Must not import an implementation (peers/, optimized/).
 """
 
+from .attribution import ACTIVE, Attribution, ReportingKernel, launch_grid
 from .loading import LoadedModules, PackageSource, load_modules
 from .stubs import Placeholder, StubModule, Stubs
 
-__all__ = ["LoadedModules", "PackageSource", "Placeholder", "StubModule", "Stubs", "load_modules"]
+__all__ = ["ACTIVE", "Attribution", "LoadedModules", "PackageSource", "Placeholder", "ReportingKernel", "StubModule",
+           "Stubs", "launch_grid", "load_modules"]
