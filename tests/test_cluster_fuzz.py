@@ -27,7 +27,6 @@ from diffmoe.fuzz.cluster_workers import fuzz_on_cluster
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from diffmoe.fuzz.workers import split_examples, worker_seed
-from ray_cluster import RayCluster
 from ray_standins import runtime_env
 from redis_server import RedisServer, unused_port
 from signal_dispositions import sigint_as
@@ -36,13 +35,6 @@ from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
 
 LEGACY_MINIMAL = MINIMAL_FUSED_CONFIG.replace(planner="legacy")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    cluster = RayCluster(nodes=2)
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture
