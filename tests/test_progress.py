@@ -347,11 +347,11 @@ def test_compile_check_reports_each_specialization_in_plain_lines_with_json_on_s
     assert "\r" not in proc.stderr
 
 
-def _fake_one(config):
-    """A campaign check that passes at once (module level: the campaign's pool pickles it by name)."""
+def _fake_one(item):
+    """A campaign check that passes at once (module level: a task's function travels by name)."""
     from diffmoe.fuzz.campaign import CampaignResult
 
-    return CampaignResult(config=config, seconds=0.0)
+    return CampaignResult(config=item.config, seconds=0.0)
 
 
 def test_the_false_alarm_campaign_reports_each_config_on_stderr_and_keeps_stdout(monkeypatch, capsys):
