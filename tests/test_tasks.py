@@ -16,6 +16,7 @@ import pytest
 
 from diffmoe.cluster.tasks import Task, TaskFailed, run_tasks
 from diffmoe.frontends import cli
+from ray_cluster import kill_when_named
 from signal_dispositions import sigint_as
 from task_standins import interrupted_here, logged, planted_failure, runtime_env, square
 
@@ -102,20 +103,8 @@ def test_a_task_whose_process_is_killed_is_retried_and_named(on_cluster, tmp_pat
     log, release = tmp_path / "log.jsonl", tmp_path / "release"
     tasks = [Task(square, {"value": 5, "name": "victim", "log": str(log), "wait_for": str(release),
                            "first_attempt_waits": True}, name="victim")] + _squares([6])
-    killed = []
-
-    def kill_the_first_attempt() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            lines = [c for c in logged(log) if c["name"] == "victim"]
-            if lines:
-                killed.append(lines[0]["pid"])
-                os.kill(lines[0]["pid"], signal.SIGKILL)  # its worker process, mid-task
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_the_first_attempt)
-    killer.start()
+    # the first attempt's worker process, mid-task
+    killer, killed = kill_when_named(lambda: next((c["pid"] for c in logged(log) if c["name"] == "victim"), None))
     run = on_cluster(tasks)
     killer.join()
     assert killed and run.results == {0: 25, 1: 36} and not run.interrupted

@@ -28,7 +28,6 @@ Owns running tasks and streaming their results. Must not know what a task does.
 from __future__ import annotations
 
 import os
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
