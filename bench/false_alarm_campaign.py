@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diffmoe.cluster.tasks import Task, run_tasks  # noqa: E402
+from diffmoe.cluster.tasks import Task, checked_cluster, run_tasks  # noqa: E402
 from diffmoe.fuzz.campaign import (DEFAULT_COST_CAP, CampaignCheck, CampaignResult, check_config, corner_configs,  # noqa: E402
                                    cost_units, sampled_configs)
 from diffmoe.frontends.progress import Progress  # noqa: E402
@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         print(f"false_alarm_campaign: {exc}", file=sys.stderr)
         return 2
-    if args.workers < 1:
-        print(f"false_alarm_campaign: --workers must be at least 1, got {args.workers}", file=sys.stderr)
+    try:  # before any config and before the progress starts
+        checked_cluster(args.cluster, args.workers)
+    except ValueError as exc:
+        print(f"false_alarm_campaign: {exc}", file=sys.stderr)
         return 2
     start = time.perf_counter()
     done: dict[int, CampaignResult] = {}

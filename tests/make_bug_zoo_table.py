@@ -132,13 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where --workers N > 1 runs: local (a Ray runtime started here, the default), auto, ray://HOST:PORT")
     args = parser.parse_args(argv)
     try:  # before any run
-        from diffmoe.cluster.runtime import parse_cluster
-        from diffmoe.cluster.tasks import MAX_WORKERS
-        from diffmoe.problem.config import check_int
+        from diffmoe.cluster.tasks import checked_cluster
 
-        check_int("--workers", args.workers, 1, MAX_WORKERS)
-        if args.cluster is not None:
-            parse_cluster(args.cluster)
+        checked_cluster(args.cluster, args.workers)
     except ValueError as exc:
         print(f"make_bug_zoo_table: {exc}", file=sys.stderr)
         return 2

@@ -122,7 +122,7 @@ def test_ctrl_c_prints_the_finished_configs_summary_and_exits_130(monkeypatch, c
 
 
 @pytest.mark.parametrize("argv, says", [(["--workers", "2", "--cluster", "remote"], "--cluster remote: expected local"),
-                                        (["--workers", "0"], "--workers must be at least 1")])
+                                        (["--workers", "0"], r"--workers must be in [1, 256], got 0")])
 def test_bad_workers_or_cluster_exit_2_before_any_config(monkeypatch, capsys, argv, says):
     script = _campaign_script(monkeypatch)
     monkeypatch.setattr(script, "_one", lambda item: pytest.fail("a config ran"))

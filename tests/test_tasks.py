@@ -152,3 +152,17 @@ def test_a_stop_cancels_every_task_and_keeps_what_finished(on_cluster, tmp_path,
     while any(_alive(pid) for pid in held) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in held)  # cancelled: their processes were killed
+
+
+def test_a_commands_cluster_is_checked_before_its_run():
+    from diffmoe.cluster.runtime import ClusterSpec
+    from diffmoe.cluster.tasks import checked_cluster
+    from redis_server import unused_port
+
+    assert checked_cluster("auto", 1) is None  # in process: nothing to reach
+    assert checked_cluster(None, 2) == ClusterSpec("local")
+    port = unused_port()
+    with pytest.raises(ValueError, match=rf"--cluster 127.0.0.1:{port}: nothing answers at 127.0.0.1:{port}"):
+        checked_cluster(f"127.0.0.1:{port}", 2)
+    with pytest.raises(ValueError, match=r"--workers must be in \[1, 256\], got 0"):
+        checked_cluster(None, 0)

@@ -257,12 +257,17 @@ def test_ctrl_c_keeps_every_verdict_reached_in_the_resume_file(configs_folder, t
 
 @pytest.mark.parametrize("argv, says", [
     (["--workers", "2", "--cluster", "remote"], "--cluster remote: expected local, auto"),
+    (["--workers", "2", "--cluster", "unreachable"], "nothing answers at 127.0.0.1"),
     (["--workers", "257"], r"--workers must be in [1, 256], got 257"),
     (["--workers", "0"], "whole number >= 1"),
-])
-def test_bad_workers_or_cluster_exit_2_with_one_line(argv, says, capsys):
+])  # "unreachable" is made a free port here: test ids stay the same in every xdist worker
+def test_bad_workers_or_cluster_exit_2_with_one_line(configs_folder, tmp_path, argv, says, capsys):
     from diffmoe.frontends.cli import main as cli_main
+    from redis_server import unused_port
 
-    assert cli_main(["tuned-configs", "--impl", "vllm==0.33.0", *argv]) == 2
+    argv = [f"127.0.0.1:{unused_port()}" if a == "unreachable" else a for a in argv]
+    resume = tmp_path / "verdicts.jsonl"
+    assert cli_main(["tuned-configs", "--impl", "vllm==0.33.0", "--files", SHIPPED, "--resume", str(resume), *argv]) == 2
+    assert not resume.exists() or resume.read_text() == ""  # nothing judged
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err, err

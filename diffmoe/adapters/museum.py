@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from diffmoe.problem.config import MoEConfig, check_int
+from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import Stages
 
 EXIT_AS_RECORDED, EXIT_NOT_AS_RECORDED, EXIT_USAGE = 0, 1, 2
@@ -315,12 +315,10 @@ def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
         print(f"{prog}: unknown exhibit {unknown[0]!r}; exhibits: {', '.join(known)}", file=sys.stderr)
         return EXIT_USAGE
     chosen = [known[n] for n in args.names] if args.names else list(EXHIBITS)
-    from diffmoe.cluster.runtime import parse_cluster
-    from diffmoe.cluster.tasks import MAX_WORKERS
+    from diffmoe.cluster.tasks import checked_cluster
 
-    try:
-        check_int("--workers", args.workers, 1, MAX_WORKERS)
-        cluster = None if args.cluster is None else parse_cluster(args.cluster)
+    try:  # before any run and before the progress starts
+        cluster = checked_cluster(args.cluster, args.workers)
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE

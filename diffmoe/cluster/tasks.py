@@ -35,7 +35,7 @@ from typing import Any
 
 from diffmoe.cluster.board import start_board
 from diffmoe.cluster.interrupts import interrupts_noted
-from diffmoe.cluster.runtime import MAX_TASK_RETRIES, ClusterSpec, connected, parse_cluster, task_options
+from diffmoe.cluster.runtime import MAX_TASK_RETRIES, ClusterSpec, check_cluster, connected, parse_cluster, task_options
 from diffmoe.problem.config import check_int
 
 MAX_WORKERS = 256
@@ -85,6 +85,21 @@ def run_tasks(tasks: Sequence[Task], *, workers: int = 1, cluster: str | Cluster
     if workers == 1 or not tasks:
         return _in_process(tasks, on_result)
     return _on_ray(tasks, spec or ClusterSpec("local"), workers, device, on_result, runtime_env)
+
+
+def checked_cluster(cluster: str | ClusterSpec | None, workers: int) -> ClusterSpec | None:
+    """The cluster `run_tasks(workers=workers, cluster=cluster)` will use, checked now (Ray importable, an
+    address answering: runtime.check_cluster), or None where it runs in process; a ValueError or TypeError
+    in one line naming --workers or --cluster. Commands call it before their progress starts."""
+    check_int("--workers", workers, 1, MAX_WORKERS)
+    spec = parse_cluster(cluster) if isinstance(cluster, str) else cluster
+    if spec is not None and not isinstance(spec, ClusterSpec):
+        raise TypeError(f"cluster must be a string or None, got {cluster!r}")
+    if workers == 1:
+        return None
+    spec = spec or ClusterSpec("local")
+    check_cluster(spec)
+    return spec
 
 
 def _name(tasks: Sequence[Task], index: int) -> str:

@@ -78,15 +78,12 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
     from diffmoe.adapters.peer_wheels import PeerError, peer_root
     from diffmoe.frontends.progress import Progress
 
-    from diffmoe.cluster.runtime import parse_cluster
-    from diffmoe.cluster.tasks import MAX_WORKERS
+    from diffmoe.cluster.tasks import checked_cluster
 
     from .sweep import factory_tuned_configs, sweep
 
-    if args.workers > MAX_WORKERS:
-        return _usage(prog, f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
-    try:
-        cluster = None if args.cluster is None else parse_cluster(args.cluster)
+    try:  # before any run and before the progress starts
+        cluster = checked_cluster(args.cluster, args.workers)
     except ValueError as exc:
         return _usage(prog, str(exc))
     try:
