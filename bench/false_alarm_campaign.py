@@ -130,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             progress.update(len(done), detail=f"{alarms_so_far} false alarm{'s' if alarms_so_far != 1 else ''}")
 
         try:
-            run = run_tasks(tasks, workers=args.workers, cluster=args.cluster, on_result=on_result)
+            from diffmoe.check.execution import default_device
+
+            run = run_tasks(tasks, workers=args.workers, cluster=args.cluster, device=str(default_device()),
+                            on_result=on_result)  # one GPU per check on CUDA
         except ValueError as exc:  # a --cluster that is not one, or cannot be reached: before any config
             print(f"false_alarm_campaign: {exc}", file=sys.stderr)
             return 2

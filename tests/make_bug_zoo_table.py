@@ -87,8 +87,10 @@ def run_all(progress=None, *, names: list[str] | None = None, workers: int = 1,
             progress(f"{mutants[index].name}: {oracle_list(run)} ({len(runs)} of {len(mutants)})")
 
     tasks = [Task(module.run_mutant, m.name, name=m.name) for m in mutants]
-    done = run_tasks(tasks, workers=workers, cluster=cluster, on_result=on_result,
-                     runtime_env=mutant_runtime_env() if workers > 1 else None)
+    from diffmoe.check.execution import default_device
+
+    done = run_tasks(tasks, workers=workers, cluster=cluster, device=str(default_device()), on_result=on_result,
+                     runtime_env=mutant_runtime_env() if workers > 1 else None)  # one GPU per mutant on CUDA
     if done.interrupted:
         raise KeyboardInterrupt
     return [(m, runs[i]) for i, m in enumerate(mutants)]
