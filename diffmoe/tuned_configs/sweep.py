@@ -215,12 +215,13 @@ def sweep(factory: Callable, folder: Path, impl: str, pattern: str = "*.json", m
           workers: int = 1, cluster=None) -> SweepResult:
     """Judge every entry of the config files in `folder` (the release's, or a copy) matching `pattern` (at most
     `max_entries` of them, then the default config); `on_start(total rows)`, `on_row(row)` as each row's verdict
-    is reached (in plan order with one worker; as runs finish with more).
+    is reached (the resume file's first, then every row of a run as the run finishes).
 
-    workers, cluster (a --cluster spec or ClusterSpec): the distinct runs as tasks (diffmoe/cluster/tasks.py): one worker judges them here in
-    order; more run them as Ray tasks (`cluster`, default a local runtime), where each task loads `impl` (an
-    --impl spec) itself. The verdicts, the resume file (written here as they arrive) and the rows' order
-    are the same either way. Ctrl-C keeps every verdict reached (and written) and raises KeyboardInterrupt.
+    workers, cluster (a --cluster spec or ClusterSpec): the distinct runs as tasks (diffmoe/cluster/tasks.py):
+    one worker judges them here in order; more run them as Ray tasks (`cluster`, default a local runtime),
+    each loading `impl` (an --impl spec) itself. The verdicts, the resume file (written here as they arrive)
+    and the rows' order are the same either way. Ctrl-C keeps every verdict reached (and written) and raises
+    KeyboardInterrupt.
     """
     from diffmoe.check.execution import default_device
     from diffmoe.check.report import Oracles
