@@ -278,7 +278,7 @@ def test_museum_reports_each_release_run_in_plain_lines(monkeypatch, capsys):
     exhibit = next(e for e in museum.EXHIBITS if e.name == "stale-ep-rows")
 
     def run_differential(config, factory, *, oracles=None, problem=None, implementation_name=None):
-        buggy = implementation_name in exhibit.buggy
+        buggy = implementation_name in {exhibit.impl_spec(r) for r in exhibit.buggy}  # each run names its MODULE:FACTORY
         findings = [Finding(exhibit.oracle, "stale rows", stage=exhibit.stage)] if buggy else []
         return Report(config, implementation_name, list(oracles or []), ["identity"], findings)
 
