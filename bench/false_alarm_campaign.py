@@ -2,46 +2,45 @@
 corners, every oracle, the shipped implementation with the fixed planner. Every finding is a
 false alarm; the exit status is 1 if there is any.
 
-    .venv/bin/python bench/false_alarm_campaign.py --configs 300 --seed 0 --jobs 2 --json-out CAMPAIGN.json
-    .venv/bin/python bench/false_alarm_campaign.py --impl vllm --configs 300 --jobs 2   # a peer: the configs it runs
+    .venv/bin/python bench/false_alarm_campaign.py --configs 300 --seed 0 --workers 2 --json-out CAMPAIGN.json
+    .venv/bin/python bench/false_alarm_campaign.py --impl vllm --configs 300 --workers 2   # a peer: the configs it runs
+    .venv/bin/python bench/false_alarm_campaign.py --configs 3000 --workers 64 --cluster auto   # a Ray cluster's nodes
 
 One line per config as it finishes (index, seconds, PASS or the findings and a replay
 command), then a summary: configs run, false alarms, wall time, and how far each axis of the
 profile was covered. Progress (configs done, rate, time left) goes to stderr: a bar on a
 terminal, a line per config otherwise (diffmoe/frontends/progress.py). A reduced campaign runs
 in the test suite (tests/test_false_alarm_campaign.py).
+
+Each config is a task of diffmoe/cluster/tasks.py (campaign.check_config): `--workers 1` runs them
+here in order; `--workers N` (`--jobs N`, its older name) runs N at a time as Ray tasks on `--cluster`
+(a local Ray runtime by default), the lines printed as configs finish and the JSON in the configs'
+order. Ctrl-C cancels the checks under way, prints the summary of the ones finished and exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diffmoe.fuzz.campaign import DEFAULT_COST_CAP, CampaignResult, corner_configs, cost_units, run_campaign, sampled_configs  # noqa: E402
+from diffmoe.cluster.tasks import Task, checked_cluster, run_tasks  # noqa: E402
+from diffmoe.fuzz.campaign import (DEFAULT_COST_CAP, CampaignCheck, CampaignResult, check_config, corner_configs,  # noqa: E402
+                                   cost_units, sampled_configs)
 from diffmoe.frontends.progress import Progress  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402
 
 
-# --impl: the implementation the workers judge (set before the pool forks; None: the shipped one)
+# --impl: the implementation judged, (factory, spec) (None: the shipped one); each task loads the spec itself
 _IMPLEMENTATION: tuple = (None, None)
+_one = check_config  # the task each config is (a name the tests replace)
 # how many profile draws are looked through for `--configs` an implementation runs (Liger runs
 # bf16 only, lmdeploy fp8-block unfused with a separate output: at cost cap 40, 124 of 2400 draws)
 DRAWS_PER_CONFIG = 32
-
-
-def _one(config: MoEConfig) -> CampaignResult:
-    factory, name = _IMPLEMENTATION
-    if factory is None:
-        return next(run_campaign([config]))
-    from diffmoe.check.runner import run_differential
-
-    return next(run_campaign([config], check=lambda c: run_differential(c, factory, implementation_name=name)))
 
 
 def runs(factory, config: MoEConfig) -> bool:
@@ -85,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     p.add_argument("--cost-cap", type=int, default=DEFAULT_COST_CAP, help=f"cost units per config (default {DEFAULT_COST_CAP})")
     p.add_argument("--no-corners", action="store_true", help="skip the per-axis corner configs")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--workers", "--jobs", type=int, default=1, dest="workers",
+                   help="configs judged at a time, as Ray tasks when over 1 (default 1: in this process)")
+    p.add_argument("--cluster", metavar="local|auto|ray://HOST:PORT",
+                   help="where --workers N > 1 runs: local (a Ray runtime started here, the default), auto, ray://HOST:PORT")
     p.add_argument("--json-out", metavar="FILE", help="write every result as JSON")
     p.add_argument("--impl", metavar="SPEC", help="implementation to judge, as diffmoe check --impl (default: the shipped one); "
                                                   "only the configs it runs are drawn")
@@ -103,24 +105,39 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         print(f"false_alarm_campaign: {exc}", file=sys.stderr)
         return 2
+    try:  # before any config and before the progress starts
+        checked_cluster(args.cluster, args.workers)
+    except ValueError as exc:
+        print(f"false_alarm_campaign: {exc}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
-    results: list[CampaignResult] = []
+    done: dict[int, CampaignResult] = {}
     alarms_so_far = 0
-    ctx = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
+    tasks = [Task(_one, CampaignCheck(c, args.impl), name=c.short()) for c in configs]
     # progress on stderr (a bar on a terminal, else a line per config); the results stay on stdout
-    with Progress(sys.stderr, "false-alarm campaign", total=len(configs), unit="config") as progress, \
-            ctx.Pool(max(1, args.jobs)) as pool:
-        for index, result in enumerate(pool.imap(_one, configs)):
-            results.append(result)
+    with Progress(sys.stderr, "false-alarm campaign", total=len(configs), unit="config") as progress:
+        def on_result(index: int, result: CampaignResult) -> None:
+            nonlocal alarms_so_far
+            done[index] = result
             alarms_so_far += not result.passed
             status = "PASS" if result.passed else f"FALSE ALARM ({len(result.findings)} findings)"
-            progress.write(f"[{index + 1}/{len(configs)}] {result.seconds:6.1f} s  {status}  {result.config.short()}  "
+            progress.write(f"[{len(done)}/{len(configs)}] {result.seconds:6.1f} s  {status}  {result.config.short()}  "
                            f"({cost_units(result.config)} units)", file=sys.stdout)
             for line in result.findings[:5]:
                 progress.write(f"    {line[:300]}", file=sys.stdout)
             if result.findings:
                 progress.write(f"    replay: {result.replay}", file=sys.stdout)
-            progress.update(index + 1, detail=f"{alarms_so_far} false alarm{'s' if alarms_so_far != 1 else ''}")
+            progress.update(len(done), detail=f"{alarms_so_far} false alarm{'s' if alarms_so_far != 1 else ''}")
+
+        try:
+            from diffmoe.check.execution import default_device
+
+            run = run_tasks(tasks, workers=args.workers, cluster=args.cluster, device=str(default_device()),
+                            on_result=on_result)  # one GPU per check on CUDA
+        except ValueError as exc:  # a --cluster that is not one, or cannot be reached: before any config
+            print(f"false_alarm_campaign: {exc}", file=sys.stderr)
+            return 2
+    results = [done[i] for i in sorted(done)]
     wall = time.perf_counter() - start
     alarms = [r for r in results if not r.passed]
     summary = {
@@ -128,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "configs": len(results), "sampled": args.configs,
         "corners": len(configs) - min(args.configs, len(configs)) if not args.no_corners else 0,
         "seed": args.seed, "cost_cap": args.cost_cap, "false_alarms": len(alarms), "wall_s": round(wall, 1),
+        "workers": args.workers, "interrupted": run.interrupted,
         "check_s_total": round(sum(r.seconds for r in results), 1),
         "check_s_max": round(max((r.seconds for r in results), default=0.0), 1),
         "coverage": _coverage([r.config for r in results]) if results else {},
@@ -139,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             "results": [{"config": r.config.to_dict(), "seconds": round(r.seconds, 2), "findings": r.findings,
                          "replay": r.replay} for r in results],
         }, indent=1))
-    return 1 if alarms else 0
+    return 1 if alarms else 130 if run.interrupted else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Hypothesis profiles come from the diffmoe pytest plugin (`--hypothesis-profile c
 import os
 import sys
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -24,3 +25,14 @@ def pytest_configure(config):
         from diffmoe.fuzz.profiles import load_profile
 
         load_profile("ci")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One real two-node Ray cluster of this machine (tests/ray_cluster.py) for every module of this
+    test process that runs tasks on one: starting it costs 10 to 30 s on 2 cores."""
+    from ray_cluster import RayCluster
+
+    cluster = RayCluster(nodes=2)
+    yield cluster
+    cluster.stop()

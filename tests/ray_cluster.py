@@ -17,7 +17,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -99,3 +101,23 @@ class RayCluster:
                     os.killpg(p.pid, signal.SIGKILL)  # its own process group: the processes it started
                     p.wait()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def kill_when_named(pid_of: Callable[[], int | None], limit: float = 120.0) -> tuple[threading.Thread, list[int]]:
+    """The fault tests' killer: a started thread that SIGKILLs the process `pid_of()` names as soon as it
+    names one (a task's worker process, mid-run), and the list the killed pid is appended to."""
+    killed: list[int] = []
+
+    def kill() -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            pid = pid_of()
+            if pid is not None:
+                killed.append(pid)
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill)
+    thread.start()
+    return thread, killed

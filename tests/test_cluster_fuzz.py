@@ -27,7 +27,7 @@ from diffmoe.fuzz.cluster_workers import fuzz_on_cluster
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from diffmoe.fuzz.workers import split_examples, worker_seed
-from ray_cluster import RayCluster
+from ray_cluster import kill_when_named
 from ray_standins import runtime_env
 from redis_server import RedisServer, unused_port
 from signal_dispositions import sigint_as
@@ -36,13 +36,6 @@ from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
 
 LEGACY_MINIMAL = MINIMAL_FUSED_CONFIG.replace(planner="legacy")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    cluster = RayCluster(nodes=2)
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture
@@ -182,20 +175,8 @@ def _signal_when(ready, signum: int, limit: float = 120.0) -> None:
 
 def test_a_task_killed_mid_run_is_retried_and_the_run_completes(on_cluster, tmp_path):
     log = tmp_path / "calls.jsonl"
-    killed = []
-
-    def kill_first_task() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            calls = _logged(log)
-            if len(calls) >= 4:
-                killed.append(calls[0]["pid"])
-                os.kill(calls[0]["pid"], signal.SIGKILL)  # its worker process, mid-search
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_first_task)
-    killer.start()
+    # the first task's worker process, mid-search (after 4 examples were judged)
+    killer, killed = kill_when_named(lambda: (lambda calls: calls[0]["pid"] if len(calls) >= 4 else None)(_logged(log)))
     outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_SLEEP": "0.1", "STANDIN_FAILS": "never"},
                          workers=2, max_examples=40, seed=5)
     killer.join()

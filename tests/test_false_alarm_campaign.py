@@ -85,3 +85,60 @@ def test_the_campaign_reports_a_broken_implementation():
     assert len(configs) == 2
     results = list(run_campaign(configs, check=lambda c: run_differential(c, make_dropped_router_weight)))
     assert all(not r.passed and r.replay for r in results)
+
+
+def _campaign_script(monkeypatch):
+    """bench/false_alarm_campaign.py as a module (bench/ is no package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "false_alarm_campaign.py"
+    spec = importlib.util.spec_from_file_location("false_alarm_campaign", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "false_alarm_campaign", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stopped_at_the_second(item):
+    from diffmoe.fuzz.campaign import CampaignResult
+
+    _stopped_at_the_second.calls += 1
+    if _stopped_at_the_second.calls == 2:
+        raise KeyboardInterrupt
+    return CampaignResult(config=item.config, seconds=0.0)
+
+
+def test_ctrl_c_prints_the_finished_configs_summary_and_exits_130(monkeypatch, capsys):
+    import json
+
+    script = _campaign_script(monkeypatch)
+    _stopped_at_the_second.calls = 0
+    monkeypatch.setattr(script, "_one", _stopped_at_the_second)
+    assert script.main(["--configs", "3", "--no-corners", "--cost-cap", "30"]) == 130
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["configs"] == 1 and summary["interrupted"] and summary["false_alarms"] == 0
+
+
+@pytest.mark.parametrize("argv, says", [(["--workers", "2", "--cluster", "remote"], "--cluster remote: expected local"),
+                                        (["--workers", "0"], r"--workers must be in [1, 256], got 0")])
+def test_bad_workers_or_cluster_exit_2_before_any_config(monkeypatch, capsys, argv, says):
+    script = _campaign_script(monkeypatch)
+    monkeypatch.setattr(script, "_one", lambda item: pytest.fail("a config ran"))
+    assert script.main(["--configs", "2", "--no-corners", "--cost-cap", "30", *argv]) == 2
+    captured = capsys.readouterr()
+    assert says in captured.err and "[1/" not in captured.out
+
+
+@pytest.mark.slow  # four checks and a local Ray start: about 40 s on 2 loaded cores
+def test_two_workers_on_a_local_ray_runtime_give_the_in_process_results(monkeypatch, tmp_path, capsys):
+    import json
+
+    script = _campaign_script(monkeypatch)
+    argv = ["--configs", "2", "--no-corners", "--cost-cap", "12", "--seed", str(CI_SEED)]
+    assert script.main(argv + ["--workers", "1", "--json-out", str(tmp_path / "one.json")]) == 0
+    assert script.main(argv + ["--workers", "2", "--json-out", str(tmp_path / "two.json")]) == 0
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text())["results"] for n in ("one", "two"))
+    assert [(r["config"], r["findings"]) for r in two] == [(r["config"], r["findings"]) for r in one] and len(two) == 2
+    capsys.readouterr()

@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -128,3 +129,23 @@ def test_without_cached_wheels_the_museum_says_which_fetch_to_run(tmp_path, monk
     assert out == "" and len(err.strip().splitlines()) == 1, err
     assert all(f"`diffmoe peers fetch {r}`" in err for r in releases), err
     assert "NOT AS RECORDED" not in err and "crash" not in err
+
+
+@pytest.mark.parametrize("argv, says", [(["--workers", "0"], "--workers must be in [1, 256], got 0"),
+                                        (["--workers", "2", "--cluster", "remote"], "--cluster remote: expected local")])
+def test_bad_workers_or_cluster_exit_2_before_any_run(argv, says, capsys):
+    assert museum.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow  # four release runs and a local Ray start: about 40 s on 2 loaded cores
+def test_two_workers_on_a_local_ray_runtime_give_the_in_process_verdicts(museum_wheels, capsys):
+    names = ["stale-ep-rows-own-call", "sglang-top1-routed-scaling"]
+    assert museum.main([*names, "--json"]) == 0
+    here = json.loads(capsys.readouterr().out)
+    assert museum.main([*names, "--json", "--workers", "2"]) == 0
+    on_ray = json.loads(capsys.readouterr().out)
+    strip = lambda rows: [{**r, "verdicts": [{k: v for k, v in d.items() if k != "seconds"} for d in r["verdicts"]]}  # noqa: E731
+                          for r in rows]
+    assert strip(on_ray) == strip(here) and all(r["as_recorded"] for r in on_ray)

@@ -278,7 +278,7 @@ def test_museum_reports_each_release_run_in_plain_lines(monkeypatch, capsys):
     exhibit = next(e for e in museum.EXHIBITS if e.name == "stale-ep-rows")
 
     def run_differential(config, factory, *, oracles=None, problem=None, implementation_name=None):
-        buggy = implementation_name in exhibit.buggy
+        buggy = implementation_name in {exhibit.impl_spec(r) for r in exhibit.buggy}  # each run names its MODULE:FACTORY
         findings = [Finding(exhibit.oracle, "stale rows", stage=exhibit.stage)] if buggy else []
         return Report(config, implementation_name, list(oracles or []), ["identity"], findings)
 
@@ -347,11 +347,11 @@ def test_compile_check_reports_each_specialization_in_plain_lines_with_json_on_s
     assert "\r" not in proc.stderr
 
 
-def _fake_one(config):
-    """A campaign check that passes at once (module level: the campaign's pool pickles it by name)."""
+def _fake_one(item):
+    """A campaign check that passes at once (module level: a task's function travels by name)."""
     from diffmoe.fuzz.campaign import CampaignResult
 
-    return CampaignResult(config=config, seconds=0.0)
+    return CampaignResult(config=item.config, seconds=0.0)
 
 
 def test_the_false_alarm_campaign_reports_each_config_on_stderr_and_keeps_stdout(monkeypatch, capsys):

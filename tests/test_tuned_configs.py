@@ -11,6 +11,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,63 @@ def test_no_kernel_of_the_release_takes_a_compile_option_as_a_parameter(impl):
             kernels.update({f"{path.name}:{k}": p for k, p in jit_parameters(text).items()})
     assert any("fused_moe_kernel" in name for name in kernels), sorted(kernels)
     assert {name: p & sweep.INTERPRETER_IGNORED for name, p in kernels.items() if p & sweep.INTERPRETER_IGNORED} == {}
+
+
+@pytest.mark.slow  # two sweeps of four runs each and a local Ray start: about 60 s on 2 loaded cores
+def test_two_workers_on_a_local_ray_runtime_reach_the_sequential_verdicts(configs_folder, tmp_path, capsys):
+    shipped = json.loads((configs_folder / SHIPPED).read_text())
+    folder = _planted_copy(configs_folder, tmp_path, {**shipped["2"], "BLOCK_SIZE_K": 96})
+    base = ["--impl", "vllm==0.33.0", "--config-dir", str(folder), "--json"]
+    assert command.main(base) == 1
+    sequential = json.loads(capsys.readouterr().out)
+    resume = tmp_path / "verdicts.jsonl"
+    # --workers 2 and no --cluster: the command starts a local Ray runtime itself
+    assert command.main(base + ["--workers", "2", "--resume", str(resume)]) == 1
+    captured = capsys.readouterr()
+    parallel = json.loads(captured.out)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(parallel["rows"]) == strip(sequential["rows"]) and parallel["skipped"] == sequential["skipped"]
+    assert any(r["verdict"] == "FAIL" for r in parallel["rows"])  # the planted entry, named on Ray too
+    assert len(resume.read_text().splitlines()) == 4  # every distinct run's verdict, written as it arrived
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # the runtime stopped with the sweep
+
+
+def test_ctrl_c_keeps_every_verdict_reached_in_the_resume_file(configs_folder, tmp_path, monkeypatch):
+    calls = []
+
+    def judged_then_stopped(config, factory, name, oracles):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return True, []
+
+    monkeypatch.setattr(sweep, "judge", judged_then_stopped)  # no check runs: the sweep's bookkeeping alone
+    folder = _planted_copy(configs_folder, tmp_path, {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1})
+    resume = tmp_path / "verdicts.jsonl"
+    rows = []
+    with pytest.raises(KeyboardInterrupt):
+        sweep.sweep(load_factory("vllm==0.33.0"), folder, "vllm==0.33.0", resume=resume, on_row=rows.append)
+    assert len(calls) == 2 and [(r.batch, r.passed) for r in rows] == [(1, True)]
+    assert [json.loads(line)["passed"] for line in resume.read_text().splitlines()] == [True]
+    calls.clear()  # the next sweep judges only what the first did not reach
+    monkeypatch.setattr(sweep, "judge", lambda config, factory, name, oracles: (calls.append(name), (True, []))[1])
+    result = sweep.sweep(load_factory("vllm==0.33.0"), folder, "vllm==0.33.0", resume=resume)
+    assert len(calls) == 3 and result.passed and [r.shared for r in result.rows][:2] == [True, False]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--workers", "2", "--cluster", "remote"], "--cluster remote: expected local, auto"),
+    (["--workers", "2", "--cluster", "unreachable"], "nothing answers at 127.0.0.1"),
+    (["--workers", "257"], r"--workers must be in [1, 256], got 257"),
+    (["--workers", "0"], "whole number >= 1"),
+])  # "unreachable" is made a free port here: test ids stay the same in every xdist worker
+def test_bad_workers_or_cluster_exit_2_with_one_line(configs_folder, tmp_path, argv, says, capsys):
+    from diffmoe.frontends.cli import main as cli_main
+    from redis_server import unused_port
+
+    argv = [f"127.0.0.1:{unused_port()}" if a == "unreachable" else a for a in argv]
+    resume = tmp_path / "verdicts.jsonl"
+    assert cli_main(["tuned-configs", "--impl", "vllm==0.33.0", "--files", SHIPPED, "--resume", str(resume), *argv]) == 2
+    assert not resume.exists() or resume.read_text() == ""  # nothing judged
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err, err

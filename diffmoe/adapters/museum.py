@@ -9,12 +9,14 @@ no fused/unfused sibling). Nothing of diffmoe's sits between the wheels and the 
 adapter core per project (peers/vllm_core.py, peers/sglang_core.py) runs every release of it; only
 the release's own files differ.
 
-    diffmoe museum [NAME ...] [--list] [--json]
+    diffmoe museum [NAME ...] [--list] [--workers N [--cluster local|auto|ray://HOST:PORT]] [--json]
 
 exits 0 only when every selected exhibit behaved as recorded, 1 when one did not, 2 for usage
 errors (an unknown exhibit; a release not in the peer cache names its fetch command). While the
 releases run, their progress goes to stderr (diffmoe/frontends/progress.py: a bar on a terminal,
-a line per release run otherwise); stdout holds only the verdicts.
+a line per release run otherwise); stdout holds only the verdicts. Each release run is a task
+(`run_release`, diffmoe/cluster/tasks.py): `--workers N > 1` runs N at a time as Ray tasks on
+`--cluster` (a local Ray runtime by default), the verdicts printed in the table's order.
 
 Routing an exhibit needs beyond what MoEConfig draws: `unrouted_slots`, the routed slots
 (row t*K + k) whose topk_ids entry is -1 (what vLLM's EP dispatch hands TritonExperts for slots
@@ -185,36 +187,74 @@ def exhibit_problem(exhibit: Exhibit):
     return dataclasses.replace(problem, topk_ids=ids)
 
 
-def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None,
-                on_verdict: Callable[[Exhibit, Verdict], None] | None = None) -> ExhibitResult:
-    """Every buggy release must fail with (exhibit.oracle, exhibit.stage); the fixed one must pass.
-    `on_verdict(exhibit, verdict)` after each release's run."""
-    from diffmoe.oracles.registry import DEFAULT_ORACLES
-    from diffmoe.check.report import Oracles
+@dataclass(frozen=True)
+class ReleaseRun:
+    """One release's run of one exhibit, as a task (diffmoe/cluster/tasks.py): plain data for a Ray worker."""
+
+    exhibit: Exhibit
+    release: str
+    expected: str  # "fail" or "pass"
+    oracles: tuple[str, ...]
+
+
+def run_release(run: ReleaseRun) -> Verdict:
+    """A task: the exhibit's config run on the release and judged; a buggy release must be named by
+    (exhibit.oracle, exhibit.stage), the fixed one must pass."""
     from diffmoe.adapters.contract import unsupported
     from diffmoe.check.runner import load_factory, run_differential
 
-    result = ExhibitResult(exhibit, pending=exhibit.pending)
-    if result.pending is not None:
-        return result
-    chosen = list(oracles) if oracles is not None else [o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC]
-    problem = exhibit_problem(exhibit)
-    for release, expected in [*((r, "fail") for r in exhibit.buggy), (exhibit.fixed, "pass")]:
-        start = time.perf_counter()
-        spec = exhibit.impl_spec(release)
-        factory = load_factory(spec)
-        config, inputs = exhibit.config, problem
-        if exhibit.fused_by_release and unsupported(factory, config) is not None:
-            # the release runs the other pipeline (its `supports` says which: diffmoe.adapters.contract)
-            config = config.replace(fused=not config.fused)
-            inputs = dataclasses.replace(problem, config=config)  # the same tensors: fused changes no input
-        report = run_differential(config, factory, oracles=chosen, problem=inputs, implementation_name=spec)
-        found = [(f.oracle, f.stage) for f in report.findings]
-        ok = (exhibit.oracle, exhibit.stage) in found if expected == "fail" else report.passed
-        result.verdicts.append(Verdict(release, expected, found, time.perf_counter() - start, ok))
+    exhibit = run.exhibit
+    start = time.perf_counter()
+    spec = exhibit.impl_spec(run.release)
+    factory = load_factory(spec)
+    config, inputs = exhibit.config, exhibit_problem(exhibit)
+    if exhibit.fused_by_release and unsupported(factory, config) is not None:
+        # the release runs the other pipeline (its `supports` says which: diffmoe.adapters.contract)
+        config = config.replace(fused=not config.fused)
+        inputs = dataclasses.replace(inputs, config=config)  # the same tensors: fused changes no input
+    report = run_differential(config, factory, oracles=list(run.oracles), problem=inputs, implementation_name=spec)
+    found = [(f.oracle, f.stage) for f in report.findings]
+    ok = (exhibit.oracle, exhibit.stage) in found if run.expected == "fail" else report.passed
+    return Verdict(run.release, run.expected, found, time.perf_counter() - start, ok)
+
+
+def run_exhibits(exhibits: Sequence[Exhibit], oracles: Sequence[str] | None = None,
+                 on_verdict: Callable[[Exhibit, Verdict], None] | None = None, *, workers: int = 1,
+                 cluster=None) -> list[ExhibitResult]:
+    """Every buggy release of each exhibit must fail with (exhibit.oracle, exhibit.stage); the fixed one must
+    pass. Each release run is a task (diffmoe/cluster/tasks.py): in this process in order with one worker, as
+    Ray tasks on `cluster` (a --cluster spec; default a local runtime) with more. `on_verdict(exhibit,
+    verdict)` as each run's verdict arrives; the results keep the exhibits' and releases' order. Ctrl-C
+    raises KeyboardInterrupt once the runs under way are cancelled."""
+    from diffmoe.check.report import Oracles
+    from diffmoe.check.execution import default_device
+    from diffmoe.cluster.tasks import Task, run_tasks
+    from diffmoe.oracles.registry import DEFAULT_ORACLES
+
+    chosen = tuple(oracles) if oracles is not None else tuple(o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC)
+    results = [ExhibitResult(e, pending=e.pending) for e in exhibits]
+    runs = [(n, ReleaseRun(e, release, expected, chosen)) for n, e in enumerate(exhibits) if e.pending is None
+            for release, expected in [*((r, "fail") for r in e.buggy), (e.fixed, "pass")]]
+    verdicts: dict[int, Verdict] = {}
+
+    def on_result(index: int, verdict: Verdict) -> None:
+        verdicts[index] = verdict
         if on_verdict is not None:
-            on_verdict(exhibit, result.verdicts[-1])
-    return result
+            on_verdict(runs[index][1].exhibit, verdict)
+
+    tasks = [Task(run_release, run, name=f"{run.exhibit.name} {run.release}") for _, run in runs]
+    done = run_tasks(tasks, workers=workers, cluster=cluster, device=str(default_device()), on_result=on_result)
+    if done.interrupted:
+        raise KeyboardInterrupt
+    for index, (n, _) in enumerate(runs):
+        results[n].verdicts.append(verdicts[index])
+    return results
+
+
+def run_exhibit(exhibit: Exhibit, oracles: Sequence[str] | None = None,
+                on_verdict: Callable[[Exhibit, Verdict], None] | None = None) -> ExhibitResult:
+    """One exhibit's runs in this process (run_exhibits)."""
+    return run_exhibits([exhibit], oracles, on_verdict)[0]
 
 
 def runs_of(exhibits: Sequence[Exhibit]) -> int:
@@ -248,6 +288,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`diffmoe museum`'s arguments (diffmoe.frontends.cli adds them to its subcommand)."""
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"exhibits to run (default: all): {', '.join(e.name for e in EXHIBITS)}")
     parser.add_argument("--list", action="store_true", help="list the exhibits without running them")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="release runs at a time, as Ray tasks when over 1 (default 1: one after another in this process)")
+    parser.add_argument("--cluster", metavar="local|auto|ray://HOST:PORT",
+                        help="where --workers N > 1 runs: local (a Ray runtime started here, the default), auto (the running "
+                             "cluster this machine is in), ray://HOST:PORT or HOST:PORT; each run asks for one GPU on CUDA")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
@@ -270,6 +315,13 @@ def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
         print(f"{prog}: unknown exhibit {unknown[0]!r}; exhibits: {', '.join(known)}", file=sys.stderr)
         return EXIT_USAGE
     chosen = [known[n] for n in args.names] if args.names else list(EXHIBITS)
+    from diffmoe.cluster.tasks import checked_cluster
+
+    try:  # before any run and before the progress starts
+        cluster = checked_cluster(args.cluster, args.workers)
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.list:
         for e in chosen:
             state = f"pending ({e.pending})" if e.pending else e.replay()
@@ -291,8 +343,8 @@ def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
                 got = "as recorded" if verdict.as_recorded else "NOT AS RECORDED"
                 progress.advance(detail=f"{exhibit.name} {verdict.release} (expected {verdict.expected}): {got}")
 
-            results = [run_exhibit(e, on_verdict=on_verdict) for e in chosen]
-    except PeerError as exc:
+            results = run_exhibits(chosen, on_verdict=on_verdict, workers=args.workers, cluster=cluster)
+    except (PeerError, ValueError) as exc:  # ValueError: a --cluster nothing answers at, before any run
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:

@@ -1,5 +1,8 @@
-"""The execution layer of long runs on Ray (issue 31): `runtime` (the `--cluster` spec, Ray started or
-joined, what a task asks), `board` (the state a run's tasks share with the process that started them).
+"""The execution layer of long runs on Ray (issue 31): `tasks` (independent tasks run in process or as
+Ray tasks, results streamed back, lost tasks retried, Ctrl-C), `runtime` (the `--cluster` spec, Ray
+started or joined, what a task asks), `board` (the state a run's tasks share with the process that
+started them), `interrupts` (signals noted while a run waits).
 
-Owns where tasks run. Must not know what a task does: the fuzz's tasks are diffmoe/fuzz/cluster_workers.py's.
+Owns where tasks run. Must not know what a task does: the fuzz's tasks are diffmoe/fuzz/cluster_workers.py's,
+the tuned-config sweep's diffmoe/tuned_configs/sweep.py's.
 """

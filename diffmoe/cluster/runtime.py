@@ -85,6 +85,14 @@ def import_ray():
     return ray
 
 
+def check_cluster(spec: ClusterSpec) -> None:
+    """What can be known of `spec` before a run starts: Ray importable, and a cluster's address answering.
+    A ValueError in one line otherwise; a command calls it before its progress starts."""
+    import_ray()
+    if spec.kind == "address":
+        _reachable(spec)
+
+
 @contextmanager
 def connected(spec: ClusterSpec, *, workers: int, runtime_env: dict | None = None) -> Iterator[object]:
     """Ray initialised for `spec` while the block runs (the module doc); yields the ray module.
@@ -93,9 +101,8 @@ def connected(spec: ClusterSpec, *, workers: int, runtime_env: dict | None = Non
     `py_modules`, `worker_process_setup_hook`): what an implementation outside this package
     needs on the cluster's nodes.
     """
+    check_cluster(spec)
     ray = import_ray()
-    if spec.kind == "address":
-        _reachable(spec)
     if ray.is_initialized():
         raise ValueError("Ray is already initialised in this process; --cluster starts or joins it itself")
     options = dict(logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)

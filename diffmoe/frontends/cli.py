@@ -10,8 +10,9 @@
     diffmoe demo
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
-    diffmoe museum [NAME ...] [--list] [--json]
-    diffmoe tuned-configs --impl NAME[==V] [--files GLOB] [--max-entries N] [--resume FILE] [--json]
+    diffmoe museum [NAME ...] [--list] [--workers N [--cluster C]] [--json]
+    diffmoe tuned-configs --impl NAME[==V] [--files GLOB] [--max-entries N] [--resume FILE]
+                  [--workers N [--cluster C]] [--json]
     diffmoe numerics fit [--impl ...] [--quant Q,...] [--configs N] [--seed S] [--base PROFILE]
                   [--time-limit S] [--json]
     diffmoe compile-check [--arch sm_90 ...] [--impl ...] [--variant V,...] [--tile-class C,...]

@@ -34,6 +34,10 @@ times K-steps), so a draw whose `cost_units` exceed the cap is drawn again, and 
 (`corner_configs`: each axis at its profile maximum, the others small, for every scheme)
 are run beside the sampled configs so the extremes are covered whatever the cap.
 
+Each config is one check, so a campaign is a list of independent tasks (`CampaignCheck` through
+`check_config`, diffmoe/cluster/tasks.py): bench/false_alarm_campaign.py runs them in its process with
+one worker and as Ray tasks with more (`--workers N --cluster ...`), a task loading its `--impl` itself.
+
 Owns the profile, the cost model and the corners.
 """
 
@@ -196,3 +200,26 @@ def run_campaign(configs: list[MoEConfig], *, check: Callable | None = None,
         if on_result is not None:
             on_result(index, result)
         yield result
+
+
+@dataclass(frozen=True)
+class CampaignCheck:
+    """One campaign config as a task: plain data, so it travels to a Ray worker."""
+
+    config: MoEConfig
+    impl: str | None = None  # an --impl spec the task loads; None: the shipped implementation
+
+
+_factories: dict[str, Callable] = {}  # by --impl spec: loaded once per process
+
+
+def check_config(item: CampaignCheck) -> CampaignResult:
+    """A task (diffmoe/cluster/tasks.py): `item.config` judged by every oracle against `item.impl`."""
+    if item.impl is None:
+        return next(run_campaign([item.config]))
+    from diffmoe.check.runner import load_factory, run_differential
+
+    factory = _factories.get(item.impl)
+    if factory is None:
+        factory = _factories[item.impl] = load_factory(item.impl)
+    return next(run_campaign([item.config], check=lambda c: run_differential(c, factory, implementation_name=item.impl)))

@@ -39,11 +39,12 @@ import traceback
 from typing import Any
 
 from diffmoe.cluster.board import start_board
+from diffmoe.cluster.interrupts import interrupts_noted
 from diffmoe.cluster.runtime import MAX_TASK_RETRIES, ClusterSpec, connected, parse_cluster, task_options
+from diffmoe.cluster.tasks import MAX_WORKERS, retry_notes
 from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT, PHASE_SHRINK, FuzzOutcome, ProgressCallback, fuzz
 from diffmoe.fuzz.tiers import FULL_EVERY, worker_full_phase
-from diffmoe.fuzz.workers import (MAX_WORKERS, STOP_GRACE_SECONDS, WorkerFailed, _interrupts_noted, _merge, _Worker,
-                                  split_examples, worker_seed)
+from diffmoe.fuzz.workers import STOP_GRACE_SECONDS, WorkerFailed, _merge, _Worker, split_examples, worker_seed
 from diffmoe.problem.config import check_int
 
 _POLL_SECONDS = 0.2  # how often the board is read: progress lines are not needed faster
@@ -105,7 +106,7 @@ def fuzz_on_cluster(*, cluster: str | ClusterSpec, workers: int, max_examples: i
             if w.seed is None:  # as the pool spreads unseeded workers' full phases (diffmoe/fuzz/tiers.py)
                 kwargs.setdefault("full_offset", worker_full_phase(w.index, len(pool), kwargs.get("full_every", FULL_EVERY)))
             refs[task.remote(board, w.index, kwargs)] = w
-        with _interrupts_noted() as noted:
+        with interrupts_noted() as noted:
             interrupted, starts = _collect(ray, board, refs, pool, progress, start, noted)
     merged = _merge(pool, seed, interrupted, start)
     merged.notes += _retry_notes(starts, len(pool))
@@ -182,11 +183,4 @@ def _receive(ray, w: _Worker, ref, pool: list[_Worker], pending: dict, interrupt
 
 
 def _retry_notes(starts: dict, tasks: int) -> list[str]:
-    notes = []
-    for index in sorted(starts):
-        attempts = starts[index]
-        if len(attempts) > 1:
-            lost = ", ".join(f"pid {pid} on node {node[:8]}" for pid, node in attempts[:-1])
-            notes.append(f"task {index + 1} of {tasks} was retried {len(attempts) - 1} time(s) after its process "
-                         f"or node was lost ({lost}); its search ran again from its seed, replaying the database first")
-    return notes
+    return [f"{note}; its search ran again from its seed, replaying the database first" for note in retry_notes(starts, tasks)]

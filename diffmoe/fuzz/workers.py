@@ -52,22 +52,20 @@ import pickle
 import queue
 import signal
 import sys
-import threading
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from diffmoe.cluster.interrupts import interrupts_noted as _interrupts_noted
+from diffmoe.cluster.tasks import MAX_WORKERS
 from diffmoe.problem.config import MAX_SEED, check_int
 from diffmoe.fuzz.tiers import FULL_EVERY, worker_full_phase
 from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT, PHASE_SHRINK, FuzzOutcome, ProgressCallback, fuzz
 from diffmoe.check.worker import signals_deferred, worker_start_method
 
-MAX_WORKERS = 256
 STOP_GRACE_SECONDS = 20.0  # a stopped worker's time to send its outcome (it may be mid-check)
 _POLL_SECONDS = 0.1
 _SEED_STRIDE = 1_000_003  # worker seeds stay short enough to retype
@@ -252,29 +250,6 @@ def _picklable(kwargs: dict) -> bytes:
     except Exception as exc:  # noqa: BLE001 - pickling failures come in many types
         raise TypeError(f"fuzz workers under the spawn start method need picklable arguments (a module-level "
                         f"factory); {type(exc).__name__}: {exc}") from None
-
-
-@contextmanager
-def _interrupts_noted() -> Iterator[list[int]]:
-    """While the workers' messages are read: SIGINT and SIGTERM handlers that would raise (Python
-    callables: KeyboardInterrupt's, the CLI's SIGTERM) only note the signal in the list yielded,
-    and `_collect` raises KeyboardInterrupt between messages. Raised inside Queue.get, it could cut
-    a message in half and lose a worker's outcome (seen once in three suite runs: "fuzz worker 2
-    of 2 died (exit code 0) before sending its outcome" after a SIGTERM). An ignored or default
-    disposition is left as it is. Main thread only (elsewhere nothing changes)."""
-    noted: list[int] = []
-    saved = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            current = signal.getsignal(signum)
-            if callable(current):
-                saved[signum] = current
-                signal.signal(signum, lambda got, frame: noted.append(got))
-    try:
-        yield noted
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
 
 
 def _collect(pool: list[_Worker], messages, stop_generating, progress: ProgressCallback | None, start: float,

@@ -1,13 +1,16 @@
 """`diffmoe tuned-configs --impl NAME[==V]`: the command line of the tuned-config sweep (sweep.py).
 
     diffmoe tuned-configs --impl vllm==0.33.0 [--files GLOB] [--max-entries N] [--resume FILE]
-                          [--config-dir DIR] [--json]
+                          [--config-dir DIR] [--workers N [--cluster local|auto|ray://HOST:PORT]] [--json]
 
 stdout: a table (file, batch, config, verdict, first finding) and the files skipped with their
 reason, or one JSON object with --json; stderr: progress (diffmoe/frontends/progress.py) and usage
 errors. Exit 0 only when every judged entry passed, 1 when one failed, 2 for usage errors (an
 --impl without tuned configs, a release not in the peer cache: its fetch command, a glob matching
-no file, a bad number).
+no file, a bad number, a --cluster that is not a cluster spec or cannot be reached). --workers N > 1
+judges the distinct runs as Ray tasks (diffmoe/cluster/tasks.py) on --cluster, a local Ray runtime
+by default; a task that fails is the CLI's internal error (exit 3), the verdicts before it kept in
+--resume's file.
 
 Owns the arguments, the output and the exit codes. Must not judge: sweep.py does.
 """
@@ -46,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="append each verdict to FILE (JSON lines) and take the verdicts it already holds: an interrupted sweep continues")
     parser.add_argument("--config-dir", type=Path, metavar="DIR",
                         help="read the config files from DIR instead of the release's cached wheel (a copy to try an edit on)")
+    parser.add_argument("--workers", type=_count, default=1, metavar="N",
+                        help="judge N distinct runs at a time, as Ray tasks (default 1: one after another in this process)")
+    parser.add_argument("--cluster", metavar="local|auto|ray://HOST:PORT",
+                        help="where --workers N > 1 runs its tasks: local (a Ray runtime started here, the default), auto (the running "
+                             "cluster this machine is in), ray://HOST:PORT or HOST:PORT (that cluster); each task asks for one GPU on CUDA")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
@@ -70,8 +78,14 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
     from diffmoe.adapters.peer_wheels import PeerError, peer_root
     from diffmoe.frontends.progress import Progress
 
+    from diffmoe.cluster.tasks import checked_cluster
+
     from .sweep import factory_tuned_configs, sweep
 
+    try:  # before any run and before the progress starts
+        cluster = checked_cluster(args.cluster, args.workers)
+    except ValueError as exc:
+        return _usage(prog, str(exc))
     try:
         factory = load_factory(args.impl)
         declared = factory_tuned_configs(factory)
@@ -97,7 +111,8 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
                 progress.advance(detail=f"{row.file} batch {row.batch}: {verdict}{' (shared)' if row.shared else ''}")
 
             result = sweep(factory, folder, args.impl, pattern=args.files, max_entries=args.max_entries, resume=args.resume,
-                           on_start=lambda total: progress.update(0, total=total), on_row=on_row)
+                           on_start=lambda total: progress.update(0, total=total), on_row=on_row,
+                           workers=args.workers, cluster=cluster)
     except ValueError as exc:
         return _usage(prog, str(exc))
     if args.json:

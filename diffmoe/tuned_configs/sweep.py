@@ -14,11 +14,15 @@ same tile less the compile options it drops, INTERPRETER_IGNORED: the 5252 entri
 supported files and its 6 default rows are 731 distinct runs at MAX_TOKENS 8), so each distinct run is judged
 once and its verdict shared (`Row.shared`). With a resume file, every verdict is appended to it as
 it is reached (one JSON line) and a later sweep with the same file takes them from it: an
-interrupted sweep continues where it stopped. The release's default-config path (no file, vLLM's
+interrupted sweep continues where it stopped. The distinct runs are tasks (`judge_run` on a `Run`,
+diffmoe/cluster/tasks.py): with one worker they are judged here in order; with more, as Ray tasks
+(`--cluster`, a local runtime by default), each loading the --impl spec itself. Their verdicts come
+back here, where the resume file is written and `on_row` told as each arrives, and the rows keep the
+plan's order whatever order the runs finished in. The release's default-config path (no file, vLLM's
 get_default_config) is judged too, at T = 1 and MAX_TOKENS, per scheme, as file "(default config) SCHEME".
 
 Owns the shrunk problem, the verdicts and the resume file. Must not import an implementation (the
-factory's attributes carry the configs' folder and the override).
+factory's attributes carry the configs' folder and the override; a Ray worker loads the user's spec).
 """
 
 from __future__ import annotations
@@ -175,19 +179,61 @@ def plan(files: Sequence[ConfigFile], schemes_default: bool = True) -> list[tupl
     return rows
 
 
+@dataclass(frozen=True)
+class Run:
+    """One distinct forced run, as a task (diffmoe/cluster/tasks.py): plain data, so it travels to a Ray worker."""
+
+    impl: str  # the --impl spec: a Ray worker loads the factory from it
+    config: MoEConfig
+    tile: dict | None
+    oracles: tuple[str, ...]
+
+
+# The factories judge_run forces tiles through, by --impl spec: the sweep puts its own here (a run in this
+# process uses it as it is); a Ray worker, which starts with none, loads the spec once.
+_factories: dict[str, Callable] = {}
+
+
+def judge_run(run: Run) -> tuple[bool, list[str], float]:
+    """A task: the run's tile forced through the release's override and judged; (passed, findings, seconds)."""
+    factory = _factories.get(run.impl)
+    if factory is None:
+        from diffmoe.adapters.loading import load_factory
+
+        factory = _factories[run.impl] = load_factory(run.impl)
+    start = time.perf_counter()
+    try:
+        passed, findings = judge(run.config, forcing_function(factory)(run.tile), f"{run.impl} tile {run.tile}", run.oracles)
+    except (ValueError, TypeError) as exc:  # a tile the release's override refuses before any check
+        passed, findings = False, [f"crash@None: {type(exc).__name__}: {exc}"]
+    return passed, findings, time.perf_counter() - start
+
+
 def sweep(factory: Callable, folder: Path, impl: str, pattern: str = "*.json", max_entries: int | None = None,
           resume: Path | None = None, oracles: Sequence[str] | None = None,
-          on_start: Callable[[int], None] | None = None, on_row: Callable[[Row], None] | None = None) -> SweepResult:
+          on_start: Callable[[int], None] | None = None, on_row: Callable[[Row], None] | None = None,
+          workers: int = 1, cluster=None) -> SweepResult:
     """Judge every entry of the config files in `folder` (the release's, or a copy) matching `pattern` (at most
-    `max_entries` of them, then the default config); `on_start(total rows)`, `on_row(row)` after each."""
+    `max_entries` of them, then the default config); `on_start(total rows)`, `on_row(row)` as each row's verdict
+    is reached (the resume file's first, then every row of a run as the run finishes).
+
+    workers, cluster (a --cluster spec or ClusterSpec): the distinct runs as tasks (diffmoe/cluster/tasks.py):
+    one worker judges them here in order; more run them as Ray tasks (`cluster`, default a local runtime),
+    each loading `impl` (an --impl spec) itself. The verdicts, the resume file (written here as they arrive)
+    and the rows' order are the same either way. Ctrl-C keeps every verdict reached (and written) and raises
+    KeyboardInterrupt.
+    """
+    from diffmoe.check.execution import default_device
     from diffmoe.check.report import Oracles
+    from diffmoe.cluster.tasks import Task, run_tasks
+    from diffmoe.interpreter.grid_order import interpreting
     from diffmoe.oracles.registry import DEFAULT_ORACLES
 
-    force = forcing_function(factory)
+    forcing_function(factory)
     files = config_files(folder, pattern)
     if not files:
         raise ValueError(f"--files {pattern!r} matches no tuned-config file in {folder}")
-    chosen = list(oracles) if oracles is not None else [o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC]
+    chosen = tuple(oracles) if oracles is not None else tuple(o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC)
     result = SweepResult(skipped=[(f.name, f.skip_reason) for f in files if f.scheme is None])
     todo = plan(files)
     entries = [r for r in todo if r[2] is not None]
@@ -196,34 +242,56 @@ def sweep(factory: Callable, folder: Path, impl: str, pattern: str = "*.json", m
     todo = entries + [r for r in todo if r[2] is None]
     if on_start is not None:
         on_start(len(todo))
-    from diffmoe.interpreter.grid_order import interpreting
 
     interpreted = interpreting()
     done = load_resume(resume)
+    rows: list[Row | None] = [None] * len(todo)
+    keyed = []  # per row: (key, file, batch, tile, tokens)
+    runs: dict[str, Run] = {}  # the distinct runs not in the resume file, in order of first row
+    for file, batch, entry, scheme, experts in todo:
+        tile = None if entry is None else entry.tile
+        config = shrunk_config(scheme, experts, batch, factory)
+        key = run_key(config, tile, interpreted)
+        keyed.append((key, file, batch, tile, config.num_tokens))
+        if key not in done:
+            runs.setdefault(key, Run(impl, config, tile, chosen))
+    rows_of: dict[str, list[int]] = {}
+    for index, (key, *_rest) in enumerate(keyed):
+        rows_of.setdefault(key, []).append(index)
+
+    def reached(key: str, passed: bool, findings: list[str], seconds: float | None) -> None:
+        """Every row of `key` gets its verdict; the first is the judged one unless it came from the resume file."""
+        for n, index in enumerate(rows_of[key]):
+            _, file, batch, tile, tokens = keyed[index]
+            judged = seconds is not None and n == 0
+            rows[index] = Row(file, batch, tile, tokens, passed, list(findings), seconds if judged else 0.0, shared=not judged)
+            if on_row is not None:
+                on_row(rows[index])
+
+    _factories[impl] = factory
+    keys = list(runs)
     out = open(resume, "a") if resume is not None else None
     try:
-        for file, batch, entry, scheme, experts in todo:
-            tile = None if entry is None else entry.tile
-            config = shrunk_config(scheme, experts, batch, factory)
-            key = run_key(config, tile, interpreted)
-            start = time.perf_counter()
-            if key in done:
-                item = done[key]
-                row = Row(file, batch, tile, config.num_tokens, item["passed"], list(item["findings"]), 0.0, shared=True)
-            else:
-                try:
-                    passed, findings = judge(config, force(tile), f"{impl} tile {tile}", chosen)
-                except (ValueError, TypeError) as exc:  # a tile the release's override refuses before any check
-                    passed, findings = False, [f"crash@None: {type(exc).__name__}: {exc}"]
-                row = Row(file, batch, tile, config.num_tokens, passed, findings, time.perf_counter() - start)
-                done[key] = {"key": key, "passed": passed, "findings": findings}
-                if out is not None:
-                    out.write(json.dumps(done[key]) + "\n")
-                    out.flush()
-            result.rows.append(row)
-            if on_row is not None:
-                on_row(row)
+        for key in rows_of:
+            if key in done:  # from the resume file: reached before any run
+                reached(key, done[key]["passed"], done[key]["findings"], None)
+
+        def on_result(index: int, value: tuple[bool, list[str], float]) -> None:
+            key = keys[index]
+            passed, findings, seconds = value
+            done[key] = {"key": key, "passed": passed, "findings": findings}
+            if out is not None:  # here, in the one process that writes the file, as each verdict arrives
+                out.write(json.dumps(done[key]) + "\n")
+                out.flush()
+            reached(key, passed, findings, seconds)
+
+        first = {key: keyed[rows_of[key][0]] for key in keys}
+        tasks = [Task(judge_run, runs[key], name=f"{first[key][1]} batch {first[key][2]}") for key in keys]
+        run = run_tasks(tasks, workers=workers, cluster=cluster, device=str(default_device()), on_result=on_result)
+        if run.interrupted:
+            raise KeyboardInterrupt
     finally:
         if out is not None:
             out.close()
+    result.rows = [r for r in rows if r is not None]
     return result
