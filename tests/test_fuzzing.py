@@ -284,3 +284,25 @@ def test_max_examples_counts_generated_examples_not_shrinking_runs(fake_runner):
     outcome = fuzz(max_examples=50, seed=2)
     assert outcome.generated_examples == outcome.examples - outcome.shrink_examples <= 50
     assert outcome.to_dict()["generated_examples"] == outcome.generated_examples
+
+
+
+# ---- the same seed, the same draws, whatever this process has imported (diffmoe/fuzz/draws.py) ----
+
+
+def test_a_search_takes_no_constant_from_the_loaded_modules_and_gives_the_pool_back(fake_runner):
+    """Without the switch, a seeded search in this process (the suite's modules loaded) drew other
+    examples than the same search in a Ray task: tests/test_cluster_fuzz.py's same-seed test failed
+    4 runs of 4 on 2026-12-05 and passes with it."""
+    from hypothesis.internal.conjecture import providers
+
+    if not hasattr(providers, "_get_local_constants"):
+        pytest.skip("this Hypothesis draws no constants from the loaded modules")
+    assert len(providers._get_local_constants().integers) > 0  # diffmoe's own modules hold some
+    seen = []
+    fake = fake_runner(fails=lambda c: False)
+    judge = fake.run_differential
+    fake.run_differential = lambda config, *a, **k: (seen.append(providers._get_local_constants()), judge(config, *a, **k))[1]
+    fuzz(max_examples=5, seed=5)
+    assert len(seen) == 5 and all(not (c.integers or c.floats or c.strings or c.bytes) for c in seen)
+    assert len(providers._get_local_constants().integers) > 0

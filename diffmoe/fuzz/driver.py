@@ -72,6 +72,7 @@ from hypothesis.errors import Unsatisfiable
 from diffmoe.problem.config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
 from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
 from diffmoe.fuzz.database import ResumingDatabase
+from diffmoe.fuzz.draws import seed_only_draws
 from diffmoe.fuzz.database_spec import open_database
 from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
 from diffmoe.check.report import Finding, Oracles, Report
@@ -404,15 +405,17 @@ def fuzz(
 
     def search() -> None:
         # A database's failures are replayed in a pass of their own, every oracle judging them
-        # (one may have been stored by a full check the cheap set cannot repeat), then the search.
-        if db is not None:
-            replaying[0] = True
-            try:
-                hypothesis_test([Phase.reuse, *shrinking])()
-            except unittest.SkipTest:  # nothing stored: Hypothesis says it was told to run nothing
-                pass
-            replaying[0] = False
-        hypothesis_test([Phase.generate, *shrinking])()
+        # (one may have been stored by a full check the cheap set cannot repeat), then the search;
+        # the draws depend on the seed alone, not on the modules this process has loaded (draws.py)
+        with seed_only_draws():
+            if db is not None:
+                replaying[0] = True
+                try:
+                    hypothesis_test([Phase.reuse, *shrinking])()
+                except unittest.SkipTest:  # nothing stored: Hypothesis says it was told to run nothing
+                    pass
+                replaying[0] = False
+            hypothesis_test([Phase.generate, *shrinking])()
 
     found_first: list[float] = []  # when the first round's failure was met
     while True:
