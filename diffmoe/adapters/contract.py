@@ -242,6 +242,8 @@ IMPLEMENTATION_ALIASES = {
     "vllm==0.28.0": "peers.vllm_0_28:make", "vllm==0.30.0": "peers.vllm_0_30:make", "vllm==0.33.0": "peers.vllm_0_33:make",
     # SGLang (peers/sglang_core.py): its CUDA branch; the non-CUDA branch is peers.sglang_0_5_23:make_fallback
     "sglang": "peers.sglang_0_5_23:make", "sglang==0.5.23": "peers.sglang_0_5_23:make", "sglang==0.5.20": "peers.sglang_0_5_20:make",
+    # every supported Liger-Kernel release (peers/liger_core.py)
+    "liger==0.8.5": "peers.liger_0_8:make", "liger==0.8.1": "peers.liger_0_8_1:make", "liger==0.8.0": "peers.liger_0_8_0:make",
 }
 # The peer wheels whose functions `--fn NAME==V[:MODULE]:FUNCTION --family F` loads with no user code (loading.py):
 # each the MODULE:FACTORY of `wheel_function(path)`, the function at `path` with its factory's attributes
