@@ -120,23 +120,16 @@ _LIGER_FILES = (
     f"{_LIGER}/ops/fused_moe_kernels.py",  # the routing, fused up-proj + SwiGLU, down-proj and gather-sum kernels
     f"{_LIGER}/ops/utils.py",  # ensure_contiguous (the forward's decorator)
     f"{_LIGER}/utils.py",  # infer_device (ops/utils.py imports it)
-    # the call site the adapter mirrors (LigerExperts.forward), read by tests/test_peer_call_sites.py
-    f"{_LIGER}/transformers/swiglu.py",
+    f"{_LIGER}/transformers/swiglu.py",  # LigerExperts.forward: the call site tests/test_peer_call_sites.py reads
 )
-
-
-def _liger(version: str, sha256: str) -> PeerWheel:
-    return PeerWheel(name="liger", package="liger-kernel", version=version,
-                     filename=f"liger_kernel-{version}-py3-none-any.whl", sha256=sha256, files=_LIGER_FILES,
-                     license="BSD-2-Clause")
-
-
-# Every supported Liger-Kernel release, by `diffmoe peers fetch` name; each sha256 measured on the
-# wheel PyPI served (0.8.5 on 2026-12-04, 0.8.0 and 0.8.1 on 2026-12-05; sizes in bytes beside it).
+# Every supported Liger-Kernel release, by `diffmoe peers fetch` name; each sha256 measured on the wheel PyPI
+# served (0.8.5 on 2026-12-04: 910,117 bytes; 0.8.0 and 0.8.1 on 2026-12-05: 403,120 and 506,445 bytes).
 LIGER_RELEASES: dict[str, PeerWheel] = {
-    "liger==0.8.0": _liger("0.8.0", "e1f03eeb4ba6a6a413d585dacf92c4c15d164bab5844fa4ead2fede6bcac469c"),  # 403,120
-    "liger==0.8.1": _liger("0.8.1", "90836c1e9de22a1c57a640775fb79151ea704748cf9c3f6658dddaa06fff1989"),  # 506,445
-    "liger==0.8.5": _liger("0.8.5", "60789cd576af073ab9b192b570d2597fd0cdad489cd62fb44fb16256d43754c9"),  # 910,117
+    f"liger=={v}": PeerWheel(name="liger", package="liger-kernel", version=v, filename=f"liger_kernel-{v}-py3-none-any.whl",
+                             sha256=sha256, files=_LIGER_FILES, license="BSD-2-Clause")
+    for v, sha256 in (("0.8.0", "e1f03eeb4ba6a6a413d585dacf92c4c15d164bab5844fa4ead2fede6bcac469c"),
+                      ("0.8.1", "90836c1e9de22a1c57a640775fb79151ea704748cf9c3f6658dddaa06fff1989"),
+                      ("0.8.5", "60789cd576af073ab9b192b570d2597fd0cdad489cd62fb44fb16256d43754c9"))
 }
 _SGLANG_MOE = "sglang/srt/layers/moe/moe_runner/triton_utils"
 # The SGLang files the adapter loads (peers/sglang_core.py), the same paths in both supported
