@@ -28,10 +28,6 @@ from reference import reference_moe
 
 RUNNABLE = [e for e in museum.EXHIBITS if e.pending is None]
 BY_NAME = {e.name: e for e in museum.EXHIBITS}
-# exhibits slower than 20 s on 2 cores: Liger's, 21.7 s for both releases (`time diffmoe museum
-# liger-int32-expert-offset`, 2026-12-05): its 1026-expert routing runs 1028 prefix-sum programs per call
-SLOW = {"liger-int32-expert-offset"}
-EXHIBIT_PARAMS = [pytest.param(e, id=e.name, marks=[pytest.mark.slow] if e.name in SLOW else []) for e in RUNNABLE]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -39,7 +35,9 @@ def museum_wheels():
     return [peer_wheels.fetch(spec) for spec in sorted({r for e in museum.EXHIBITS for r in (*e.buggy, e.fixed)})]
 
 
-@pytest.mark.parametrize("exhibit", EXHIBIT_PARAMS)
+# the slowest, Liger's: 10.5 s to 14.4 s for both releases (its 1026-expert routing runs 1028 prefix-sum programs per
+# call; `pytest tests/test_museum.py -k liger-int32`, 2026-12-05, load average 8 on 2 cores)
+@pytest.mark.parametrize("exhibit", RUNNABLE, ids=[e.name for e in RUNNABLE])
 def test_every_exhibit_behaves_as_recorded(exhibit):
     result = museum.run_exhibit(exhibit)
     assert result.as_recorded, museum._render(result)
