@@ -4,6 +4,7 @@
     peers.vllm_0_28:make      the same for vLLM 0.28.0 (and vllm_0_30 for 0.30.0): one core, peers/vllm_core.py
     peers.lmdeploy_0_18:make  lmdeploy 0.18.0's blocked-FP8 fused MoE, from its own wheel's files
     peers.liger_0_8:make      Liger-Kernel 0.8.5's bf16 fused MoE (LigerFusedMoEFunction), from its own wheel's files
+    peers.liger_0_8_0:make    the same for Liger-Kernel 0.8.0 (and liger_0_8_1 for 0.8.1): one core, peers/liger_core.py
 
 A peer's code is never copied here: `diffmoe peers fetch NAME` (diffmoe/adapters/peer_wheels.py) caches
 the few files its adapter loads, by path, from the pinned wheel. Without a GPU the Triton

@@ -223,7 +223,7 @@ ENVIRONMENT_READS = {
     "peers/__init__.py": "TRITON_INTERPRET: the interpreter on a CPU, set before triton is imported",
     "optimized/backend.py": "TRITON_INTERPRET, and DIFFMOE_ALLOW_SOFTWARE_FALLBACK: on CUDA, run the correct but "
                             "slow software path instead of refusing; without it the run refuses, it never passes",
-    "peers/liger_0_8.py": "Liger's autotune switch, set off while its files load and restored: always off, no choice",
+    "peers/liger_core.py": "Liger's autotune switch, set off while its files load and restored: always off, no choice",
 }
 
 

@@ -1,8 +1,11 @@
-"""The museum of real vLLM bugs (diffmoe/adapters/museum.py): every runnable exhibit behaves as recorded
-(each buggy release fails with the recorded oracle at the recorded stage, the fixed release
-passes the same config and inputs), the verdict can fail, the mechanism behind exhibit 1 is what
-the exhibit says (a zero-filled workspace hides it, a poisoned one shows it), and the command
-line's exit codes. The museum's wheels are fetched once each, as the peers suite fetches its own.
+"""The museum of real vLLM, SGLang and Liger-Kernel bugs (diffmoe/adapters/museum.py): every runnable
+exhibit behaves as recorded (each buggy release fails with the recorded oracle at the recorded stage,
+the fixed release passes the same config and inputs), the verdict can fail, the mechanism behind
+each exhibit is what its row says (exhibit 1: a zero-filled workspace hides it, a poisoned one shows
+it; the per-tensor scale: the buggy release computes what the fixed one computes with expert 0's
+scales everywhere; Liger: the releases and the wide layout agree bit for bit where no offset wraps),
+and the command line's exit codes, its fetching nothing unasked included. The museum's wheels are
+fetched once each, as the peers suite fetches its own.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def museum_wheels():
     return [peer_wheels.fetch(spec) for spec in sorted({r for e in museum.EXHIBITS for r in (*e.buggy, e.fixed)})]
 
 
+# the slowest, Liger's: 10.5 s to 14.4 s for both releases (its 1026-expert routing runs 1028 prefix-sum programs per
+# call; `pytest tests/test_museum.py -k liger-int32`, 2026-12-05, load average 8 on 2 cores)
 @pytest.mark.parametrize("exhibit", RUNNABLE, ids=[e.name for e in RUNNABLE])
 def test_every_exhibit_behaves_as_recorded(exhibit):
     result = museum.run_exhibit(exhibit)
@@ -64,6 +69,44 @@ def test_exhibit_one_is_hidden_by_zero_filled_workspaces_and_shown_by_poisoned_o
     assert torch.equal(_call("vllm==0.28.0", 0x00)[0], ref[0])  # zeros in, zeros summed: hidden
     assert torch.isnan(_call("vllm==0.28.0", 0xFF)[0]).all()  # NaN poison summed into the output
     assert torch.equal(_call("vllm==0.33.0", 0xFF)[0], ref[0])  # the pad-aware moe_sum skips the slots
+
+
+def _output(release: str, exhibit, problem) -> torch.Tensor:
+    impl = load_factory(release)(exhibit.config)
+    n1, n2 = impl.workspace_shapes()
+    return impl.run(problem, (torch.zeros(n1, dtype=torch.uint8), torch.zeros(n2, dtype=torch.uint8))).output
+
+
+def test_the_tensor_scale_exhibit_is_every_expert_scaled_by_expert_zeros_scale():
+    """0.28.0 computes, bit for bit, what 0.33.0 computes when every expert is given expert 0's
+    per-tensor scales (stride_bse 0 for the [E] scale), and not what 0.33.0 computes on the real ones."""
+    exhibit = BY_NAME["vllm-tensor-scale-expert-0"]
+    problem = museum.exhibit_problem(exhibit)
+    assert problem.w2_scale.shape == (2,) and problem.w2_scale[0] != problem.w2_scale[1]
+    assert problem.topk_ids.view(-1).tolist() == [1, 0]  # token 0 reaches expert 1, the one given the wrong scale
+    expert_zero = dataclasses.replace(problem, w1_scale=problem.w1_scale[:1].expand(2).clone(),
+                                      w2_scale=problem.w2_scale[:1].expand(2).clone())
+    buggy = _output("vllm==0.28.0", exhibit, problem)
+    assert torch.equal(buggy, _output("vllm==0.33.0", exhibit, expert_zero))
+    assert not torch.equal(buggy, _output("vllm==0.33.0", exhibit, problem))
+
+
+def test_liger_releases_and_the_wide_layout_agree_where_no_offset_wraps():
+    """What the Liger exhibit rests on: 0.8.0 (its autotune pinned to 0.8.1's switch configs) and 0.8.1
+    give the same bits on the exhibit's inputs stored at experts 0..1, so only the wrap tells them
+    apart; 0.8.1's make_wide, the experts stored from index 1024 of the lazily committed stack, gives
+    those bits too; and 1024 is the first index whose gate/up offset (index * 2 * I * H) leaves int32.
+    (0.8.0's make_wide is run only inside a check: unguarded, its wrapped loads read outside the stack.)"""
+    from peers.liger_core import INT32_LIMIT, wide_base
+
+    exhibit = BY_NAME["liger-int32-expert-offset"]
+    problem = museum.exhibit_problem(exhibit)
+    c = exhibit.config
+    assert wide_base(c) == 1024 and wide_base(c) * 2 * c.inter * c.hidden == INT32_LIMIT
+    assert (wide_base(c) - 1) * 2 * c.inter * c.hidden < INT32_LIMIT
+    plain = _output("liger==0.8.1", exhibit, problem)
+    assert torch.equal(_output("liger==0.8.0", exhibit, problem), plain)
+    assert torch.equal(_output("peers.liger_0_8_1:make_wide", exhibit, problem), plain)
 
 
 def test_an_exhibit_needing_a_missing_config_field_is_pending_not_run():
@@ -118,16 +161,23 @@ def test_the_shrinker_reaches_exhibit_ones_minimal_config_from_a_broader_domain(
 
 
 def test_without_cached_wheels_the_museum_says_which_fetch_to_run(tmp_path, monkeypatch, capsys):
-    """An empty peer cache is a usage error naming each `diffmoe peers fetch`, in one line and
-    before any run (it once printed `crash@None NOT AS RECORDED` for every release)."""
+    """An empty peer cache is a usage error naming each `diffmoe peers fetch`, one line per release
+    and before any run (it once printed `crash@None NOT AS RECORDED` for every release); nothing is
+    fetched unasked."""
     from diffmoe.frontends.cli import main as cli_main
 
+    def no_fetch(name, wheel_file=None):
+        raise AssertionError(f"fetched {name} without --fetch")
+
     monkeypatch.setenv(peer_wheels.CACHE_ENV, str(tmp_path / "empty"))
+    monkeypatch.setattr(peer_wheels, "fetch", no_fetch)
     assert cli_main(["museum"]) == 2
     out, err = capsys.readouterr()
     releases = sorted({r for e in RUNNABLE for r in (*e.buggy, e.fixed)})
-    assert out == "" and len(err.strip().splitlines()) == 1, err
-    assert all(f"`diffmoe peers fetch {r}`" in err for r in releases), err
+    assert {"liger==0.8.0", "liger==0.8.1", "vllm==0.28.0", "sglang==0.5.20"} <= set(releases)
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == len(releases), err
+    assert all(f"`diffmoe peers fetch {r}`" in line for r, line in zip(releases, lines)), err
     assert "NOT AS RECORDED" not in err and "crash" not in err
 
 
@@ -149,3 +199,20 @@ def test_two_workers_on_a_local_ray_runtime_give_the_in_process_verdicts(museum_
     strip = lambda rows: [{**r, "verdicts": [{k: v for k, v in d.items() if k != "seconds"} for d in r["verdicts"]]}  # noqa: E731
                           for r in rows]
     assert strip(on_ray) == strip(here) and all(r["as_recorded"] for r in on_ray)
+
+
+def test_museum_fetch_fetches_each_missing_release_and_stops_at_a_failed_fetch(tmp_path, monkeypatch, capsys):
+    """`--fetch`: every missing release of the chosen exhibits is fetched, each said on stderr; a
+    fetch that fails is a usage error with its one line, before any run."""
+    fetched = []
+
+    def failing_fetch(name, wheel_file=None):
+        fetched.append(name)
+        raise peer_wheels.PeerError(f"pip download {name} failed (exit 1): no network")
+
+    monkeypatch.setenv(peer_wheels.CACHE_ENV, str(tmp_path / "empty"))
+    monkeypatch.setattr(peer_wheels, "fetch", failing_fetch)
+    assert museum.main(["liger-int32-expert-offset", "--fetch"]) == 2
+    out, err = capsys.readouterr()
+    assert fetched == ["liger==0.8.0"] and out == ""
+    assert "fetching liger==0.8.0 (`diffmoe peers fetch liger==0.8.0`)" in err and "no network" in err, err

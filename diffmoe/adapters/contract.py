@@ -67,8 +67,7 @@ it the harness runs `run` inside diffmoe.interpreter.grid_order's control, which
 under the Triton interpreter at its grid loop, so any Triton kernel is judged by the schedule
 oracle without an order table (`applies_own_order` reads it; the two together would reorder twice).
 
-Nothing here imports Triton: implementations may be written in anything that takes torch
-tensors.
+Nothing here imports Triton: implementations may be written in anything that takes torch tensors.
 
 Owns the types an implementation builds and the names of the default implementation. Must not import an implementation.
 """
@@ -242,6 +241,7 @@ IMPLEMENTATION_ALIASES = {
     "vllm==0.28.0": "peers.vllm_0_28:make", "vllm==0.30.0": "peers.vllm_0_30:make", "vllm==0.33.0": "peers.vllm_0_33:make",
     # SGLang (peers/sglang_core.py): its CUDA branch; the non-CUDA branch is peers.sglang_0_5_23:make_fallback
     "sglang": "peers.sglang_0_5_23:make", "sglang==0.5.23": "peers.sglang_0_5_23:make", "sglang==0.5.20": "peers.sglang_0_5_20:make",
+    "liger==0.8.5": "peers.liger_0_8:make", "liger==0.8.1": "peers.liger_0_8_1:make", "liger==0.8.0": "peers.liger_0_8_0:make",
 }
 # The peer wheels whose functions `--fn NAME==V[:MODULE]:FUNCTION --family F` loads with no user code (loading.py):
 # each the MODULE:FACTORY of `wheel_function(path)`, the function at `path` with its factory's attributes

@@ -1,4 +1,4 @@
-"""A museum of real bugs: released vLLM and SGLang wheels whose MoE bugs diffmoe catches on a CPU.
+"""A museum of real bugs: released vLLM, SGLang and Liger-Kernel wheels whose MoE bugs diffmoe catches on a CPU.
 
 Each exhibit is one row of EXHIBITS: a bug fixed in a later release, the releases that
 ship it, the first release with the fix and the one run for it, the oracle and stage that must
@@ -6,13 +6,15 @@ name it, the minimal config, and the routing it needs. `run_exhibit` checks the 
 every buggy release (each must FAIL with a finding of that oracle at that stage) and the fixed
 release (it must PASS the same config, the same inputs, every oracle but metamorphic: the peers have
 no fused/unfused sibling). Nothing of diffmoe's sits between the wheels and the verdict: one
-adapter core per project (peers/vllm_core.py, peers/sglang_core.py) runs every release of it; only
-the release's own files differ.
+adapter core per project (peers/vllm_core.py, peers/sglang_core.py, peers/liger_core.py) runs every
+release of it; only the release's own files differ.
 
-    diffmoe museum [NAME ...] [--list] [--workers N [--cluster local|auto|ray://HOST:PORT]] [--json]
+    diffmoe museum [NAME ...] [--list] [--workers N [--cluster local|auto|ray://HOST:PORT]] [--json] [--fetch]
 
 exits 0 only when every selected exhibit behaved as recorded, 1 when one did not, 2 for usage
-errors (an unknown exhibit; a release not in the peer cache names its fetch command). While the
+errors (an unknown exhibit; releases not in the peer cache: one line each naming its fetch
+command, before any run). It fetches nothing unless told: `--fetch` fetches the missing releases
+first (network; one line each on stderr), and a failed fetch exits 2. While the
 releases run, their progress goes to stderr (diffmoe/frontends/progress.py: a bar on a terminal,
 a line per release run otherwise); stdout holds only the verdicts. Each release run is a task
 (`run_release`, diffmoe/cluster/tasks.py): `--workers N > 1` runs N at a time as Ray tasks on
@@ -42,7 +44,8 @@ from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import Stages
 
 EXIT_AS_RECORDED, EXIT_NOT_AS_RECORDED, EXIT_USAGE = 0, 1, 2
-DESCRIPTION = "Run the exhibits: real vLLM and SGLang bugs, each buggy release against the fixed one on the same config."
+DESCRIPTION = ("Run the exhibits: real vLLM, SGLang and Liger-Kernel bugs, each buggy release against the fixed one on "
+               "the same config.")
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class Exhibit:
     fused_by_release: bool = False
     why: str = ""
     # the factory each release's peer module is run through (`make`: the one `--impl RELEASE` names;
-    # `make_scaled`: SGLang's CUDA branch given a routed scaling factor, peers/sglang_core.py)
+    # `make_scaled`: SGLang's CUDA branch given a routed scaling factor, peers/sglang_core.py;
+    # `make_wide`: Liger's call with the experts stored past int32 weight offsets, peers/liger_core.py)
     factory: str = "make"
 
     def impl_spec(self, release: str) -> str:
@@ -107,6 +111,8 @@ _EP = dict(num_tokens=2, num_experts=4, topk=2, hidden=128, inter=128, quant="bf
 # both bugs: present in 0.28.0-0.30.0 (read in each wheel), fixed in 0.31.0, 0.33.0 run for the fix
 _RELEASES = dict(buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.31.0", fixed="vllm==0.33.0")
 _STALE_ROWS = dict(pr="vllm-project/vllm#54083", stage=Stages.REDUCE, fields=_EP, **_RELEASES)
+# present in 0.28.0-0.32.0 (read in the 0.28.0, 0.30.0, 0.31.0 and 0.32.0 wheels), fixed in 0.33.0
+_RELEASES_TO_0_33 = dict(buggy=("vllm==0.28.0", "vllm==0.30.0"), fixed_in="0.33.0", fixed="vllm==0.33.0")
 EXHIBITS: tuple[Exhibit, ...] = (
     Exhibit(
         name="stale-ep-rows",
@@ -150,8 +156,33 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "(exact: peers/sglang_core.py ROUTED_SCALING_FACTOR), so the right output is the reference's bit for bit "
             "and no MoEConfig field is needed; the call-sequence oracle names it too (the same bytes for other values)",
     ),
+    Exhibit(
+        name="vllm-tensor-scale-expert-0",
+        title="per-tensor weight scales beside per-token activations: every expert reads expert 0's scale",
+        pr="vllm-project/vllm (0.33.0 wheel)", oracle="differential", stage=Stages.DOWN_GEMM, **_RELEASES_TO_0_33,
+        fields=dict(num_tokens=2, num_experts=2, topk=1, hidden=128, inter=128, quant="fp8-token",
+                    weight_scales="tensor"),
+        why="(kFp8StaticTensorSym, kFp8DynamicTokenSym) is in TritonExperts' supported list, and its weight scale is "
+            "1-D [E]; the kernel takes the channel-wise branch (per-token activations), which reads "
+            "b_scale_ptr + expert * stride_bse + n * stride_bsn, and 0.28-0.32's invoke_fused_moe_triton_kernel passes "
+            "stride_bse = 0 for a scale of fewer than 2 dimensions, so every expert's GEMM is scaled by expert 0's "
+            "scale; 0.33.0 passes B_scale.stride(0). Token 0 is routed to expert 1, whose w2 scale is 6.5% above "
+            "expert 0's (its w1 scale happens to equal expert 0's: the gate/up GEMM is right)",
+    ),
+    Exhibit(
+        name="liger-int32-expert-offset",
+        title="an expert index times the weight stride wraps int32 (the illegal memory access of Liger-Kernel#1296)",
+        pr="linkedin/Liger-Kernel#1248", buggy=("liger==0.8.0",), fixed_in="0.8.1", fixed="liger==0.8.1",
+        oracle="bounds", stage=Stages.GATE_UP_GEMM, factory="make_wide",
+        fields=dict(num_tokens=1, num_experts=2, topk=1, hidden=1024, inter=1024, quant="bf16"),
+        why="0.8.0's _fused_up_proj_swiglu_kernel loads the int32 tile_expert entry and multiplies it by stride_w_E "
+            "(2 * I * H, bound as int32) in int32: expert 1024 of a 1026-expert stack at H = I = 1024 is 2^31 elements "
+            "in, which wraps to -2^31, 4 GiB before the stack (a GPU's illegal memory access; the bounds guard refuses "
+            "the loads, so the gate/up product is 0 and the differential names it too). 0.8.1 casts expert_idx to "
+            "int64 first. make_wide stores the problem's 2 experts at index 1024.. of a lazily committed stack "
+            "(peers/liger_core.py): the check's own inputs stay small, and the stack costs the filled experts' pages",
+    ),
 )
-
 
 @dataclass
 class Verdict:
@@ -294,6 +325,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where --workers N > 1 runs: local (a Ray runtime started here, the default), auto (the running "
                              "cluster this machine is in), ray://HOST:PORT or HOST:PORT; each run asks for one GPU on CUDA")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--fetch", action="store_true",
+                        help="fetch the releases missing from the peer cache first (network); without it a missing "
+                             "release is a usage error naming its `diffmoe peers fetch`")
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe museum") -> int:
@@ -328,12 +362,20 @@ def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
             print(f"{e.name:24} {e.pr:24} buggy {','.join(r.split('==')[1] for r in e.buggy):12} fixed {e.fixed_in}  "
                   f"{e.oracle}@{e.stage}  {state}")
         return EXIT_AS_RECORDED
-    from diffmoe.adapters.peer_wheels import PeerError, cache_dir, not_cached_message
+    from diffmoe.adapters.peer_wheels import PeerError, cache_dir, fetch, fetch_command, not_cached_message
 
     missing = missing_releases(chosen)
-    if missing:  # before any run: each would be a crash finding, "NOT AS RECORDED" for no bug at all
-        print(f"{prog}: {not_cached_message(missing, cache_dir())}", file=sys.stderr)
+    if missing and not args.fetch:  # before any run: each would be a crash finding, "NOT AS RECORDED" for no bug at all
+        for release in missing:  # one line per release, each naming its fetch
+            print(f"{prog}: {not_cached_message([release], cache_dir())}", file=sys.stderr)
         return EXIT_USAGE
+    for release in missing:  # --fetch: asked for, each said on stderr
+        print(f"{prog}: fetching {release} (`{fetch_command(release)}`)", file=sys.stderr)
+        try:
+            fetch(release)
+        except PeerError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     from diffmoe.frontends.progress import Progress
 
     try:

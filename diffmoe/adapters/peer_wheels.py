@@ -114,6 +114,23 @@ VLLM_RELEASES: dict[str, PeerWheel] = {
     "vllm==0.33.0": _vllm("0.33.0", "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"),  # 336,361,138
 }
 _LIGER = "liger_kernel"
+# The Liger files the adapter loads (peers/liger_core.py), the same paths in every supported release.
+_LIGER_FILES = (
+    f"{_LIGER}/ops/fused_moe.py",  # LigerFusedMoEFunction (its forward: the run sequence), compute_routing_metadata
+    f"{_LIGER}/ops/fused_moe_kernels.py",  # the routing, fused up-proj + SwiGLU, down-proj and gather-sum kernels
+    f"{_LIGER}/ops/utils.py",  # ensure_contiguous (the forward's decorator)
+    f"{_LIGER}/utils.py",  # infer_device (ops/utils.py imports it)
+    f"{_LIGER}/transformers/swiglu.py",  # LigerExperts.forward: the call site tests/test_peer_call_sites.py reads
+)
+# Every supported Liger-Kernel release, by `diffmoe peers fetch` name; each sha256 measured on the wheel PyPI
+# served (0.8.5 on 2026-12-04: 910,117 bytes; 0.8.0 and 0.8.1 on 2026-12-05: 403,120 and 506,445 bytes).
+LIGER_RELEASES: dict[str, PeerWheel] = {
+    f"liger=={v}": PeerWheel(name="liger", package="liger-kernel", version=v, filename=f"liger_kernel-{v}-py3-none-any.whl",
+                             sha256=sha256, files=_LIGER_FILES, license="BSD-2-Clause")
+    for v, sha256 in (("0.8.0", "e1f03eeb4ba6a6a413d585dacf92c4c15d164bab5844fa4ead2fede6bcac469c"),
+                      ("0.8.1", "90836c1e9de22a1c57a640775fb79151ea704748cf9c3f6658dddaa06fff1989"),
+                      ("0.8.5", "60789cd576af073ab9b192b570d2597fd0cdad489cd62fb44fb16256d43754c9"))
+}
 _SGLANG_MOE = "sglang/srt/layers/moe/moe_runner/triton_utils"
 # The SGLang files the adapter loads (peers/sglang_core.py), the same paths in both supported
 # releases.
@@ -172,23 +189,8 @@ PEERS: dict[str, PeerWheel] = {
         license="Apache-2.0",
         python="3.11",
     ),
-    "liger": PeerWheel(
-        name="liger",
-        package="liger-kernel",
-        version="0.8.5",
-        filename="liger_kernel-0.8.5-py3-none-any.whl",
-        # measured on the wheel PyPI served on 2026-12-04 (910,117 bytes)
-        sha256="60789cd576af073ab9b192b570d2597fd0cdad489cd62fb44fb16256d43754c9",
-        files=(
-            f"{_LIGER}/ops/fused_moe.py",  # LigerFusedMoEFunction (its forward: the run sequence), compute_routing_metadata
-            f"{_LIGER}/ops/fused_moe_kernels.py",  # the routing, fused up-proj + SwiGLU, down-proj and gather-sum kernels
-            f"{_LIGER}/ops/utils.py",  # ensure_contiguous (the forward's decorator)
-            f"{_LIGER}/utils.py",  # infer_device (ops/utils.py imports it)
-            # the call site the adapter mirrors (LigerExperts.forward), read by tests/test_peer_call_sites.py
-            f"{_LIGER}/transformers/swiglu.py",
-        ),
-        license="BSD-2-Clause",
-    ),
+    "liger": LIGER_RELEASES["liger==0.8.5"],  # the default Liger pin: `--impl liger`, the same cache as liger==0.8.5
+    **LIGER_RELEASES,
     "sglang": SGLANG_RELEASES["sglang==0.5.23"],  # the default SGLang pin: `--impl sglang`
     **SGLANG_RELEASES,
 }

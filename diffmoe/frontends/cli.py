@@ -10,7 +10,7 @@
     diffmoe demo
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
-    diffmoe museum [NAME ...] [--list] [--workers N [--cluster C]] [--json]
+    diffmoe museum [NAME ...] [--list] [--workers N [--cluster C]] [--json] [--fetch]
     diffmoe tuned-configs --impl NAME[==V] [--files GLOB] [--max-entries N] [--resume FILE]
                   [--workers N [--cluster C]] [--json]
     diffmoe numerics fit [--impl ...] [--quant Q,...] [--configs N] [--seed S] [--base PROFILE]
@@ -1448,7 +1448,7 @@ def build_parser() -> argparse.ArgumentParser:
     from diffmoe.adapters import museum as museum_module  # the exhibit table names the arguments
 
     museum = sub.add_parser(
-        "museum", help="real vLLM and SGLang bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/adapters/museum.py)",
+        "museum", help="real vLLM, SGLang and Liger-Kernel bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/adapters/museum.py)",
         description=museum_module.DESCRIPTION)
     museum_module.add_arguments(museum)
     museum.set_defaults(handler=cmd_museum)
