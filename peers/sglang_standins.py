@@ -28,13 +28,13 @@ SGLang source: every line here is diffmoe's own.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import threading
 import types
 
 import torch
 
 from diffmoe.adapters.kit import standins
+from diffmoe.adapters.kit.stubs import context_override
 
 MOE = "sglang.srt.layers.moe.moe_runner.triton_utils"
 OPS = "sglang.kernels.ops"
@@ -112,17 +112,8 @@ def _decorator_factory(*args, **kwargs):
 
 # SGLang's tile-config override (triton_utils' override_config and the get_config its
 # try_get_optimal_moe_config reads first), per call in flight: diffmoe tuned-configs forces each entry through it
-_OVERRIDE_CONFIG: contextvars.ContextVar[dict | None] = contextvars.ContextVar("sglang_override_config", default=None)
-get_config = _OVERRIDE_CONFIG.get  # as SGLang's: the config an override_config block forces, else None
-
-
-@contextlib.contextmanager
-def override_config(config: dict | None):
-    token = _OVERRIDE_CONFIG.set(config)
-    try:
-        yield
-    finally:
-        _OVERRIDE_CONFIG.reset(token)
+# as SGLang's: get_config() is the config an override_config block forces, else None
+get_config, override_config = context_override("sglang_override_config")
 
 
 def stub_values(cuda: bool) -> dict:

@@ -22,8 +22,6 @@ Owns the stand-in modules. Must not hold vLLM source: every line here is diffmoe
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import enum
 import logging
 import sys
@@ -32,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from diffmoe.adapters.kit.stubs import context_override
 
 from .vllm_ops import (
     FP8,
@@ -315,17 +315,8 @@ def _refuse_allocator(device) -> None:
 
 # vLLM's tile-config override (its fused_moe package's override_config and the get_config fused_moe.py reads
 # first), per call in flight: diffmoe tuned-configs forces each shipped entry through it
-_OVERRIDE_CONFIG: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vllm_override_config", default=None)
-get_config = _OVERRIDE_CONFIG.get  # as vLLM's: the config an override_config block forces, else None
-
-
-@contextlib.contextmanager
-def override_config(config: dict | None):
-    token = _OVERRIDE_CONFIG.set(config)
-    try:
-        yield
-    finally:
-        _OVERRIDE_CONFIG.reset(token)
+# as vLLM's: get_config() is the config an override_config block forces, else None
+get_config, override_config = context_override("vllm_override_config")
 
 
 def _device_name_as_file_name(device: torch.device | None) -> Callable[[], str]:

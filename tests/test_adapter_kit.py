@@ -170,3 +170,15 @@ def test_attribution_takes_the_adapters_names_and_refuses_a_launch_it_cannot_pla
     assert attribution.name_of(scratch) == "private:tile_offsets" and attribution.name_of(sorted_ids) == "sorted_token_ids"
     with pytest.raises(ValueError, match="mystery reads none of the pipeline's buffers"):
         attribution.launch("mystery", (1,), {"x": torch.empty(4)}, lambda: None)
+
+
+def test_a_context_override_forces_its_value_inside_the_block_only():
+    from diffmoe.adapters.kit.stubs import context_override
+
+    get, override = context_override("test_override")
+    assert get() is None
+    with override({"BLOCK_SIZE_M": 16}):
+        with override({"BLOCK_SIZE_M": 32}):
+            assert get() == {"BLOCK_SIZE_M": 32}
+        assert get() == {"BLOCK_SIZE_M": 16}
+    assert get() is None

@@ -14,11 +14,13 @@ implementation or know any package's names.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.abc
 import importlib.machinery
 import sys
 import types
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
 
 
 class Placeholder:
@@ -93,3 +95,21 @@ class Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __exit__(self, *exc) -> None:
         sys.meta_path.remove(self)
+
+
+def context_override(name: str) -> tuple[Callable[[], Any], Callable[[Any], ContextManager[None]]]:
+    """(get, override) for a package's `get_config` / `override_config` pair as a stub value: `get()`
+    is the value the innermost `with override(value):` block of this context forces, else None (vLLM's
+    and SGLang's fused-MoE tile-config override hold one each; the adapters force tuned configs
+    through it)."""
+    forced: contextvars.ContextVar[Any] = contextvars.ContextVar(name, default=None)
+
+    @contextlib.contextmanager
+    def override(value: Any) -> Iterator[None]:
+        token = forced.set(value)
+        try:
+            yield
+        finally:
+            forced.reset(token)
+
+    return forced.get, override
