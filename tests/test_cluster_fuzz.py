@@ -216,3 +216,23 @@ def test_cli_local_cluster_finds_the_legacy_planner_with_the_real_kernels_and_le
     assert LEGACY_MINIMAL.short() in done.stdout and "found by worker" in done.stdout
     time.sleep(2)
     assert _processes_marked(mark) == []  # the local runtime stopped with the command
+
+
+def test_a_run_leaves_the_process_signal_handlers_as_it_found_them(ray_cluster, monkeypatch):
+    """ray.init puts its own SIGTERM handler (sys.exit(15)) in the driver and ray.shutdown leaves it:
+    in a full suite a later SIGTERM ended an unrelated check as SystemExit(15). connected() restores."""
+    from diffmoe.cluster.runtime import connected
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # as the test cluster was started
+
+    def mine(signum, frame):  # pragma: no cover - never delivered
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with connected(parse_cluster(ray_cluster.address), workers=1):
+            during = signal.getsignal(signal.SIGTERM)
+        assert during is not mine  # Ray's own, while connected
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -26,12 +26,25 @@ from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forked workers and /proc: Linux")
 
 
-def _children() -> list[int]:
-    """Live (non-zombie) child processes of this process, but the isolation's zygote (an earlier
-    isolated check's, kept for the process's later ones: diffmoe/isolation/client.py)."""
+_BEFORE: set[int] = set()  # children alive when the test began (_baseline)
+
+
+@pytest.fixture(autouse=True)
+def _baseline():
+    """What a test may leave is judged against what it found: the suite's shared two-node Ray cluster
+    (tests/conftest.py, session-wide) and a module's Redis server are children of this process too."""
+    _BEFORE.clear()
+    _BEFORE.update(_children(since_start=False))
+    yield
+
+
+def _children(since_start: bool = True) -> list[int]:
+    """Live (non-zombie) child processes of this process started since the test began, but the
+    isolation's zygote (an earlier isolated check's, kept for the process's later ones:
+    diffmoe/isolation/client.py)."""
     from diffmoe.isolation.client import zygote_pids
 
-    me, out, zygotes = os.getpid(), [], zygote_pids()
+    me, out, zygotes = os.getpid(), [], zygote_pids() | (_BEFORE if since_start else set())
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,6 +107,7 @@ def connected(spec: ClusterSpec, *, workers: int, runtime_env: dict | None = Non
     ray = import_ray()
     if ray.is_initialized():
         raise ValueError("Ray is already initialised in this process; --cluster starts or joins it itself")
+    handlers = _signal_handlers()
     options = dict(logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
     if runtime_env:
         options["runtime_env"] = runtime_env
@@ -122,3 +125,22 @@ def connected(spec: ClusterSpec, *, workers: int, runtime_env: dict | None = Non
         yield ray
     finally:
         ray.shutdown()  # stops a local runtime; only disconnects from a joined cluster
+        _restore(handlers)
+
+
+# ray.init installs its own SIGTERM handler in the driver (sys.exit(15)) and ray.shutdown leaves it:
+# a SIGTERM the process met later, in a full suite a test's own, ended as SystemExit(15) inside an
+# unrelated check (2026-12-05). What the process had before the run is put back after it.
+_RESTORED_SIGNALS = ("SIGTERM", "SIGINT")
+
+
+def _signal_handlers() -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # only the main thread sets handlers, Ray's included
+    return {name: signal.getsignal(getattr(signal, name)) for name in _RESTORED_SIGNALS if hasattr(signal, name)}
+
+
+def _restore(handlers: dict) -> None:
+    for name, handler in handlers.items():
+        if handler is not None:  # None: set outside Python, nothing to put back
+            signal.signal(getattr(signal, name), handler)
