@@ -299,10 +299,20 @@ def test_a_search_takes_no_constant_from_the_loaded_modules_and_gives_the_pool_b
     if not hasattr(providers, "_get_local_constants"):
         pytest.skip("this Hypothesis draws no constants from the loaded modules")
     assert len(providers._get_local_constants().integers) > 0  # diffmoe's own modules hold some
-    seen = []
+    # an earlier Hypothesis test of this process leaves the permitted constants of its draws cached
+    stale = ((), (10**6 + 7,))
+    providers.CONSTANTS_CACHE[("integer", "stale")] = stale
+    seen, cached = [], []
     fake = fake_runner(fails=lambda c: False)
     judge = fake.run_differential
-    fake.run_differential = lambda config, *a, **k: (seen.append(providers._get_local_constants()), judge(config, *a, **k))[1]
+
+    def run_differential(config, *a, **k):
+        seen.append(providers._get_local_constants())
+        cached.append([value for _, value in providers.CONSTANTS_CACHE.cache.items()])
+        return judge(config, *a, **k)
+
+    fake.run_differential = run_differential
     fuzz(max_examples=5, seed=5)
     assert len(seen) == 5 and all(not (c.integers or c.floats or c.strings or c.bytes) for c in seen)
+    assert all(local == () for values in cached for _, local in values) and stale not in cached[0]
     assert len(providers._get_local_constants().integers) > 0
