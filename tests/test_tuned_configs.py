@@ -272,3 +272,26 @@ def test_bad_workers_or_cluster_exit_2_with_one_line(configs_folder, tmp_path, a
     assert not resume.exists() or resume.read_text() == ""  # nothing judged
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+SGLANG_K256 = "triton_3_5_1/E=512,N=256,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128, 128].json"
+
+
+@pytest.mark.slow  # four checks of SGLang's path: 17 s alone, 67 s beside a full suite (2026-12-05)
+def test_sglangs_shipped_block_k_256_entry_is_named_and_its_block_k_128_neighbour_passes(tmp_path, capsys):
+    """The whole-release sweep's one finding (docs/tuned-configs.md): SGLang 0.5.23 ships BLOCK_SIZE_K 256
+    in a 128x128 block-quantised file, and its fused_moe_kernel scales a whole K tile by its first
+    group's scales. Batch 48 of the same file (BLOCK_SIZE_K 128) passes; batch 64 as shipped fails."""
+    try:
+        root = peer_wheels.fetch("sglang==0.5.23")
+    except peer_wheels.PeerError as exc:
+        pytest.skip(f"sglang==0.5.23 is not in the peer cache and cannot be fetched ({exc})")
+    shipped = json.loads((root / factory_tuned_configs(load_factory("sglang==0.5.23"))[0] / SGLANG_K256).read_text())
+    assert (shipped["48"]["BLOCK_SIZE_K"], shipped["64"]["BLOCK_SIZE_K"]) == (128, 256)
+    copy = tmp_path / "configs" / SGLANG_K256
+    copy.parent.mkdir(parents=True)
+    copy.write_text(json.dumps({"48": shipped["48"], "64": shipped["64"]}))
+    assert command.main(["--impl", "sglang==0.5.23", "--config-dir", str(tmp_path / "configs"), "--json"]) == 1
+    rows = {r["batch"]: r for r in json.loads(capsys.readouterr().out)["rows"] if r["file"] == SGLANG_K256}
+    assert rows[48]["verdict"] == "PASS", rows[48]
+    assert rows[64]["verdict"] == "FAIL" and any(f.startswith("differential@gate_up_gemm") for f in rows[64]["findings"]), rows[64]
