@@ -31,7 +31,7 @@ from ray_cluster import kill_when_named
 from ray_standins import runtime_env
 from redis_server import RedisServer, unused_port
 from signal_dispositions import sigint_as
-from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture, shared
+from test_fuzzing import cli_runner, fake_runner  # noqa: F401 - the stand-in runner fixtures, shared
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
 
@@ -77,14 +77,6 @@ def test_bad_cluster_specs_name_the_allowed_forms(spec, named):
 def test_a_task_asks_for_one_gpu_on_cuda_only():
     assert task_options("cuda:0") == {"num_gpus": 1, "num_cpus": 1}
     assert task_options("cpu") == task_options(None) == {"num_cpus": 1}
-
-
-@pytest.fixture
-def cli_runner(fake_runner, monkeypatch):
-    monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
-    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in runner lives in this process only
-    monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
-    return fake_runner()
 
 
 @pytest.mark.parametrize("spec", ["remote", "ray://host", "unreachable"])  # ids stay the same in every xdist worker

@@ -21,7 +21,7 @@ from diffmoe.fuzz.tiers import full_phase
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from signal_dispositions import sigint_as
-from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture, shared
+from test_fuzzing import cli_runner, fake_runner  # noqa: F401 - the stand-in runner fixtures, shared
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forked workers and /proc: Linux")
 
@@ -185,14 +185,6 @@ def test_bad_workers_value_is_a_clear_error():
 
 
 # ---- the CLI ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cli_runner(fake_runner, monkeypatch):
-    monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
-    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in runner judges in this process
-    monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
-    return fake_runner()
 
 
 def test_cli_workers_finds_and_shrinks(cli_runner, capsys):

@@ -51,6 +51,18 @@ def fake_runner(monkeypatch):
     return install
 
 
+@pytest.fixture
+def cli_runner(fake_runner, monkeypatch):
+    """The stand-in runner under `diffmoe fuzz` run in this process: no plan-tier examples, no isolation
+    (the stand-in judges in this process only), no shared example database."""
+    from diffmoe.frontends import cli
+
+    monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
+    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")
+    monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
+    return fake_runner()
+
+
 def test_legacy_alias_shrinks_to_the_minimal_fused_config(fake_runner, capsys):
     fake = fake_runner()
     outcome = fuzz(max_examples=50, seed=1, planner="legacy")

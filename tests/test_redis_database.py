@@ -19,7 +19,7 @@ from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from diffmoe.fuzz.workers import fuzz_in_workers
 from redis_server import RedisServer, unused_port
-from test_fuzzing import fake_runner  # noqa: F401 - the stand-in runner fixture, shared
+from test_fuzzing import cli_runner, fake_runner  # noqa: F401 - the stand-in runner fixtures, shared
 
 LEGACY_MINIMAL = MINIMAL_FUSED_CONFIG.replace(planner="legacy")
 
@@ -59,14 +59,6 @@ def test_bad_urls_name_the_wrong_part(url, named):
 
 def _cli_fuzz(*extra: str) -> list[str]:
     return ["fuzz", "--workers", "1", "--planner", "legacy", "--max-examples", "50", *extra]
-
-
-@pytest.fixture
-def cli_runner(fake_runner, monkeypatch):
-    monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
-    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in runner lives in this process only
-    monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
-    return fake_runner()
 
 
 @pytest.mark.parametrize("url", ["redis://h:70000/0", "redis://:6379/0", "redis://h:6379/x", "redis://u:p@h:1/0"])
