@@ -7,7 +7,7 @@
   stops read back from the run's board, one Ray actor call (diffmoe/cluster/board.py).
 * `task_round_trip`: what it adds per task (one per worker, not per example): an empty task
   submitted and its result fetched.
-* `campaign_nodes[1]`, `campaign_nodes[2]`: `fuzz_on_cluster(workers=2, max_examples=100)` with
+* `campaign_nodes[1]`, `campaign_nodes[2]`: `fuzz_in_workers(workers=2, max_examples=100, cluster=...)` with
   the real kernels and the cheap oracle set (T <= 8, E <= 4, the fixed planner: every example
   passes, none is shrunk) on a real cluster of one node with 1 CPU and of two nodes with 1 CPU each
   (tests/ray_cluster.py), the cluster's start not timed. The ratio of the two medians is the gain.
@@ -27,7 +27,7 @@ import pytest
 from diffmoe.check.runner import run_differential
 from diffmoe.cluster.board import start_board
 from diffmoe.cluster.runtime import ClusterSpec, connected
-from diffmoe.fuzz.cluster_workers import fuzz_on_cluster
+from diffmoe.fuzz.workers import fuzz_in_workers
 from diffmoe.fuzz.tiers import CHEAP_ORACLES
 from diffmoe.problem.config import MoEConfig
 
@@ -76,7 +76,7 @@ def test_campaign_nodes(benchmark, nodes, monkeypatch):
     cluster = RayCluster(nodes=nodes)
     try:
         def campaign():
-            return fuzz_on_cluster(cluster=cluster.address, workers=2, max_examples=CAMPAIGN_EXAMPLES, seed=0,
+            return fuzz_in_workers(cluster=cluster.address, workers=2, max_examples=CAMPAIGN_EXAMPLES, seed=0,
                                    planner="fixed", max_tokens=8, max_experts=4, oracles=list(CHEAP_ORACLES),
                                    shrink=False)
         outcome = benchmark.pedantic(campaign, rounds=1, iterations=1)

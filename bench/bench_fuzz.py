@@ -120,7 +120,8 @@ def test_fuzz_default_inputs_cost(warmed_up, measure, benchmark, request, moe_de
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_fuzz_workers(warmed_up, measure, benchmark, request, moe_device, workers):
-    """Examples/s of the run tier in `workers` processes (diffmoe/fuzz/workers.py)."""
+    """Examples/s of the run tier in `workers` searches (diffmoe/fuzz/workers.py): one in this process,
+    two as Ray tasks on a local runtime the call starts (its start counted)."""
     from diffmoe.fuzz.workers import fuzz_in_workers
 
     examples = request.config.getoption("fuzz_examples")

@@ -121,3 +121,20 @@ def kill_when_named(pid_of: Callable[[], int | None], limit: float = 120.0) -> t
     thread = threading.Thread(target=kill)
     thread.start()
     return thread, killed
+
+
+def processes_marked(mark: str) -> list[int]:
+    """Live processes whose environment holds `mark` ("NAME=VALUE"): what a command started, Ray's
+    processes included (they inherit the environment), found through /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if mark.encode() in fh.read():
+                        with open(f"/proc/{entry}/stat") as st:
+                            if st.read().rsplit(")", 1)[1].split()[0] != "Z":
+                                found.append(int(entry))
+            except OSError:
+                continue
+    return found

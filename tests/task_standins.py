@@ -57,3 +57,23 @@ def interrupted_here(arg: dict) -> None:
 def runtime_env() -> dict:
     """Ray's runtime environment of these tasks: tests/ and the package on the path, nothing installed."""
     return {"env_vars": {"PYTHONPATH": _standin_env()["env_vars"]["PYTHONPATH"]}}
+
+
+def reporting(arg: dict) -> dict:
+    """Posts its value as its progress; returns the stops the board answered."""
+    from diffmoe.cluster.tasks import task_report
+
+    return task_report(("value", arg["value"]))
+
+
+def until_stopped(arg: dict) -> str:
+    """Reports every 50 ms until a stop is posted (at most WAIT_SECONDS); returns the stop's name."""
+    from diffmoe.cluster.tasks import task_report
+
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        stops = task_report(("alive", arg["name"]))
+        if stops:
+            return ",".join(sorted(stops))
+        time.sleep(0.05)
+    return "never stopped"

@@ -51,8 +51,8 @@ def fake_runner(monkeypatch):
     # these tests drive the execution fuzz through the stand-in: no plan-tier first phase by
     # default (test_fuzz_plan_tier_finds_the_legacy_planner_first runs it for real)
     monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
-    # the stand-in records its calls in this process: the fuzz runs here, not in workers
-    # (tests/test_fuzz_workers.py and test_robustness_cli.py run the workers)
+    # the stand-in records its calls in this process: the fuzz runs here, not in Ray tasks
+    # (tests/test_cluster_fuzz.py and test_robustness_cli.py run those)
     monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
     # and the implementation in this process: the stand-in's factories exist only here
     monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")

@@ -1,9 +1,11 @@
-"""`diffmoe fuzz --workers N --cluster ...`: the searches as Ray tasks on a real two-node Ray cluster of
-this machine (tests/ray_cluster.py) and on a local runtime the command starts itself (issue 31).
+"""`diffmoe fuzz --workers N [--cluster ...]`: the searches as Ray tasks on a real two-node Ray cluster
+of this machine (tests/ray_cluster.py) and on a local runtime the command starts itself (issue 31).
 
-What the process pool guarantees holds on Ray: the same seed draws the same examples, the first
-failure is shrunk and named with its repeatable search, Ctrl-C stops every task keeping what was
-found, and a task whose process is killed mid-run is retried, the run completing and saying so.
+The same seed draws the same examples as each worker's search alone (and as the process pool that
+ran them before), the first failure ends the other searches and is shrunk and named with its
+repeatable search, the full checks are spread over the whole split search, a shared database is
+replayed first, Ctrl-C stops every task keeping what was found, and a task whose process is killed
+mid-run is retried, the run completing and saying so.
 The stand-in runner (tests/ray_standins.py) judges inside the tasks; one slow test runs the real
 kernels through the CLI.
 """
@@ -23,11 +25,11 @@ import pytest
 
 from diffmoe.cluster.runtime import ClusterSpec, parse_cluster, task_options
 from diffmoe.frontends import cli
-from diffmoe.fuzz.cluster_workers import fuzz_on_cluster
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
-from diffmoe.fuzz.workers import split_examples, worker_seed
-from ray_cluster import kill_when_named
+from diffmoe.fuzz.tiers import full_phase
+from diffmoe.fuzz.workers import fuzz_in_workers, split_examples, worker_seed
+from ray_cluster import kill_when_named, processes_marked
 from ray_standins import runtime_env
 from redis_server import RedisServer, unused_port
 from signal_dispositions import sigint_as
@@ -40,11 +42,11 @@ LEGACY_MINIMAL = MINIMAL_FUSED_CONFIG.replace(planner="legacy")
 
 @pytest.fixture
 def on_cluster(ray_cluster, monkeypatch):
-    """fuzz_on_cluster on the two-node cluster, the stand-in installed in its tasks."""
+    """fuzz_in_workers on the two-node cluster, the stand-in installed in its tasks."""
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # as the test cluster was started
 
     def run(variables: dict | None = None, **kwargs):
-        return fuzz_on_cluster(cluster=ray_cluster.address, runtime_env=runtime_env(**(variables or {})), **kwargs)
+        return fuzz_in_workers(cluster=ray_cluster.address, runtime_env=runtime_env(**(variables or {})), **kwargs)
 
     return run
 
@@ -105,7 +107,7 @@ def test_two_nodes_find_and_shrink_the_legacy_alias(on_cluster, tmp_path):
     # finds the failure at once may end before Ray has started a worker on the second node)
 
 
-def test_the_same_seed_draws_the_same_examples_as_the_pool_split(on_cluster, fake_runner, tmp_path):
+def test_the_same_seed_draws_the_same_examples_as_each_search_alone(on_cluster, fake_runner, tmp_path):
     log = tmp_path / "calls.jsonl"
     outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_FAILS": "never"}, workers=2, max_examples=12, seed=7)
     assert outcome.passed and outcome.generated_examples == 12
@@ -116,6 +118,67 @@ def test_the_same_seed_draws_the_same_examples_as_the_pool_split(on_cluster, fak
         fuzz(max_examples=share, seed=worker_seed(7, index))
         here += [json.dumps(c.to_dict(), sort_keys=True) for c in fake.calls]
     assert on_ray == sorted(here)
+
+
+def test_the_first_failure_ends_the_other_searches(on_cluster, tmp_path):
+    """The search that did not fail stops generating soon after the other's first failure: fewer of
+    its examples are judged than its share. Seed 7's worker 2 draws T >= 87 at its 5th example and
+    worker 1 none in its 200 (found by running both searches alone): without the stop, worker 1
+    would judge all 200."""
+    log = tmp_path / "calls.jsonl"
+    outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_SLEEP": "0.02", "STANDIN_FAILS": "tokens>=87"},
+                         workers=2, max_examples=400, seed=7)
+    assert not outcome.passed and not outcome.interrupted and outcome.shrink_examples > 0
+    assert outcome.report.config.num_tokens == 87 and "found by worker 2 of 2" in " ".join(outcome.notes)
+    by_pid: dict = {}
+    for call in _logged(log):
+        by_pid.setdefault(call["pid"], []).append(call["config"]["num_tokens"] >= 87)
+    clean = [len(judged) for judged in by_pid.values() if not any(judged)]
+    assert len(clean) == 1 and clean[0] < 200, clean
+
+
+def test_the_worker_named_repeats_the_failure_alone(on_cluster, fake_runner):
+    outcome = on_cluster({"STANDIN_FAILS": "tokens>=40"}, workers=3, max_examples=60, seed=11)
+    note = next(n for n in outcome.notes if n.startswith("found by worker "))
+    seed = int(note.split("(seed ")[1].split(",")[0])
+    share = int(note.split(", ")[1].split(" examples")[0])
+    fake_runner(fails=lambda c: c.num_tokens >= 40)
+    alone = fuzz(max_examples=share, seed=seed)
+    assert alone.report.config == outcome.report.config
+
+
+@pytest.mark.parametrize("seed", [0, None])
+def test_the_full_set_judges_one_in_full_every_of_the_whole_split_search(on_cluster, fake_runner, seed):
+    """Two workers of 10 examples: 3 full checks, as one worker of 20 has (each worker starting
+    its count at its own first example made 4); seeded workers keep their seed's phase, so the
+    worker's own `--workers 1 --seed` search judges the same examples fully."""
+    split = on_cluster({"STANDIN_FAILS": "never"}, workers=2, max_examples=20, seed=seed)
+    assert split.passed and split.generated_examples == 20 and split.full_examples == 3
+    if seed is not None:
+        fake_runner(fails=lambda c: False)
+        alone = fuzz(max_examples=10, seed=worker_seed(seed, 1))
+        assert alone.full_examples == 1 and full_phase(worker_seed(seed, 1)) != full_phase(seed)
+
+
+def test_tasks_share_a_database_folder(on_cluster, tmp_path):
+    database = tmp_path / "db"  # both nodes of this machine see it
+    first = on_cluster(workers=2, max_examples=200, seed=None, planner="legacy", database=str(database))
+    assert first.report.config == LEGACY_MINIMAL and os.listdir(database)
+    second = on_cluster(workers=2, max_examples=200, seed=None, planner="legacy", database=database)
+    assert second.report.config == LEGACY_MINIMAL
+    assert second.generated_examples <= 2  # each task's replay of the stored failure comes first
+
+
+def test_cli_workers_on_the_cluster_find_and_shrink_with_a_runtime_env(ray_cluster, cli_runner, capsys, monkeypatch, tmp_path):
+    """--workers 2 on a running cluster, the stand-in installed in its tasks through --runtime-env:
+    the tasks judge (their log), not this process's stand-in."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    log = tmp_path / "calls.jsonl"
+    code = cli.main(["fuzz", "--workers", "2", "--cluster", ray_cluster.address, "--seed", "1", "--planner", "legacy",
+                     "--max-examples", "200", "--runtime-env", json.dumps(runtime_env(STANDIN_LOG=str(log)))])
+    out = capsys.readouterr().out
+    assert code == 1 and LEGACY_MINIMAL.short() in out and "found by worker" in out
+    assert _logged(log) and cli_runner.calls == []
 
 
 def test_tasks_on_two_nodes_share_a_redis_database(on_cluster):
@@ -180,21 +243,6 @@ def test_a_task_killed_mid_run_is_retried_and_the_run_completes(on_cluster, tmp_
     assert killed[0] in pids and len(pids) >= 3  # the killed task ran again in a new process
 
 
-def _processes_marked(mark: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    if mark.encode() in fh.read():
-                        with open(f"/proc/{entry}/stat") as st:
-                            if st.read().rsplit(")", 1)[1].split()[0] != "Z":
-                                found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.mark.slow
 def test_cli_local_cluster_finds_the_legacy_planner_with_the_real_kernels_and_leaves_no_process(tmp_path):
     mark = f"DIFFMOE_TEST_MARK={uuid.uuid4().hex}"
@@ -207,7 +255,7 @@ def test_cli_local_cluster_finds_the_legacy_planner_with_the_real_kernels_and_le
     assert done.returncode == 1, done.stderr[-2000:]
     assert LEGACY_MINIMAL.short() in done.stdout and "found by worker" in done.stdout
     time.sleep(2)
-    assert _processes_marked(mark) == []  # the local runtime stopped with the command
+    assert processes_marked(mark) == []  # the local runtime stopped with the command
 
 
 def test_a_run_leaves_the_process_signal_handlers_as_it_found_them(ray_cluster, monkeypatch):

@@ -21,6 +21,7 @@ from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.strategies import MINIMAL_CONFIG, MINIMAL_FUSED_CONFIG, moe_configs
 from diffmoe.fuzz.waivers import Waivers, finding_key, parse_waiver, parse_waiver_text
 from diffmoe.fuzz.workers import fuzz_in_workers
+from test_cluster_fuzz import on_cluster  # noqa: F401 - the two-node cluster's fuzz, shared
 
 ALIAS = Finding(Oracles.STATIC_ALIASING, "alias", stage="act_quant")
 DIVERGED = Finding(Oracles.DIFFERENTIAL, "diverged", stage="down_gemm")
@@ -236,13 +237,14 @@ def test_a_bad_waiver_file_line_exits_2(runner, capsys, tmp_path):
     assert code == 2 and "line 2" in err and len(err.strip().splitlines()) == 1
 
 
-def test_waivers_and_bounds_work_with_workers(monkeypatch):
-    fake = make_runner([(legacy_fused, ALIAS), (two_experts, DIVERGED)])
-    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+@pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters: Linux")
+def test_waivers_and_bounds_work_with_workers(on_cluster):
+    """Each Ray task searches within the bounds and past the waived finding (the stand-in of
+    tests/ray_standins.py: the legacy fused plan's static alias), and the waived counts are summed."""
     b = FieldBounds(ranges={"topk": (1, 1)}, values={"quant": ("fp8-token",)})
-    outcome = fuzz_in_workers(workers=2, max_examples=20, seed=1, planner="legacy", waive=["static-aliasing"], bounds=b)
-    assert outcome.report is None and outcome.waived_examples >= 1  # K = 1 only: the K >= 2 failure is never drawn
-    found = fuzz_in_workers(workers=2, max_examples=20, seed=1, planner="legacy", bounds=b)
+    outcome = on_cluster(workers=2, max_examples=20, seed=1, planner="legacy", waive=["static-aliasing"], bounds=b)
+    assert outcome.report is None and outcome.waived_examples >= 1
+    found = on_cluster(workers=2, max_examples=20, seed=1, planner="legacy", bounds=b)
     assert found.report is not None and b.holds(found.report.config)
 
 

@@ -1,6 +1,6 @@
 """Progress of long runs (diffmoe/frontends/progress.py): on a terminal a live bar with counts,
 rate and time left, rewritten in place; anywhere else plain lines, never a carriage return, at a
-bounded rate, the fuzz's line byte for byte as before. Then each long run, in plain mode: `diffmoe
+bounded rate, the fuzz's line byte for byte as before; with --json, JSON lines at the same moments. Then each long run, in plain mode: `diffmoe
 fuzz`, `diffmoe compile-check` (and its gate progress, the one `--sweep` and bench/compile_sweep.py
 use), `diffmoe museum`, and bench/false_alarm_campaign.py, each through the cheapest stand-in.
 
@@ -162,6 +162,37 @@ def test_off_a_terminal_one_plain_line_per_item_never_a_carriage_return():
     ]  # nothing at open or close
 
 
+def test_json_lines_come_when_plain_lines_would_and_once_more_at_the_close():
+    stream, clock = FakeTTY(), Clock()  # a terminal too: JSON lines are asked for, so no bar
+    progress = Progress(stream, "museum", total=3, unit="release", json_lines=True, clock=clock)
+    for done in (1, 2):
+        clock.now += 1.5
+        progress.update(done, detail=f"exhibit {done}", line="ignored: the caller's plain line")
+    progress.close(done=3, detail="exhibit 3")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert lines == [
+        {"progress": "museum", "phase": None, "done": 1, "total": 3, "unit": "release", "elapsed_s": 1.5,
+         "detail": "exhibit 1", "closed": False},
+        {"progress": "museum", "phase": None, "done": 2, "total": 3, "unit": "release", "elapsed_s": 3.0,
+         "detail": "exhibit 2", "closed": False},
+        {"progress": "museum", "phase": None, "done": 3, "total": 3, "unit": "release", "elapsed_s": 3.0,
+         "detail": "exhibit 3", "closed": True},
+    ]
+    assert "\r" not in stream.getvalue()
+
+
+def test_json_lines_of_a_fast_run_keep_the_plain_lines_pace_and_count_each_phase():
+    stream, clock = io.StringIO(), Clock()
+    progress = Progress(stream, "fuzz", total=100, unit="example", each=False, interval=10, json_lines=True, clock=clock)
+    for done in range(1, 30):
+        clock.now += 1.0
+        progress.update(done, phase="generate")
+    progress.update(30, phase="shrink", total=None)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(x["phase"], x["done"], x["total"]) for x in lines] == [("generate", 0, 100), ("generate", 10, 100),
+                                                                      ("generate", 20, 100), ("shrink", 0, None)]
+
+
 def test_plain_lines_of_a_fast_run_come_at_each_phase_and_every_interval():
     stream, clock = io.StringIO(), Clock()
     progress = Progress(stream, "fuzz", total=100, unit="example", each=False, interval=10, clock=clock)
@@ -248,14 +279,24 @@ def test_a_count_past_the_total_raises_the_total():
 
 
 def test_fuzz_reports_progress_in_plain_lines_and_stdout_is_untouched(fake_runner, capsys):
-    code = cli.main(["fuzz", "--max-examples", "5", "--seed", "3", "--json"])
+    code = cli.main(["fuzz", "--max-examples", "5", "--seed", "3"])
     out, err = capsys.readouterr()
-    assert code == 0
-    assert json.loads(out)["passed"] is True  # stdout: the one JSON object, nothing else
+    assert code == 0 and "no finding" in out and "fuzz: " not in out
     lines = [line for line in err.splitlines() if line.startswith("fuzz")]
     assert lines and lines[0].startswith("fuzz: 1 example  phase=generate ")
     assert all(FUZZ_LINE.match(line) for line in lines), lines
     assert "\r" not in err
+
+
+def test_fuzz_with_json_reports_progress_as_json_lines_and_stdout_is_the_one_object(fake_runner, capsys):
+    code = cli.main(["fuzz", "--max-examples", "5", "--seed", "3", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert json.loads(out)["passed"] is True  # stdout: the one JSON object, nothing else
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith('{"progress": "fuzz"')]
+    assert lines[0]["phase"] == "generate" and lines[0]["done"] == 0 and lines[0]["total"] == 5
+    assert lines[0]["detail"].startswith("T=") and lines[-1]["closed"] is True and lines[-1]["done"] == 5
+    assert not any(FUZZ_LINE.match(line) for line in err.splitlines()) and "\r" not in err
 
 
 def test_fuzz_on_a_terminal_shows_a_bar_of_max_examples(fake_runner, monkeypatch, capsys):
@@ -339,12 +380,20 @@ def test_compile_check_reports_each_specialization_in_plain_lines_with_json_on_s
 
     (tmp_path / "toy_plugin.py").write_text(PLUGIN)
     proc = compile_check("--impl", "toy_plugin:good", "--tokens", "8", "--quant", "bf16", "--arch", "sm_90,sm_89",
-                         "--json", extra_path=str(tmp_path))
+                         extra_path=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout)["specializations"] == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("compile-check")]
     assert lines == ["compile-check: 1/2 zero_kernel sm_90 default: ok", "compile-check: 2/2 zero_kernel sm_89 default: ok"]
     assert "\r" not in proc.stderr
+    # with --json: the report alone on stdout, the same progress as JSON lines on stderr
+    proc = compile_check("--impl", "toy_plugin:good", "--tokens", "8", "--quant", "bf16", "--arch", "sm_90,sm_89",
+                         "--json", extra_path=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["specializations"] == 2
+    compiled = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith('{"progress": "compile-check"')]
+    assert [(x["done"], x["detail"], x["closed"]) for x in compiled] == [
+        (1, "zero_kernel sm_90 default: ok", False), (2, "zero_kernel sm_89 default: ok", False),
+        (2, "zero_kernel sm_89 default: ok", True)]
 
 
 def _fake_one(item):

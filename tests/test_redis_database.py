@@ -17,7 +17,6 @@ from diffmoe.frontends import cli
 from diffmoe.fuzz.database_spec import KEY_PREFIX, RedisAddress, check_database, open_database, parse_redis_url
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
-from diffmoe.fuzz.workers import fuzz_in_workers
 from redis_server import RedisServer, unused_port
 from test_fuzzing import cli_runner, fake_runner  # noqa: F401 - the stand-in runner fixtures, shared
 
@@ -104,17 +103,6 @@ def test_a_clean_search_stores_no_failure(fake_runner, redis_db):
     outcome = fuzz(max_examples=10, seed=None, database=redis_db.url())
     assert outcome.passed
     assert redis_db.client().keys(KEY_PREFIX + b"*") == []  # nothing failed, nothing stored
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="forked workers: Linux")
-def test_workers_share_the_redis_database(fake_runner, redis_db):
-    fake_runner()
-    first = fuzz_in_workers(workers=2, max_examples=200, seed=None, planner="legacy", database=redis_db.url())
-    assert first.report.config == LEGACY_MINIMAL
-    fake_runner()
-    second = fuzz_in_workers(workers=2, max_examples=200, seed=None, planner="legacy", database=redis_db.url())
-    assert second.report.config == first.report.config
-    assert second.generated_examples <= 2  # each worker's replay of the stored failure comes first
 
 
 def test_cli_fuzz_with_redis_finds_and_names_the_database(cli_runner, capsys, redis_db):

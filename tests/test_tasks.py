@@ -18,7 +18,7 @@ from diffmoe.cluster.tasks import Task, TaskFailed, run_tasks
 from diffmoe.frontends import cli
 from ray_cluster import kill_when_named
 from signal_dispositions import sigint_as
-from task_standins import interrupted_here, logged, planted_failure, runtime_env, square
+from task_standins import interrupted_here, logged, planted_failure, reporting, runtime_env, square, until_stopped
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
 
@@ -48,6 +48,14 @@ def test_in_process_ctrl_c_stops_the_run_and_keeps_what_finished():
     assert run.interrupted and run.results == {0: 4}  # the third never ran
 
 
+def test_in_process_a_task_reports_on_a_board_of_its_own_and_outside_a_task_nothing_is_posted():
+    from diffmoe.cluster.tasks import task_report
+
+    assert task_report("outside") == {}
+    run = run_tasks([Task(reporting, {"value": 3})])
+    assert run.results == {0: {}}  # posted, and no stop was
+
+
 def test_one_worker_on_a_cluster_runs_in_process_without_ray():
     assert run_tasks(_squares([4]), workers=1, cluster="local").results == {0: 16}
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
@@ -59,6 +67,9 @@ def test_one_worker_on_a_cluster_runs_in_process_without_ray():
     ({"cluster": "remote"}, ValueError, r"--cluster remote: expected local, auto"),
     ({"cluster": 5}, TypeError, r"cluster must be a string"),
     ({"on_result": "print"}, TypeError, r"on_result must be a callable"),
+    ({"on_poll": 3}, TypeError, r"on_poll must be a callable"),
+    ({"stop_grace": -1}, ValueError, r"stop_grace must be a number of seconds in \[0, 600\]"),
+    ({"stop_grace": True}, ValueError, r"stop_grace must be a number of seconds"),
 ])
 def test_bad_arguments_are_named_before_any_task_runs(kwargs, error, says, tmp_path):
     log = tmp_path / "log.jsonl"
@@ -152,6 +163,35 @@ def test_a_stop_cancels_every_task_and_keeps_what_finished(on_cluster, tmp_path,
     while any(_alive(pid) for pid in held) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in held)  # cancelled: their processes were killed
+
+
+def test_on_poll_reads_the_tasks_progress_and_a_stop_it_posts_reaches_them(on_cluster):
+    seen: set = set()
+
+    def poll(board) -> None:
+        seen.update(payload[1] for payload in board.snapshot()["progress"].values())
+        if seen == {"a", "b"}:
+            board.stop("halt")
+
+    run = on_cluster([Task(until_stopped, {"name": n}, name=n) for n in ("a", "b")], on_poll=poll)
+    assert run.results == {0: "halt", 1: "halt"} and not run.interrupted
+
+
+@pytest.mark.parametrize("grace", [30.0, 0.0], ids=["grace", "none"])
+def test_a_stop_with_a_grace_lets_the_tasks_end_by_themselves(on_cluster, grace):
+    """With stop_grace the user's stop is posted as `interrupt` and the tasks' own ends are kept;
+    without, they are cancelled and nothing of theirs comes back."""
+    def stop_once_both_report(board) -> None:
+        if len(board.snapshot()["progress"]) == 2 and not stopped:
+            stopped.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    stopped: list = []
+    with sigint_as("terminal"):
+        run = on_cluster([Task(until_stopped, {"name": n}, name=n) for n in ("a", "b")], on_poll=stop_once_both_report,
+                         stop_grace=grace)
+    assert run.interrupted
+    assert run.results == ({0: "interrupt", 1: "interrupt"} if grace else {})
 
 
 def test_a_commands_cluster_is_checked_before_its_run():

@@ -22,6 +22,15 @@ from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, IMPLEMENTATION_ALI
 from diffmoe.problem.config import quoted
 
 
+FILE_MODULE_PREFIX = "diffmoe_impl_"  # the name of a module loaded from a file path, before the path
+
+
+def file_modules() -> list:
+    """The implementation modules this process loaded from a file path (`path/to/kernel.py:make`):
+    known only here, under a name no other process can import (Ray's tasks get them by value)."""
+    return [m for name, m in list(sys.modules.items()) if name.startswith(FILE_MODULE_PREFIX)]
+
+
 def _import_impl_module(name: str):
     """The module of an --impl spec: a file path ending in .py, loaded under a name unique to its
     absolute path (once per process), or a module name, resolved from the current directory too
@@ -31,7 +40,7 @@ def _import_impl_module(name: str):
         path = os.path.abspath(name)
         if not os.path.isfile(path):
             raise ImportError(f"no file {name!r} (from {os.getcwd()})")
-        unique = "diffmoe_impl_" + "".join(c if c.isalnum() else "_" for c in path)
+        unique = FILE_MODULE_PREFIX + "".join(c if c.isalnum() else "_" for c in path)
         if unique in sys.modules:
             return sys.modules[unique]
         spec = importlib.util.spec_from_file_location(unique, path)

@@ -380,7 +380,7 @@ def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
 
     try:
         # on stderr: a bar on a terminal, else a line per release run (diffmoe/frontends/progress.py)
-        with Progress(sys.stderr, "museum", total=runs_of(chosen), unit="release") as progress:
+        with Progress(sys.stderr, "museum", total=runs_of(chosen), unit="release", json_lines=args.json) as progress:
             def on_verdict(exhibit: Exhibit, verdict: Verdict) -> None:
                 got = "as recorded" if verdict.as_recorded else "NOT AS RECORDED"
                 progress.advance(detail=f"{exhibit.name} {verdict.release} (expected {verdict.expected}): {got}")

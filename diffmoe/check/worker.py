@@ -77,8 +77,8 @@ def worker_start_method(device: torch.device) -> str:
     return "fork"
 
 
-# SIGALRM too: a fuzz worker (diffmoe/fuzz/workers.py) raises its stop again on SIGALRM when
-# the first KeyboardInterrupt was swallowed; raised inside fork it would orphan the check's worker.
+# SIGALRM too: a handler that raises on it (a caller's own alarm; the fuzz's process pool had one
+# before its searches became Ray tasks) raised inside fork would orphan the check's worker.
 _DEFERRED_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGALRM}
 
 

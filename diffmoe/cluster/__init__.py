@@ -3,6 +3,6 @@ Ray tasks, results streamed back, lost tasks retried, Ctrl-C), `runtime` (the `-
 started or joined, what a task asks), `board` (the state a run's tasks share with the process that
 started them), `interrupts` (signals noted while a run waits).
 
-Owns where tasks run. Must not know what a task does: the fuzz's tasks are diffmoe/fuzz/cluster_workers.py's,
+Owns where tasks run. Must not know what a task does: the fuzz's tasks are diffmoe/fuzz/workers.py's,
 the tuned-config sweep's diffmoe/tuned_configs/sweep.py's.
 """

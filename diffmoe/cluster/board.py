@@ -2,11 +2,12 @@
 
 Each task writes on it when it starts (its index, process id and node: a task started twice was
 retried after its process or node was lost) and as it progresses; the starting process reads it
-to stream progress and writes the two stops on it: `stop_generating` (a first failure was met:
-searches still generating end, a shrink goes on) and `interrupt` (the user's Ctrl-C or SIGTERM:
-everything ends, keeping what it found). Tasks read the stops at every example, so no signal is
-sent into a task, whose interrupt could land inside Hypothesis's own setup (diffmoe/fuzz/workers.py
-explains the assertions that trips).
+to stream progress and posts named stops on it: `interrupt` (the user's Ctrl-C or SIGTERM, posted
+by diffmoe/cluster/tasks.py) and any a run's caller posts (the fuzz's `stop_generating`: a first
+failure was met, searches still generating end, a shrink goes on). Tasks read the stops each time
+they report (the fuzz: at every example), so no signal is sent into a task, whose interrupt could
+land inside Hypothesis's own setup and trip its internal assertions (seen with the process pool the
+fuzz had before these tasks).
 
 Owns the shared state of one run's tasks. Must not know what the tasks do.
 """
@@ -20,7 +21,7 @@ class Board:
     def __init__(self) -> None:
         self.starts: dict[int, list[tuple[int, str]]] = {}  # index -> [(pid, node id)] per attempt
         self.progress: dict[int, tuple] = {}  # index -> the task's last progress payload
-        self.stops = {"stop_generating": False, "interrupt": False}
+        self.stops: dict[str, bool] = {}  # the stops posted: name -> True
 
     def started(self, index: int, pid: int, node: str) -> int:
         """A task's attempt begins; returns its attempt number (1 for the first)."""
@@ -32,8 +33,8 @@ class Board:
         self.progress[index] = payload
         return dict(self.stops)
 
-    def stop(self, which: str) -> None:
-        self.stops[which] = True
+    def stop(self, name: str) -> None:
+        self.stops[name] = True
 
     def snapshot(self) -> dict:
         return {"starts": {i: list(s) for i, s in self.starts.items()}, "progress": dict(self.progress),

@@ -20,7 +20,16 @@ and the argument travel to another process: a module-level function and plain da
   between two waits (diffmoe/cluster/interrupts.py) and every unfinished task is cancelled, its
   process killed (a task here is one check: a rerun judges it again whole); in process, a
   KeyboardInterrupt out of a task ends the run. `TaskRun.interrupted` says so. A KeyboardInterrupt
-  raised by on_result (a progress printer cut short) is the same stop.
+  raised by on_result or on_poll (a progress printer cut short) is the same stop.
+* Tasks that stop by themselves (the fuzz's searches, which keep what they found): with
+  `stop_grace` S > 0 a stop is first posted on the board as `interrupt` (`task_report` returns it to
+  the task), the results that come within S seconds are kept, and only then is the rest cancelled;
+  a second stop cancels at once.
+* A task reports while it runs: `task_report(payload)` posts its progress on the board and returns
+  the stops posted so far (`interrupt`, and any the caller posts through `on_poll`'s board, such as
+  the fuzz's `stop_generating`). `on_poll(view)` is called in this process after every wait on Ray
+  (at most every _POLL_SECONDS): `view.snapshot()` reads the board, `view.stop(name)` posts a stop.
+  In process the board is a plain object: task_report works the same and on_poll is not called.
 
 Owns running tasks and streaming their results. Must not know what a task does.
 """
@@ -28,20 +37,24 @@ Owns running tasks and streaming their results. Must not know what a task does.
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from diffmoe.cluster.board import start_board
+from diffmoe.cluster.board import Board, start_board
 from diffmoe.cluster.interrupts import interrupts_noted
 from diffmoe.cluster.runtime import MAX_TASK_RETRIES, ClusterSpec, check_cluster, connected, parse_cluster, task_options
 from diffmoe.problem.config import check_int
 
 MAX_WORKERS = 256
+MAX_STOP_GRACE = 600.0  # a stop that waits longer is no stop
 _POLL_SECONDS = 0.2  # how often a wait returns to hear a noted signal
+INTERRUPT = "interrupt"  # the stop posted on the board at the user's Ctrl-C or SIGTERM (stop_grace > 0)
 
 ResultCallback = Callable[[int, Any], None]
+PollCallback = Callable[["BoardView"], None]
 
 
 @dataclass(frozen=True)
@@ -63,28 +76,64 @@ class TaskFailed(RuntimeError):
     a harness failure, never a verdict."""
 
 
+class BoardView:
+    """The run's board as `on_poll` sees it, in the process that started the run."""
+
+    def __init__(self, ray, board) -> None:
+        self._ray, self._board = ray, board
+
+    def snapshot(self) -> dict:
+        """{"starts": {index: [(pid, node)]}, "progress": {index: payload}, "stops": {name: True}}."""
+        return self._ray.get(self._board.snapshot.remote())
+
+    def stop(self, name: str) -> None:
+        """Post the stop `name`: every task's next `task_report` returns it."""
+        self._board.stop.remote(name)
+
+
+# The board of the task running in this process, and its index: set by the layer around each task.
+_CURRENT: list = [None]
+
+
+def task_report(payload: Any) -> dict[str, bool]:
+    """Inside a task of `run_tasks`: post `payload` as its progress and return the stops posted
+    (module doc). Outside one: nothing is posted and no stop is returned."""
+    current = _CURRENT[0]
+    if current is None:
+        return {}
+    report, index = current
+    return report(index, payload)
+
+
 def run_tasks(tasks: Sequence[Task], *, workers: int = 1, cluster: str | ClusterSpec | None = None,
               device: str | None = None, on_result: ResultCallback | None = None,
-              runtime_env: dict | None = None) -> TaskRun:
+              runtime_env: dict | None = None, on_poll: PollCallback | None = None,
+              stop_grace: float = 0.0) -> TaskRun:
     """Run `tasks` (the module doc); a ValueError or TypeError naming the argument before any task runs.
 
     cluster: "local", "auto", "ray://HOST:PORT" or "HOST:PORT"; None is `local` when workers > 1.
     device: the checks' device (a task asks Ray for one GPU when it is CUDA).
     runtime_env: Ray's runtime environment for the tasks (what their code needs on the nodes).
+    on_poll: called with a BoardView after every wait on Ray (progress read, stops posted).
+    stop_grace: seconds a stopped run waits for tasks that end by themselves (0: cancel at once).
     """
     tasks = list(tasks)
     for i, task in enumerate(tasks):
         if not isinstance(task, Task) or not callable(task.function):
             raise TypeError(f"tasks[{i}] must be a Task with a callable function, got {task!r}")
     check_int("workers", workers, 1, MAX_WORKERS)
-    if on_result is not None and not callable(on_result):
-        raise TypeError(f"on_result must be a callable or None, got {on_result!r}")
+    for name, callback in (("on_result", on_result), ("on_poll", on_poll)):
+        if callback is not None and not callable(callback):
+            raise TypeError(f"{name} must be a callable or None, got {callback!r}")
+    if isinstance(stop_grace, bool) or not isinstance(stop_grace, (int, float)) or not 0 <= stop_grace <= MAX_STOP_GRACE:
+        raise ValueError(f"stop_grace must be a number of seconds in [0, {MAX_STOP_GRACE:g}], got {stop_grace!r}")
     spec = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     if spec is not None and not isinstance(spec, ClusterSpec):
         raise TypeError(f"cluster must be a string or None, got {cluster!r}")
     if workers == 1 or not tasks:
         return _in_process(tasks, on_result)
-    return _on_ray(tasks, spec or ClusterSpec("local"), workers, device, on_result, runtime_env)
+    return _on_ray(tasks, spec or ClusterSpec("local"), workers, device, on_result, runtime_env, on_poll,
+                   float(stop_grace))
 
 
 def checked_cluster(cluster: str | ClusterSpec | None, workers: int) -> ClusterSpec | None:
@@ -108,10 +157,11 @@ def _name(tasks: Sequence[Task], index: int) -> str:
 
 def _in_process(tasks: list[Task], on_result: ResultCallback | None) -> TaskRun:
     run = TaskRun()
+    board = Board()
     for index, task in enumerate(tasks):
         try:
             try:
-                value = task.function(task.argument)
+                value = _with_board(board.report, index, task.function, task.argument)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # noqa: BLE001 - named as the task's failure, the cause chained
@@ -125,42 +175,66 @@ def _in_process(tasks: list[Task], on_result: ResultCallback | None) -> TaskRun:
     return run
 
 
+def _with_board(report: Callable[[int, Any], dict], index: int, function: Callable[[Any], Any], argument: Any) -> Any:
+    """function(argument) with `task_report` posting to `report` as task `index`."""
+    previous, _CURRENT[0] = _CURRENT[0], (report, index)
+    try:
+        return function(argument)
+    finally:
+        _CURRENT[0] = previous
+
+
 def _attempt(board, index: int, function: Callable[[Any], Any], argument: Any) -> tuple:  # pragma: no cover - a Ray worker
     """One task's attempt: ("value", the function's value) or ("error", what it raised, its traceback)."""
     import ray
 
     ray.get(board.started.remote(index, os.getpid(), ray.get_runtime_context().get_node_id()))
     try:
-        return ("value", function(argument))
+        return ("value", _with_board(lambda i, payload: ray.get(board.report.remote(i, payload)), index, function, argument))
     except Exception as exc:  # noqa: BLE001 - everything goes back to the starting process
         return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
 
 def _on_ray(tasks: list[Task], spec: ClusterSpec, workers: int, device: str | None, on_result: ResultCallback | None,
-            runtime_env: dict | None) -> TaskRun:
+            runtime_env: dict | None, on_poll: PollCallback | None, stop_grace: float) -> TaskRun:
     run = TaskRun()
     with connected(spec, workers=min(workers, len(tasks)), runtime_env=runtime_env) as ray:
         board = start_board(ray)
+        view = BoardView(ray, board)
         remote = ray.remote(max_retries=MAX_TASK_RETRIES, retry_exceptions=False, **task_options(device))(_attempt)
         waiting = list(range(len(tasks)))[::-1]  # popped from the end: submitted in order
         pending: dict = {}
+        deadline: float | None = None  # after a stop with a grace: when the tasks still running are cancelled
         try:
             with interrupts_noted() as noted:
-                while waiting or pending:
-                    while waiting and len(pending) < workers:  # at most `workers` at a time, on any cluster
-                        index = waiting.pop()
-                        pending[remote.remote(board, index, tasks[index].function, tasks[index].argument)] = index
-                    if noted:
-                        raise KeyboardInterrupt
-                    ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
-                    for ref in ready:
-                        index = pending.pop(ref)
-                        value = _value(ray, ref, tasks, index)
-                        run.results[index] = value
-                        if on_result is not None:
-                            on_result(index, value)
-        except KeyboardInterrupt:
-            run.interrupted = True
+                heard = 0  # signals in `noted` acted on
+                while pending or (waiting and deadline is None):
+                    try:
+                        while waiting and deadline is None and len(pending) < workers:  # at most `workers` at a time
+                            index = waiting.pop()
+                            pending[remote.remote(board, index, tasks[index].function, tasks[index].argument)] = index
+                        if len(noted) > heard:
+                            heard += 1
+                            raise KeyboardInterrupt
+                        if deadline is not None and time.perf_counter() > deadline:
+                            break
+                        ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
+                        for ref in ready:
+                            index = pending.pop(ref)
+                            value = _value(ray, ref, tasks, index, cancelled_ok=deadline is not None)
+                            if value is _CANCELLED:
+                                continue
+                            run.results[index] = value
+                            if on_result is not None:
+                                on_result(index, value)
+                        if on_poll is not None and pending:
+                            on_poll(view)
+                    except KeyboardInterrupt:
+                        if run.interrupted or stop_grace <= 0:  # no grace, or the second stop: cancel now
+                            run.interrupted = True
+                            break
+                        run.interrupted, deadline = True, time.perf_counter() + stop_grace
+                        view.stop(INTERRUPT)  # the tasks end by themselves, keeping what they found
         finally:
             for ref in pending:  # interrupted or failed: nothing unfinished goes on running
                 ray.cancel(ref, force=True)
@@ -171,9 +245,16 @@ def _on_ray(tasks: list[Task], spec: ClusterSpec, workers: int, device: str | No
     return run
 
 
-def _value(ray, ref, tasks: list[Task], index: int) -> Any:
+_CANCELLED = object()  # a task cancelled during a stop's grace: no value, no failure
+
+
+def _value(ray, ref, tasks: list[Task], index: int, cancelled_ok: bool = False) -> Any:
     try:
         result = ray.get(ref)
+    except ray.exceptions.TaskCancelledError:
+        if cancelled_ok:
+            return _CANCELLED
+        raise TaskFailed(f"{_name(tasks, index)} was cancelled outside this run") from None
     except ray.exceptions.RayError as exc:  # lost more often than MAX_TASK_RETRIES
         detail = " ".join(str(exc).split())[:300]
         raise TaskFailed(f"{_name(tasks, index)} failed after {MAX_TASK_RETRIES} retries ({type(exc).__name__}: "

@@ -55,10 +55,10 @@ workers on several machines (a bad URL or a server that does not answer: exit 2 
 runs; diffmoe/fuzz/database_spec.py). A seeded run replays nothing (Hypothesis's @seed turns the database
 off), so --seed and --database exclude each other. Without either, DIFFMOE_HYPOTHESIS_DB (the
 pytest profiles' shared database, diffmoe/fuzz/profiles.py) names the database; --seed
-still wins over it. --workers N (default: the cores this process may use) runs the execution
-tier in N processes sharing the database (diffmoe/fuzz/workers.py); the plan tier runs here.
---cluster local|auto|ray://HOST:PORT runs those N searches as Ray tasks instead
-(diffmoe/fuzz/cluster_workers.py): a local runtime started here, or a running cluster.
+still wins over it. --workers N (default 1: the search runs in this process) runs the execution
+tier as N searches sharing the database, each a Ray task (diffmoe/fuzz/workers.py): on a local Ray
+runtime the command starts and stops itself, or with --cluster auto|ray://HOST:PORT on a running
+cluster; the plan tier runs here.
 
 `numerics fit` exits 0 when a profile explains every stage of every calibration config, 1 when a
 residue is left (a stage no menu choice explains, or a candidate that fails on a config), 2 for
@@ -117,7 +117,9 @@ IN_PROCESS_NOTICE = (f"{PROG}: running in process (no time limit): an implementa
                      "report printed")
 EXIT_BROKEN_PIPE = 141  # stdout closed by its reader: 128 + SIGPIPE, as a shell reports it
 DEFAULT_FUZZ_EXAMPLES = 100  # execution-tier examples of a fuzz
-DEFAULT_FUZZ_WORKERS: int | None = None  # None: diffmoe.fuzz.workers.default_workers(), the usable cores
+# One search in this process: more workers start a local Ray runtime, 10 to 17 s on a loaded 2-core
+# machine (measured 2026-12-05), longer than a short fuzz; --workers N asks for them (diffmoe/fuzz/workers.py).
+DEFAULT_FUZZ_WORKERS = 1
 DEFAULT_PLAN_EXAMPLES = 10_000  # plans of the static first phase: about a second (bench/bench_plan_tier.py)
 # --time-limit's upper bound, the same as diffmoe.check.runner.MAX_TIME_LIMIT (not imported: the
 # runner pulls in torch, and argument errors must answer at once).
@@ -729,12 +731,14 @@ class ProgressPrinter:
     the generate phase counts examples against `total` (--max-examples: rate and time left), the
     shrink phase has no total (count and rate). Otherwise the plain line
     "fuzz: N examples  phase=P  S s  <config>" at each phase change and every `interval` seconds
-    (logs stay short but alive; tests/test_robustness_cli.py reads it). A callable as the fuzz's
+    (logs stay short but alive); with --json a JSON object at the same moments (tests/test_robustness_cli.py
+    reads them). A callable as the fuzz's
     `progress` (examples started so far, phase, seconds, the config under way)."""
 
     def __init__(self, stream: TextIO, tty: bool | None = None, interval: float = 10.0, *,
-                 total: int | None = None, label: str = "fuzz") -> None:
+                 total: int | None = None, label: str = "fuzz", json_lines: bool = False) -> None:
         self.stream, self.tty, self.interval, self.total, self.label = stream, tty, interval, total, label
+        self.json_lines = json_lines
         self._progress = None
         self._examples = 0
 
@@ -744,7 +748,7 @@ class ProgressPrinter:
         line = f"fuzz: {examples} example{'s' if examples != 1 else ''}  phase={phase}  {elapsed:6.1f} s  {config}"
         if self._progress is None:
             self._progress = Progress(self.stream, self.label, total=self.total, unit="example", each=False,
-                                      interval=self.interval, live=self.tty)
+                                      interval=self.interval, live=self.tty, json_lines=self.json_lines)
         self._examples = examples
         # `examples` counts the one starting now: one fewer have finished (a new phase counts its own)
         self._progress.update(max(0, examples - 1), phase=phase, detail=config, line=line,
@@ -801,7 +805,7 @@ def _plan_phase(args, factory, name, seed: int | None):
         print(f"{PROG}: fuzz: no plan tier for {name} (its factory has no {PLAN_WORKSPACES} attribute)", file=sys.stderr)
         return None
     plan_seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
-    printer = ProgressPrinter(sys.stderr, total=count, label="fuzz plans")
+    printer = ProgressPrinter(sys.stderr, total=count, label="fuzz plans", json_lines=args.json)
     outcome = None
     try:
         outcome = fuzz_plans(max_examples=count, seed=plan_seed, planner=args.planner, implementation=factory,
@@ -862,7 +866,7 @@ def _save_failure(args, report) -> int | None:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from diffmoe.fuzz.workers import MAX_WORKERS, default_workers
+    from diffmoe.cluster.tasks import MAX_WORKERS
     from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT, MAX_KEEP_GOING
     from diffmoe.fuzz.profiles import SHARED_DATABASE_ENV, shared_database_path
     from diffmoe.fuzz.plan_tier import MAX_PLAN_EXAMPLES
@@ -914,16 +918,17 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.seed is not None and args.seed > MAX_SEED:
         raise UsageError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     if args.workers is None:
-        args.workers = DEFAULT_FUZZ_WORKERS or default_workers()
+        args.workers = DEFAULT_FUZZ_WORKERS
     if args.workers > MAX_WORKERS:
         raise UsageError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
-    if args.cluster is not None:
-        from diffmoe.cluster.runtime import parse_cluster
+    if args.cluster is not None or args.workers > 1:
+        from diffmoe.cluster.tasks import checked_cluster
 
-        try:
-            args.cluster = parse_cluster(args.cluster)
+        try:  # Ray importable and an address answering, before any example: None where it runs in process
+            args.cluster = checked_cluster(args.cluster, args.workers)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    args.runtime_env = _runtime_env(args.runtime_env)
     shared = shared_database_path()
     if args.database is None and args.seed is None and shared:
         args.database = shared  # as the pytest profiles use it; an explicit --seed or --database wins
@@ -951,7 +956,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     device = parse_device(args.device)
     limit = time_limit_kwargs(_runner(), args.time_limit, device).get("time_limit")
-    printer = ProgressPrinter(sys.stderr, total=args.max_examples)  # the execution tier's
+    printer = ProgressPrinter(sys.stderr, total=args.max_examples, json_lines=args.json)  # the execution tier's
     outcome = None
     try:
         with _sigterm_interrupts(), implementation_output_to_stderr():
@@ -1018,24 +1023,34 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
 
 
+def _runtime_env(text: str | None) -> dict | None:
+    """--runtime-env's JSON object (Ray checks its fields when the runtime starts); a usage error otherwise."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--runtime-env: not JSON ({exc.msg} at character {exc.pos}); expected an object such as "
+                         '\'{"env_vars": {"NAME": "VALUE"}}\'') from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--runtime-env: expected a JSON object (Ray's runtime environment), got {type(value).__name__}")
+    return value
+
+
 def _fuzz_runner(args: argparse.Namespace):
-    """The execution tier's searches: processes on this machine, or Ray tasks with --cluster (a
+    """The execution tier's searches: in this process with one worker, Ray tasks with more (a
     cluster that cannot be started or reached is a usage error, exit 2, before its first task)."""
     from diffmoe.fuzz.workers import fuzz_in_workers
 
-    if args.cluster is None:
-        return fuzz_in_workers
-    from diffmoe.fuzz.cluster_workers import fuzz_on_cluster
-
-    def on_cluster(**kwargs):
+    def searches(**kwargs):
         try:
-            return fuzz_on_cluster(cluster=args.cluster, **kwargs)
+            return fuzz_in_workers(cluster=args.cluster, runtime_env=args.runtime_env, **kwargs)
         except ValueError as exc:
             if str(exc).startswith("--cluster"):
                 raise UsageError(str(exc)) from None
             raise
 
-    return on_cluster
+    return searches
 
 
 def _check_writable(path: str) -> None:
@@ -1187,14 +1202,15 @@ class FitProgress:
     """`numerics fit` progress on stderr (diffmoe/frontends/progress.py): a bar of calibration configs
     on a terminal, otherwise a plain line per config and stage ("numerics fit: 2/14 CONFIG: STAGE")."""
 
-    def __init__(self, stream: TextIO, live: bool | None = None) -> None:
-        self.stream, self.live, self.bar = stream, live, None
+    def __init__(self, stream: TextIO, live: bool | None = None, json_lines: bool = False) -> None:
+        self.stream, self.live, self.bar, self.json_lines = stream, live, None, json_lines
 
     def __call__(self, done: int, total: int, what: str) -> None:
         if self.bar is None:
             from diffmoe.frontends.progress import Progress
 
-            self.bar = Progress(self.stream, "numerics fit", total=total, unit="config", each=True, live=self.live)
+            self.bar = Progress(self.stream, "numerics fit", total=total, unit="config", each=True, live=self.live,
+                                json_lines=self.json_lines)
         self.bar.update(done, detail=what, line=f"numerics fit: {done}/{total} {what}")
 
     def close(self) -> None:
@@ -1216,7 +1232,7 @@ def cmd_numerics(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     from diffmoe.numerics_fit import fit_profile
 
-    progress = FitProgress(sys.stderr)
+    progress = FitProgress(sys.stderr, json_lines=args.json)
     try:
         with _sigterm_interrupts(), implementation_output_to_stderr():
             report = fit_profile(factory, quants=quants, count=args.configs, seed=args.seed, base=args.base,
@@ -1267,15 +1283,16 @@ class GateProgress:
     a bar of specializations, or one plain line each: "compile-check: 3/48 KERNEL sm_90 native: ok"."""
 
     def __init__(self, stream: TextIO, configs: int, *, label: str = "compile-check", live: bool | None = None,
-                 clock=time.monotonic) -> None:
-        self.stream, self.label, self.live, self.clock = stream, label, live, clock
+                 clock=time.monotonic, json_lines: bool = False) -> None:
+        self.stream, self.label, self.live, self.clock, self.json_lines = stream, label, live, clock, json_lines
         self.capture = self._progress(f"{label} capture", configs, "config", each=False)
         self.compile = None
 
     def _progress(self, label: str, total: int, unit: str, each: bool):
         from diffmoe.frontends.progress import Progress
 
-        return Progress(self.stream, label, total=total, unit=unit, each=each, live=self.live, clock=self.clock)
+        return Progress(self.stream, label, total=total, unit=unit, each=each, live=self.live, clock=self.clock,
+                        json_lines=self.json_lines)
 
     def captured(self, done: int, total: int, found: int) -> None:
         """capture_progress of diffmoe.backend.compile_gate.run_gate."""
@@ -1333,7 +1350,7 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
     factory, _ = load_implementation(args.impl)
     if factory is None:
         factory = default_factory()
-    progress = GateProgress(sys.stderr, len(configs))
+    progress = GateProgress(sys.stderr, len(configs), json_lines=args.json)
     try:
         with implementation_output_to_stderr():
             report = gate.run_gate(factory, configs, archs, variants=_csv(args.variant), jobs=args.jobs,
@@ -1412,9 +1429,11 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--database", metavar="DIR|redis://HOST:PORT/N",
                     help="Hypothesis example database, a folder or a Redis server shared by several machines: failures are saved there and replayed first next time (not with --seed; default $DIFFMOE_HYPOTHESIS_DB when set and no --seed is given)")
     fz.add_argument("--workers", type=_positive_int, default=None, metavar="N",
-                    help="processes running the execution tier, sharing the database and splitting --max-examples (default: the usable cores; 1: this process)")
+                    help="searches running the execution tier, sharing the database and splitting --max-examples, each a Ray task when N > 1 (default 1: this process)")
     fz.add_argument("--cluster", metavar="local|auto|ray://HOST:PORT",
-                    help="run the --workers searches as Ray tasks: local (a Ray runtime started here), auto (the running cluster this machine is in), ray://HOST:PORT or HOST:PORT (that cluster); default: processes on this machine")
+                    help="where --workers N > 1 runs its searches: local (a Ray runtime started here, the default), auto (the running cluster this machine is in), ray://HOST:PORT or HOST:PORT (that cluster)")
+    fz.add_argument("--runtime-env", metavar="JSON",
+                    help="Ray's runtime environment for the searches' tasks, a JSON object (env_vars, working_dir, py_modules, ...: what the implementation needs on the nodes; used with --workers N > 1)")
     _add_isolation_option(fz)
     fz.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     fz.add_argument("--save-failure", metavar="FILE.json", help="write the minimal failing config here (replay with check --config)")

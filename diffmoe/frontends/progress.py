@@ -32,6 +32,15 @@ every `interval` seconds (the fuzz, whose examples may take milliseconds). The d
 and a caller whose lines are parsed gives its own (`line=`): the fuzz keeps
 "fuzz: N examples  phase=P  S s  <config>" byte for byte (tests/test_robustness_cli.py reads it).
 
+With json_lines=True (the commands' --json, whose stdout holds the result alone) every line is one
+JSON object instead, written when a plain line would be, and one more when the run closes:
+
+    {"progress": "museum", "phase": null, "done": 3, "total": 9, "unit": "release", "elapsed_s": 41.2,
+     "detail": "stale-ep-rows vllm==0.33.0: as recorded", "closed": false}
+
+`done` and `elapsed_s` count from the phase's start, as the bar does; a program reading stderr line
+by line follows a long run (or a cluster's tasks as they finish) without parsing a bar.
+
 tqdm is imported only when a bar is drawn; its monitor thread is off (fuzz workers, check workers
 and compilers are forked while a bar is open, and a forked child must not inherit a running thread).
 
@@ -42,6 +51,7 @@ says, clearing the bar around it); its clock decides only when to write and what
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -132,7 +142,8 @@ class Progress:
 
     def __init__(self, stream: TextIO, label: str, total: int | None = None, *, unit: str = "item",
                  each: bool = True, interval: float = PLAIN_INTERVAL_S, phase: str | None = None,
-                 live: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 live: bool | None = None, json_lines: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(label, str) or not label:
             raise ValueError(f"label must be a non-empty string, got {label!r}")
         if not isinstance(unit, str) or not unit:
@@ -141,7 +152,8 @@ class Progress:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < math.inf:
             raise ValueError(f"interval must be a number of seconds >= 0, got {interval!r}")
         self.stream, self.label, self.unit, self.each, self.interval = stream, label, unit, bool(each), float(interval)
-        self.live = live_terminal(stream) if live is None else bool(live)
+        self.json_lines = bool(json_lines)
+        self.live = False if self.json_lines else live_terminal(stream) if live is None else bool(live)
         self._clock = clock
         self.total = total
         self.phase = phase
@@ -176,7 +188,7 @@ class Progress:
         if self._bar is not None:
             self._draw()
         elif self.each or new_phase or now - self._last_line >= self.interval:
-            self._write_line(self.plain_line() if line is None else line)
+            self._write_line(self.json_line() if self.json_lines else self.plain_line() if line is None else line)
             self._last_line = now
 
     def advance(self, count: int = 1, *, detail: str = "", line: str | None = None) -> None:
@@ -198,6 +210,13 @@ class Progress:
             parts.append(self.detail)
         return "  ".join(parts)
 
+    def json_line(self, closed: bool = False) -> str:
+        """The state as one JSON object (module doc)."""
+        return json.dumps({"progress": self.label, "phase": self.phase, "done": self.done - self._phase_base,
+                           "total": self.total, "unit": self.unit,
+                           "elapsed_s": round(self._updated_at - self._phase_start, 3), "detail": self.detail,
+                           "closed": closed})
+
     def write(self, text: str, file: TextIO | None = None) -> None:
         """Print one line of the caller's own on `file` (default: the progress stream), the live bar
         cleared before and drawn again after, so the two do not run into each other."""
@@ -211,7 +230,8 @@ class Progress:
 
     def close(self, done: int | None = None, detail: str | None = None) -> None:
         """End the run: with `done` (and `detail`), the final state, drawn on a terminal; no plain
-        line is written. The bar stays on screen. A second close does nothing."""
+        line is written (with json_lines, one last JSON line, "closed": true). The bar stays on
+        screen. A second close does nothing."""
         if self.closed:
             return
         if done is not None:
@@ -225,6 +245,8 @@ class Progress:
             self._draw(refresh=False)
             self._bar.close()  # draws the final state once more and ends the line
             self._bar = None
+        elif self.json_lines:
+            self._write_line(self.json_line(closed=True))
         self.closed = True
 
     def __enter__(self) -> "Progress":

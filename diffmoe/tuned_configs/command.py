@@ -105,7 +105,7 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
             return _usage(prog, str(exc))
     result = None
     try:
-        with Progress(sys.stderr, "tuned-configs", total=None, unit="verdict") as progress:
+        with Progress(sys.stderr, "tuned-configs", total=None, unit="verdict", json_lines=args.json) as progress:
             def on_row(row) -> None:
                 verdict = "PASS" if row.passed else f"FAIL {row.first_finding[:100]}"
                 progress.advance(detail=f"{row.file} batch {row.batch}: {verdict}{' (shared)' if row.shared else ''}")
