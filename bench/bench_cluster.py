@@ -3,8 +3,9 @@
 
 * `cheap_check`: one example as the fuzz judges most of them, the cheap oracle set
   (diffmoe/fuzz/tiers.py) on a small config, in this process.
-* `board_round_trip`: what the cluster adds to every example: a task's progress report and the
-  stops read back from the run's board, one Ray actor call (diffmoe/cluster/board.py).
+* `board_round_trip`: the most the cluster adds to an example: a progress report answered with the
+  stops from the run's board, one Ray actor call (diffmoe/cluster/board.py; a task posts it without
+  waiting, diffmoe/cluster/tasks.py).
 * `task_round_trip`: what it adds per task (one per worker, not per example): an empty task
   submitted and its result fetched.
 * `campaign_nodes[1]`, `campaign_nodes[2]`: `fuzz_in_workers(workers=2, max_examples=100, cluster=...)` with

@@ -77,3 +77,17 @@ def until_stopped(arg: dict) -> str:
             return ",".join(sorted(stops))
         time.sleep(0.05)
     return "never stopped"
+
+
+def reports_for(arg: dict) -> tuple[float, float]:
+    """Reports every 10 ms for `seconds` of its own (busy, as a check is); returns its start and end
+    (time.time(), comparable across the processes of one machine)."""
+    from diffmoe.cluster.tasks import task_report
+
+    start = time.time()
+    while time.time() - start < arg["seconds"]:
+        task_report(("busy", start))
+        spin = time.perf_counter()
+        while time.perf_counter() - spin < 0.01:
+            pass
+    return start, time.time()

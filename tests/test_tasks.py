@@ -18,7 +18,8 @@ from diffmoe.cluster.tasks import Task, TaskFailed, run_tasks
 from diffmoe.frontends import cli
 from ray_cluster import kill_when_named
 from signal_dispositions import sigint_as
-from task_standins import interrupted_here, logged, planted_failure, reporting, runtime_env, square, until_stopped
+from task_standins import (interrupted_here, logged, planted_failure, reporting, reports_for, runtime_env, square,
+                           until_stopped)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
 
@@ -192,6 +193,16 @@ def test_a_stop_with_a_grace_lets_the_tasks_end_by_themselves(on_cluster, grace)
                          stop_grace=grace)
     assert run.interrupted
     assert run.results == ({0: "interrupt", 1: "interrupt"} if grace else {})
+
+
+def test_tasks_that_report_never_run_more_at_once_than_the_nodes_have_cpus(on_cluster):
+    """Three busy tasks of 5 s reporting every 10 ms on the two one-CPU nodes: at most two run at a time.
+    A report that waited for its answer (ray.get, ray.wait) gave the task's CPU back to the node and
+    a third task started beside it (diffmoe/cluster/tasks.py, _Posted)."""
+    run = on_cluster([Task(reports_for, {"seconds": 5.0}) for _ in range(3)], workers=3)
+    spans = sorted(run.results.values())
+    most = max(sum(start <= moment < end for start, end in spans) for moment, _ in spans)
+    assert len(spans) == 3 and most == 2, spans
 
 
 def test_a_commands_cluster_is_checked_before_its_run():

@@ -51,6 +51,7 @@ from diffmoe.problem.config import check_int
 MAX_WORKERS = 256
 MAX_STOP_GRACE = 600.0  # a stop that waits longer is no stop
 _POLL_SECONDS = 0.2  # how often a wait returns to hear a noted signal
+_BOARD_SECONDS = 120.0  # a task's first call on the board: an actor on a live cluster answers in milliseconds
 INTERRUPT = "interrupt"  # the stop posted on the board at the user's Ctrl-C or SIGTERM (stop_grace > 0)
 
 ResultCallback = Callable[[int, Any], None]
@@ -184,13 +185,38 @@ def _with_board(report: Callable[[int, Any], dict], index: int, function: Callab
         _CURRENT[0] = previous
 
 
+class _Posted:  # pragma: no cover - runs in a Ray worker
+    """`task_report` in a Ray task, never waiting: a task blocked in ray.get, or even in ray.wait with
+    no timeout, gives its CPU back to the node, whose scheduler then starts another task in its place
+    (measured 2026-12-05 on a one-CPU node: two tasks reporting every 10 ms through either ran at once
+    as soon as the second's process was up; posting alone, they ran one after the other). So a report
+    is posted and the stops are read from the answers already back, through each answer's future
+    (filled by Ray's callback, read without asking Ray); stops are only ever added, so the newest
+    answer holds every older one's, and a stop reaches the task a report or two later."""
+
+    def __init__(self, board) -> None:
+        self.board = board
+        self.waiting: list = []  # futures of the answers not yet back
+        self.stops: dict[str, bool] = {}
+
+    def __call__(self, index: int, payload: Any) -> dict[str, bool]:
+        self.waiting.append(self.board.report.remote(index, payload).future())
+        back = [answer for answer in self.waiting if answer.done()]
+        self.waiting = [answer for answer in self.waiting if answer not in back]
+        for answer in back:
+            self.stops.update(answer.result())
+        return dict(self.stops)
+
+
 def _attempt(board, index: int, function: Callable[[Any], Any], argument: Any) -> tuple:  # pragma: no cover - a Ray worker
     """One task's attempt: ("value", the function's value) or ("error", what it raised, its traceback)."""
     import ray
 
-    ray.get(board.started.remote(index, os.getpid(), ray.get_runtime_context().get_node_id()))
+    # on the board before the function runs (a process lost mid-task must be seen as an attempt): waited
+    # for through its future, which keeps the task's CPU (ray.get would give it back: _Posted)
+    board.started.remote(index, os.getpid(), ray.get_runtime_context().get_node_id()).future().result(timeout=_BOARD_SECONDS)
     try:
-        return ("value", _with_board(lambda i, payload: ray.get(board.report.remote(i, payload)), index, function, argument))
+        return ("value", _with_board(_Posted(board), index, function, argument))
     except Exception as exc:  # noqa: BLE001 - everything goes back to the starting process
         return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
