@@ -111,7 +111,7 @@ def test_missing_peer_is_one_line_naming_the_fetch_command(fake_peer):
 def test_fetch_from_a_wheel_keeps_only_the_listed_files(fake_peer, tmp_path):
     pin, wheel = fake_peer
     root = peer_wheels.fetch("toy", wheel)
-    assert root == tmp_path / "cache" / "toy-1.0" and peer_wheels.peer_root("toy") == root
+    assert root == tmp_path / "cache" / pin.dirname and peer_wheels.peer_root("toy") == root
     kept = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert kept == sorted([*KEPT_FILES, peer_wheels.MANIFEST])
     assert (root / KEPT[0]).read_bytes() == b"def moe(): return 1\n"
@@ -167,6 +167,20 @@ def test_a_cache_kept_under_another_file_list_is_a_miss_that_one_fetch_mends(fak
     fetch_with_fake_pip(grown, wheel, monkeypatch)
     root = peer_wheels.peer_root("toy")
     assert (root / "pkg/__init__.py").is_file() and json.loads((root / peer_wheels.MANIFEST).read_text())["files"][-1] == "pkg/__init__.py"
+
+
+def test_two_file_lists_of_one_release_keep_their_own_entries(fake_peer, monkeypatch):
+    """Two versions of diffmoe sharing one cache (a CI cache used by two branches) keep different files of
+    one release: each fetch keeps its own entry, and neither makes the other's a miss."""
+    pin, wheel = fake_peer
+    grown = dataclasses.replace(pin, files=(*KEPT, "pkg/__init__.py"))
+    assert grown.dirname != pin.dirname and grown.dirname.startswith("toy-1.0-")
+    first = peer_wheels.fetch("toy", wheel)
+    monkeypatch.setitem(peer_wheels.PEERS, "toy", grown)
+    second = peer_wheels.fetch("toy", wheel)
+    assert second != first and (second / "pkg/__init__.py").is_file()
+    monkeypatch.setitem(peer_wheels.PEERS, "toy", pin)
+    assert peer_wheels.peer_root("toy") == first and not (first / "pkg/__init__.py").exists()
 
 
 def test_a_failed_download_is_one_line(fake_peer, monkeypatch):

@@ -14,8 +14,11 @@ adapter loads (PeerWheel.files) into the cache directory, writes a small manifes
 the wheel. After one fetch everything is offline: `peer_root(name)` only reads the cache.
 
 Cache directory: $DIFFMOE_PEER_CACHE when set, else ~/.cache/diffmoe/peers; a peer lives in
-<cache>/<name>-<version>/ with its files at their paths inside the wheel
-(<cache>/vllm-0.33.0/vllm/model_executor/layers/fused_moe/fused_moe.py, ...).
+<cache>/<name>-<version>-<list key>/ with its files at their paths inside the wheel
+(<cache>/vllm-0.33.0-1a2b3c4d/vllm/model_executor/layers/fused_moe/fused_moe.py, ...). The list key
+(PeerWheel.dirname) names the kept-file list: two versions of diffmoe that keep different files of one
+release (a CI cache shared by branches, two checkouts) each find their own entry, where one folder per
+release had each fetch replace the other's files, and a run of one meanwhile saw "not in the peer cache".
 
 Command line (wired by diffmoe.frontends.cli as `diffmoe peers ...`; `main(argv)` returns the exit code):
 
@@ -76,7 +79,9 @@ class PeerWheel:
 
     @property
     def dirname(self) -> str:
-        return f"{self.name}-{self.version}"
+        """<name>-<version>-<the first 8 hex digits of the kept-file list's sha256> (module doc)."""
+        key = hashlib.sha256("\n".join(self.files).encode()).hexdigest()[:8]
+        return f"{self.name}-{self.version}-{key}"
 
 
 _VLLM_MOE = "vllm/model_executor/layers/fused_moe"
