@@ -16,9 +16,8 @@ the wheel. After one fetch everything is offline: `peer_root(name)` only reads t
 Cache directory: $DIFFMOE_PEER_CACHE when set, else ~/.cache/diffmoe/peers; a peer lives in
 <cache>/<name>-<version>-<list key>/ with its files at their paths inside the wheel
 (<cache>/vllm-0.33.0-1a2b3c4d/vllm/model_executor/layers/fused_moe/fused_moe.py, ...). The list key
-(PeerWheel.dirname) names the kept-file list: two versions of diffmoe that keep different files of one
-release (a CI cache shared by branches, two checkouts) each find their own entry, where one folder per
-release had each fetch replace the other's files, and a run of one meanwhile saw "not in the peer cache".
+(PeerWheel.dirname): two versions of diffmoe keeping different files of one release (a CI cache shared
+by branches) each keep their own entry instead of fetching over each other's.
 
 Command line (wired by diffmoe.frontends.cli as `diffmoe peers ...`; `main(argv)` returns the exit code):
 
