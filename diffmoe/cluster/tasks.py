@@ -201,10 +201,13 @@ class _Posted:  # pragma: no cover - runs in a Ray worker
 
     def __call__(self, index: int, payload: Any) -> dict[str, bool]:
         self.waiting.append(self.board.report.remote(index, payload).future())
-        back = [answer for answer in self.waiting if answer.done()]
-        self.waiting = [answer for answer in self.waiting if answer not in back]
-        for answer in back:
-            self.stops.update(answer.result())
+        still = []
+        for answer in self.waiting:
+            if answer.done():
+                self.stops.update(answer.result())
+            else:
+                still.append(answer)
+        self.waiting = still
         return dict(self.stops)
 
 
@@ -247,9 +250,7 @@ def _on_ray(tasks: list[Task], spec: ClusterSpec, workers: int, device: str | No
                         ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
                         for ref in ready:
                             index = pending.pop(ref)
-                            value = _value(ray, ref, tasks, index, cancelled_ok=deadline is not None)
-                            if value is _CANCELLED:
-                                continue
+                            value = _value(ray, ref, tasks, index)
                             run.results[index] = value
                             if on_result is not None:
                                 on_result(index, value)
@@ -271,15 +272,10 @@ def _on_ray(tasks: list[Task], spec: ClusterSpec, workers: int, device: str | No
     return run
 
 
-_CANCELLED = object()  # a task cancelled during a stop's grace: no value, no failure
-
-
-def _value(ray, ref, tasks: list[Task], index: int, cancelled_ok: bool = False) -> Any:
+def _value(ray, ref, tasks: list[Task], index: int) -> Any:
     try:
         result = ray.get(ref)
-    except ray.exceptions.TaskCancelledError:
-        if cancelled_ok:
-            return _CANCELLED
+    except ray.exceptions.TaskCancelledError:  # this run cancels only after its last read: someone else did
         raise TaskFailed(f"{_name(tasks, index)} was cancelled outside this run") from None
     except ray.exceptions.RayError as exc:  # lost more often than MAX_TASK_RETRIES
         detail = " ".join(str(exc).split())[:300]
@@ -290,13 +286,12 @@ def _value(ray, ref, tasks: list[Task], index: int, cancelled_ok: bool = False) 
     return result[1]
 
 
-def retry_notes(starts: dict[int, list[tuple[int, str]]], tasks: Sequence[Task] | int) -> list[str]:
+def retry_notes(starts: dict[int, list[tuple[int, str]]], tasks: Sequence[Task]) -> list[str]:
     """One line per task started more than once (the board's `starts`): the processes and nodes lost."""
-    named = (lambda i: f"task {i + 1} of {tasks}") if isinstance(tasks, int) else (lambda i: _name(tasks, i))
     notes = []
     for index in sorted(starts):
         attempts = starts[index]
         if len(attempts) > 1:
             lost = ", ".join(f"pid {pid} on node {node[:8]}" for pid, node in attempts[:-1])
-            notes.append(f"{named(index)} was retried {len(attempts) - 1} time(s) after its process or node was lost ({lost})")
+            notes.append(f"{_name(tasks, index)} was retried {len(attempts) - 1} time(s) after its process or node was lost ({lost})")
     return notes

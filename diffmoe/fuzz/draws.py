@@ -10,8 +10,9 @@ the Ray cluster (tests/test_cluster_fuzz.py's same-seed test failed 4 runs of 4;
 passes). Hypothesis also caches, per kind of draw, the constants of that pool the draw permits
 (CONSTANTS_CACHE): any earlier Hypothesis test of the process fills it, so the pool must be emptied
 and that cache forgotten (a full suite's same-seed test failed with the pool alone emptied; with both,
-a run of tests/test_strategies.py before it passes, and fails without the cache cleared). A seed is a promise (a replayed search, the
-workers' split, a task retried on another node), so while diffmoe searches, the pool is empty.
+a run of tests/test_strategies.py before it passes, and fails without the cache cleared). A seed is a
+promise (a replayed search, the workers' split, a task retried on another node), so while diffmoe
+searches, the pool is empty.
 
 Owns that one switch. Where Hypothesis has no such pool (older releases), there is nothing to do.
 """
