@@ -138,3 +138,12 @@ def processes_marked(mark: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def processes_left(mark: str, limit: float = 120.0) -> list[int]:
+    """processes_marked(mark) once none is left, or after `limit` seconds: a stopped runtime's last
+    processes take a moment to exit (2 s was enough unloaded), and the limit bounds a hang only."""
+    deadline = time.monotonic() + limit
+    while (left := processes_marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return left

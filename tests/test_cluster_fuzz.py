@@ -29,7 +29,7 @@ from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from diffmoe.fuzz.tiers import full_phase
 from diffmoe.fuzz.workers import fuzz_in_workers, split_examples, worker_seed
-from ray_cluster import kill_when_named, processes_marked
+from ray_cluster import kill_when_named, processes_left
 from ray_standins import runtime_env
 from redis_server import RedisServer, unused_port
 from signal_dispositions import sigint_as
@@ -211,12 +211,10 @@ def test_a_stop_ends_every_task_and_keeps_what_was_found(on_cluster, tmp_path, s
     # SIGTERM as the CLI turns it into an interrupt
     with sigint_as(disposition), cli._sigterm_interrupts():
         stopper.start()
-        started = time.perf_counter()
         outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_SLEEP": "0.05", "STANDIN_FAILS": "tokens>=40"},
                              workers=2, max_examples=1_000, seed=11)
         stopper.join()
-    assert outcome.interrupted
-    assert time.perf_counter() - started < 60  # stopped, not run to the end
+    assert outcome.interrupted  # stopped, not run to the end (pytest-timeout bounds a hang; no speed is claimed)
     assert outcome.report is not None and outcome.report.config.num_tokens >= 40  # what was found is kept
 
 
@@ -254,8 +252,7 @@ def test_cli_local_cluster_finds_the_legacy_planner_with_the_real_kernels_and_le
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert done.returncode == 1, done.stderr[-2000:]
     assert LEGACY_MINIMAL.short() in done.stdout and "found by worker" in done.stdout
-    time.sleep(2)
-    assert processes_marked(mark) == []  # the local runtime stopped with the command
+    assert processes_left(mark) == []  # the local runtime stopped with the command
 
 
 def test_a_run_leaves_the_process_signal_handlers_as_it_found_them(ray_cluster, monkeypatch):

@@ -193,15 +193,6 @@ def test_traits_are_probed_once_per_process_and_backend(own_traits_cache, monkey
     assert len(calls) == 1
 
 
-def test_the_cheap_probes_are_cheap():
-    import time
-
-    backend.probe_defects(CPU)  # first calls pay for the interpreter's set-up
-    start = time.perf_counter()
-    backend.probe_defects(CPU)
-    assert time.perf_counter() - start < 1.0
-
-
 # =============================================================================================
 # (2) every workaround forced on: still bitwise right
 

@@ -260,6 +260,9 @@ def test_a_system_exit_escaping_a_command_is_never_exit_0(capsys, monkeypatch):
 # ---- signals: SIGTERM / SIGINT stop the check and its worker's process group -------------------
 
 
+# Bounds a hang, never a speed (issue 48): a stopped check, or its worker, still there after this long.
+HANG_S = 60.0
+
 SLEEPS_IN_RUN = '''
 import os
 import time
@@ -352,16 +355,15 @@ def _sleeping_check(tmp_path, disposition):
 
 
 def _stops_cleanly(proc, worker: int, signum, out, err) -> None:
-    """`signum` ends the check within 5 s: exit 130, one line, the worker's group reaped."""
-    sent = time.monotonic()
+    """`signum` ends the check: exit 130, one line, the worker's group reaped. The waits bound a
+    hang only (issue 48: no test asserts a speed); the stop takes well under a second unloaded."""
     proc.send_signal(signum)
-    code = proc.wait(timeout=30)
-    assert time.monotonic() - sent < 5, "took too long to stop"
+    code = proc.wait(timeout=HANG_S)
     out.seek(0), err.seek(0)
     stdout, stderr = out.read(), err.read()
     assert code == cli.EXIT_INTERRUPTED, (code, stderr)
     assert stdout == "" and stderr.strip().splitlines() == ["diffmoe: interrupted"], stderr
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + HANG_S
     while not _gone(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(worker), f"worker {worker} outlived the check"

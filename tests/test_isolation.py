@@ -133,7 +133,7 @@ def test_a_hung_candidate_ends_with_its_check(tmp_path, monkeypatch):
     assert [f.oracle for f in report.findings] == [Oracles.TIMEOUT], report.render()
     candidate = int(pid_file.read_text())
     assert candidate != os.getpid()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # bounds a hang only (issue 48): it is gone at once unloaded
     while not _gone(candidate) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(candidate), "the candidate's process outlived its check"

@@ -215,8 +215,10 @@ def test_the_watchdog_stops_a_silent_run_and_not_a_beating_one():
         with silence_limit(0.2):
             while True:
                 time.sleep(0.01)
-    with silence_limit(0.2) as beat:  # progress every 0.05 s for 0.5 s: never silent that long
-        end = time.monotonic() + 0.5
+    # progress every 0.05 s for 2.5 s under a 2 s limit: a beat would have to come 1.95 s late to be
+    # taken for silence (issue 48: with 0.5 s under 0.2 s, 0.15 s late was enough on a loaded machine)
+    with silence_limit(2.0) as beat:
+        end = time.monotonic() + 2.5
         while time.monotonic() < end:
             time.sleep(0.05)
             beat("phase", None, [])
