@@ -692,9 +692,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     schedules = parse_schedules(args.schedule)
     oracles = parse_oracles(args.oracles)
+    device = parse_device(args.device)  # every argument checked before the implementation loads (issue 48)
     factory, name = load_implementation(args.impl, args.isolation)
     runner = _runner()
-    device = parse_device(args.device)
     limit = time_limit_kwargs(runner, args.time_limit, device)
     if not limit:
         print(IN_PROCESS_NOTICE, file=sys.stderr, flush=True)
@@ -921,6 +921,18 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         args.workers = DEFAULT_FUZZ_WORKERS
     if args.workers > MAX_WORKERS:
         raise UsageError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
+    if args.database is not None:
+        if args.seed is not None:
+            raise UsageError("--seed and --database cannot be combined: a seeded run is reproducible and replays no stored failure")
+        _check_database(args.database, reach=False)
+    args.runtime_env = _runtime_env(args.runtime_env)
+    if args.save_failure is not None:
+        _check_writable(args.save_failure)  # before the first example, not after the whole fuzz
+    device = parse_device(args.device)
+    oracles = parse_oracles(args.oracles)
+    # Every check above reads the arguments alone (issue 48: a conflicting pair was refused only after
+    # the implementation loaded, 27 s under load); those below ask a cluster, a database server or the
+    # implementation itself.
     if args.cluster is not None or args.workers > 1:
         from diffmoe.cluster.tasks import checked_cluster
 
@@ -928,33 +940,21 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             args.cluster = checked_cluster(args.cluster, args.workers)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    args.runtime_env = _runtime_env(args.runtime_env)
     shared = shared_database_path()
     if args.database is None and args.seed is None and shared:
         args.database = shared  # as the pytest profiles use it; an explicit --seed or --database wins
         print(f"{PROG}: fuzz: example database {shared} (from {SHARED_DATABASE_ENV})", file=sys.stderr)
     if args.database is not None:
-        if args.seed is not None:
-            raise UsageError("--seed and --database cannot be combined: a seeded run is reproducible and replays no stored failure")
-        from diffmoe.fuzz.database_spec import check_database
-
-        try:  # a bad redis:// URL or a server that does not answer: exit 2 before any example runs
-            check_database(args.database)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    oracles = parse_oracles(args.oracles)
+        _check_database(args.database)  # a server that does not answer: exit 2 before any example runs
     factory, name = load_implementation(args.impl, args.isolation)
     if bounded is not None:
         _bounds_leave_a_supported_config(bounded, bounds, factory, name)
-    if args.save_failure is not None:
-        _check_writable(args.save_failure)  # before the first example, not after the whole fuzz
     # A seed is always chosen and printed, so any run can be repeated exactly; except with a
     # database, whose replays a seed would turn off.
     if args.database is not None:
         seed = None
     else:
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    device = parse_device(args.device)
     limit = time_limit_kwargs(_runner(), args.time_limit, device).get("time_limit")
     printer = ProgressPrinter(sys.stderr, total=args.max_examples, json_lines=args.json)  # the execution tier's
     outcome = None
@@ -1023,6 +1023,16 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
 
 
+def _check_database(spec: str, reach: bool = True) -> None:
+    """--database: a usage error for a bad spec (and, `reach`, a Redis server that does not answer)."""
+    from diffmoe.fuzz.database_spec import check_database
+
+    try:
+        check_database(spec, reach=reach)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _runtime_env(text: str | None) -> dict | None:
     """--runtime-env's JSON object (Ray checks its fields when the runtime starts); a usage error otherwise."""
     if text is None:
@@ -1053,13 +1063,13 @@ def _fuzz_runner(args: argparse.Namespace):
     return searches
 
 
-def _check_writable(path: str) -> None:
+def _check_writable(path: str, flag: str = "--save-failure") -> None:
     """A usage error unless `path` can be written (a file is created and removed to find out)."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise UsageError(f"--save-failure {path}: folder {folder} does not exist")
+        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
     if os.path.isdir(path):
-        raise UsageError(f"--save-failure {path}: is a folder")
+        raise UsageError(f"{flag} {path}: is a folder")
     existed = os.path.exists(path)
     try:
         with open(path, "a", encoding="utf-8"):
@@ -1067,7 +1077,7 @@ def _check_writable(path: str) -> None:
         if not existed:
             os.remove(path)
     except OSError as exc:
-        raise UsageError(f"--save-failure {path}: cannot write: {exc.strerror or exc}") from None
+        raise UsageError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> str:
@@ -1127,6 +1137,8 @@ def refuse_unsupported(factory, name: str, config: MoEConfig) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if args.png is not None:
+        _check_writable(args.png, "--png")  # before the implementation loads (issue 48)
     factory, name = load_implementation(args.impl)  # an --impl that cannot be loaded: a usage error, exit 2
     refuse_unsupported(factory, name, config)  # not "the implementation's plan failed" (exit 1): nothing to judge
     try:
@@ -1226,10 +1238,10 @@ def cmd_numerics(args: argparse.Namespace) -> int:
         unknown = [q for q in quants if q not in QUANT_SCHEMES]
         if unknown or not quants:
             raise UsageError(f"--quant must be a comma-separated list from {list(QUANT_SCHEMES)}, got {args.quant!r}")
+    device = parse_device(args.device)  # every argument checked before the implementation loads (issue 48)
     factory, name = load_implementation(args.impl)
     if factory is None:
         factory = default_factory()
-    device = parse_device(args.device)
     from diffmoe.numerics_fit import fit_profile
 
     progress = FitProgress(sys.stderr, json_lines=args.json)
@@ -1333,10 +1345,9 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
     given = [flag for flag in CONFIG_FLAGS if getattr(args, flag, None) is not None]
     if args.sweep and (given or args.config is not None):
         raise UsageError("--sweep cannot be combined with a config (flags or --config)")
-    if given or args.config is not None:
+    one_config = given or args.config is not None
+    if one_config:
         configs = [config_from_args(args)]
-        gate_factory, gate_name = load_implementation(args.impl)
-        refuse_unsupported(gate_factory, gate_name, configs[0])
     else:
         configs = gate.sweep_configs() if args.sweep else gate.representative_configs()
     classes = _csv(args.tile_class)
@@ -1347,7 +1358,10 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
         configs = [c for c in configs if gate.tile_class(c) in classes]
         if not configs:
             raise UsageError(f"no config of this run falls in tile class {', '.join(classes)}")
-    factory, _ = load_implementation(args.impl)
+    # every argument is checked by now; the implementation loads (issue 48)
+    factory, name = load_implementation(args.impl)
+    if one_config:
+        refuse_unsupported(factory, name, configs[0])
     if factory is None:
         factory = default_factory()
     progress = GateProgress(sys.stderr, len(configs), json_lines=args.json)

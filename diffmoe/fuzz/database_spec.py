@@ -97,11 +97,14 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def check_database(spec: str | os.PathLike) -> None:
-    """Before any example runs: a folder must not be a file; a Redis URL must parse and its server
-    answer. ValueError otherwise, in one line."""
+def check_database(spec: str | os.PathLike, *, reach: bool = True) -> None:
+    """Before any example runs: a folder must not be a file; a Redis URL must parse and (`reach`)
+    its server answer. ValueError otherwise, in one line. reach=False asks nothing of the network,
+    so the CLI checks the spec with the other arguments, before anything slow (issue 48)."""
     if is_redis_url(spec):
         address = parse_redis_url(str(spec))
+        if not reach:
+            return
         client = _client(address)
         try:
             _ping(address, client)

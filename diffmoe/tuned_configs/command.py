@@ -82,6 +82,12 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
 
     from .sweep import factory_tuned_configs, sweep
 
+    # the arguments first, then the cluster, then the release's import (issue 48: a usage error after a
+    # slow import is a usage error that came late)
+    if args.config_dir is not None and not args.config_dir.is_dir():
+        return _usage(prog, f"--config-dir {str(args.config_dir)!r} is not a folder")
+    if args.resume is not None and (args.resume.is_dir() or not args.resume.absolute().parent.is_dir()):
+        return _usage(prog, f"--resume {str(args.resume)!r} must be a file in an existing folder")
     try:  # before any run and before the progress starts
         cluster = checked_cluster(args.cluster, args.workers)
     except ValueError as exc:
@@ -95,8 +101,6 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
         return _usage(prog, f"--impl {args.impl!r} declares no tuned configs (tuned_config_dir, with_tile_config); "
                             "releases that do: vllm, vllm==0.28.0, vllm==0.30.0, vllm==0.33.0, sglang, sglang==0.5.20, sglang==0.5.23")
     if args.config_dir is not None:
-        if not args.config_dir.is_dir():
-            return _usage(prog, f"--config-dir {str(args.config_dir)!r} is not a folder")
         folder = args.config_dir
     else:
         try:
