@@ -328,3 +328,39 @@ def test_a_search_takes_no_constant_from_the_loaded_modules_and_gives_the_pool_b
     assert len(seen) == 5 and all(not (c.integers or c.floats or c.strings or c.bytes) for c in seen)
     assert all(local == () for values in cached for _, local in values) and stale not in cached[0]
     assert len(providers._get_local_constants().integers) > 0
+
+
+def test_a_shrink_cut_short_by_its_time_limit_is_not_reported_as_minimal(fake_runner, monkeypatch):
+    """Issue 48 item 4: Hypothesis stops a shrink after five minutes and hands back the smallest
+    failure so far; the outcome says it was cut, why, and how far it got (first vs reported)."""
+    from hypothesis.internal.conjecture import engine
+
+    fake_runner()
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", -1)  # the limit already spent at the first shrink step
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy")
+    assert outcome.report is not None and outcome.shrink_cut is not None
+    assert "five-minute" in outcome.shrink_cut
+    assert outcome.first_failing_config is not None
+    note = next(n for n in outcome.notes if n.startswith("shrinking was cut short"))
+    assert "not a minimal one" in note and outcome.first_failing_config.short() in note
+    assert outcome.to_dict()["shrink_cut"] == outcome.shrink_cut
+
+
+def test_a_shrink_run_to_its_end_is_not_said_to_be_cut(fake_runner):
+    fake_runner()
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy")
+    assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    assert outcome.shrink_cut is None and not any("cut short" in n for n in outcome.notes)
+    assert outcome.first_failing_config is not None  # the first failure met, before shrinking
+
+
+def test_cli_names_a_cut_shrink_smallest_found_not_minimal(cli_runner, monkeypatch, capsys):
+    from hypothesis.internal.conjecture import engine
+
+    from diffmoe.frontends.cli import main
+
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", -1)
+    assert main(["fuzz", "--seed", "1", "--planner", "legacy", "--max-examples", "30"]) == 1
+    out = capsys.readouterr().out
+    assert "smallest failing config found (shrinking was cut short, not minimal):" in out
+    assert "minimal failing config:" not in out and "shrinking was cut short" in out.splitlines()[0]

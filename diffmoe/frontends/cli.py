@@ -1009,7 +1009,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 print(json.dumps(failed.config.to_dict(), indent=2, sort_keys=True))
                 print(failed.render())
         elif report is not None:
-            print("minimal failing config:")
+            # a shrink Hypothesis cut short is not minimal: the header must not say it is
+            print("smallest failing config found (shrinking was cut short, not minimal):"
+                  if getattr(outcome, "shrink_cut", None) else "minimal failing config:")
             print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
             print(report.render())
     # Written after the report is out: if the path broke during the fuzz, only the file is lost.
