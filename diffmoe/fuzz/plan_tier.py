@@ -37,6 +37,8 @@ fused to False; output to separate; router_weight to down; the planner stays), a
 first valid one that still has a finding of the same oracle, until none is accepted.
 
 Owns the plan tier's domain, its sampler and shrinker. Must not run or build an implementation.
+Longer than 400 lines because the domain, its bounded form (a fuzz's field bounds, issue 48) and the
+shrinker that must stay inside both are read together.
 """
 
 from __future__ import annotations

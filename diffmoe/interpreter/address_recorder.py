@@ -176,7 +176,11 @@ def _dispatch(builder: Any, kind: int, ptrs: Any, mask: Any) -> None:
         m = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
         if not m.all():  # plain loads and stores come with an all-true mask
             addresses = addresses[m]
-    addresses = addresses.reshape(-1).astype(np.int64, copy=False)
+    _record(recorders, builder, kind, ptrs, addresses.reshape(-1).astype(np.int64, copy=False))
+
+
+def _record(recorders: list, builder: Any, kind: int, ptrs: Any, addresses: np.ndarray) -> None:
+    """Hand the byte intervals of `addresses` (element starts) to every recording recorder."""
     if addresses.size == 0:
         return
     starts, ends = _access_intervals(addresses, _element_bytes(ptrs))
@@ -200,13 +204,7 @@ def _dispatch_changed(builder: Any, ptrs: Any, value: Any, mask: Any) -> None:
     old = np.ascontiguousarray(interpreter._interpreter.load(addresses, live, np.zeros_like(new), new.dtype))
     width = new.dtype.itemsize
     differs = (old.view(np.uint8).reshape(-1, width) != new.view(np.uint8).reshape(-1, width)).any(axis=1)
-    changed = addresses.reshape(-1)[differs & live.reshape(-1)].astype(np.int64, copy=False)
-    if changed.size == 0:
-        return
-    starts, ends = _access_intervals(changed, _element_bytes(ptrs))
-    pid, grid = _program(builder)
-    for r in recorders:
-        r._access(_CHANGED, pid, grid, starts, ends)
+    _record(recorders, builder, _CHANGED, ptrs, addresses.reshape(-1)[differs & live.reshape(-1)].astype(np.int64, copy=False))
 
 
 def _hooked(original: Any, kind: int, ptr: tuple[int, str], mask: tuple[int, str] | None) -> Any:
