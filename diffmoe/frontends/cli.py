@@ -309,7 +309,7 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     i.add_argument("--renormalize", action="store_const", const=True, help="softmax-topk: divide the K weights by their sum")
     i.add_argument("--expert-scale-spread", type=_int, metavar="OCTAVES", help=f"per-expert weight scale spread, 0..{MAX_EXPERT_SCALE_SPREAD} octaves (default 0)")
     i.add_argument("--zero-rows", type=_int, metavar="N", help="all-zero (padding) tokens in the call (default 1 when the call keeps an ordinary token beside it, else 0)")
-    i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 0)")
+    i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 1 when the activations' scales are not per tensor and the call keeps an ordinary token beside it and the padding token, else 0)")
     i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")
     i.add_argument("--tie-heavy", action="store_const", const=True, help="hidden states with many values on e4m3 rounding midpoints")
     m = p.add_argument_group("MoE-model features (opt-in)")
@@ -514,8 +514,9 @@ def config_from_args(args: argparse.Namespace) -> MoEConfig:
         fields.setdefault("quant", SCHEME_OF_ACT_SCALES[fields["act_scales"]])
     try:
         config = MoEConfig(**fields)
-        # one padding token unless --zero-rows says otherwise (config.flag_zero_rows says why)
-        return config if "zero_rows" in fields else config.replace(zero_rows=config.flag_zero_rows)
+        # one padding token and one NaN token unless --zero-rows / --nan-rows say otherwise
+        # (config.flag_zero_rows and flag_nan_rows say why and when)
+        return config.with_flag_rows(fields)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
