@@ -13,6 +13,7 @@ import pytest
 from bug_zoo import MUTANTS, Mutant, finding_names, names_expected
 from diffmoe.check.report import Report
 from diffmoe.check.runner import ALL_ORACLES, run_differential
+from diffmoe.frontends import cli
 
 # Mutants feed corrupted values (NaN poison, clobbered rows) into the kernels; numpy's
 # overflow warnings from the interpreter are expected there, not a finding.
@@ -119,3 +120,18 @@ def test_input_class_mutant_is_unseen_without_its_input(name):
     mutant = MUTANTS[name]
     report = run_differential(mutant.unseen_without, mutant.factory, implementation_name=mutant.impl)
     assert report.passed, f"{name} is already caught without its input class:\n{report.render()}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl,exit_code", [
+    ("bug_zoo:make_scale_floor_dropped", 1),  # the padding token's (issue 34)
+    ("bug_zoo:make_nan_squashed_on_input", 1),  # the NaN token's (issue 48 item 5)
+    ("bug_zoo:make_reduce_skips_non_finite_sums", 1),
+    (None, 0),  # the shipped implementation: quiet on the same rows
+])
+def test_a_default_check_finds_the_special_row_mutants(capsys, impl, exit_code):
+    # `diffmoe check` with no flag holds one padding token and one NaN token (config.flag_zero_rows,
+    # flag_nan_rows): a kernel that squashes a NaN or leaves a NaN row unwritten fails it, as one
+    # that drops the scale floor does, with nothing about the bug told to the command.
+    argv = ["check", "--isolation", "none"] + (["--impl", impl] if impl else [])
+    assert cli.main(argv) == exit_code, capsys.readouterr().out

@@ -84,28 +84,56 @@ def test_check_with_findings_exits_1_and_shows_replay(fake_runner, capsys):
     assert check_command(MINIMAL_FUSED_CONFIG.replace(planner="legacy")) in out
 
 
-def test_check_defaults_are_moeconfig_defaults_with_one_padding_token(fake_runner, capsys):
+def test_check_defaults_are_moeconfig_defaults_with_one_padding_token_and_one_nan_token(fake_runner, capsys):
     assert run_cli(capsys, "check")[0] == 0
-    assert fake_runner.calls[0]["config"] == MoEConfig(zero_rows=1)
+    assert fake_runner.calls[0]["config"] == MoEConfig(zero_rows=1, nan_rows=1)
 
 
-@pytest.mark.parametrize("argv,zero_rows", [
-    (["--zero-rows", "0"], 0),  # asked for none
-    (["--zero-rows", "3"], 3),
-    (["--tokens", "1"], 0),  # a one-token call keeps its token ordinary
-    (["--tokens", "8", "--call-tokens", "1"], 0),
-    (["--tokens", "2"], 1),
-    (["--tokens", "3", "--nan-rows", "1", "--inf-rows", "1"], 0),  # no ordinary token would be left
-    (["--tokens", "4", "--nan-rows", "1", "--inf-rows", "1"], 1),
+@pytest.mark.parametrize("argv,zero_rows,nan_rows", [
+    (["--zero-rows", "0"], 0, 1),  # asked for no padding token: the NaN token stays
+    (["--zero-rows", "3"], 3, 1),
+    (["--zero-rows", "7"], 7, 0),  # a NaN token would leave no ordinary token
+    (["--nan-rows", "0"], 1, 0),  # asked for no NaN token
+    (["--nan-rows", "2"], 1, 2),
+    (["--tokens", "1"], 0, 0),  # a one-token call keeps its token ordinary
+    (["--tokens", "8", "--call-tokens", "1"], 0, 0),
+    (["--tokens", "2"], 1, 0),  # the padding token comes first
+    (["--tokens", "3"], 1, 1),  # a zero, a NaN and an ordinary token
+    (["--tokens", "3", "--zero-rows", "0"], 0, 1),
+    (["--tokens", "3", "--inf-rows", "1"], 1, 0),
+    (["--tokens", "3", "--nan-rows", "1", "--inf-rows", "1"], 0, 1),  # no ordinary token would be left
+    (["--tokens", "4", "--nan-rows", "1", "--inf-rows", "1"], 1, 1),
+    # per-tensor activation scales: a NaN token makes the shared scale and every output row NaN
+    (["--quant", "fp8-tensor"], 1, 0),
+    (["--quant", "fp8-token", "--weight-scales", "tensor"], 1, 1),  # per-token activations beside per-tensor weights
+    (["--quant", "fp8-block"], 1, 1),
+    (["--quant", "bf16"], 1, 1),
+    (["--quant", "fp8-tensor", "--nan-rows", "1"], 1, 1),
 ])
-def test_the_padding_token_is_a_default_the_flags_and_replays_control(fake_runner, capsys, argv, zero_rows):
+def test_the_padding_and_nan_tokens_are_defaults_the_flags_and_replays_control(fake_runner, capsys, argv, zero_rows, nan_rows):
     assert run_cli(capsys, "check", *argv)[0] == 0
     config = fake_runner.calls[0]["config"]
-    assert config.zero_rows == zero_rows
-    # the replay rebuilds exactly this config, and names --zero-rows only where it is not the default
-    run_cli(capsys, "check", *check_command(config).split()[2:])
+    assert (config.zero_rows, config.nan_rows) == (zero_rows, nan_rows)
+    # the replay rebuilds exactly this config, and names a row flag only where the default is not it
+    command = check_command(config)
+    run_cli(capsys, "check", *command.split()[2:])
     assert fake_runner.calls[1]["config"] == config
-    assert ("--zero-rows" in check_command(config)) == ("--zero-rows" in argv and zero_rows != config.flag_zero_rows)
+    for flag in ("--zero-rows", "--nan-rows"):
+        if flag not in argv:
+            assert flag not in command
+
+
+@pytest.mark.parametrize("zero_rows,nan_rows,named", [
+    (1, 1, ""), (0, 1, "--zero-rows 0"), (1, 0, "--nan-rows 0"), (0, 0, "--zero-rows 0 --nan-rows 0"),
+    (2, 0, "--zero-rows 2 --nan-rows 0"), (6, 1, "--zero-rows 6"), (7, 0, "--zero-rows 7"), (1, 3, "--nan-rows 3"), (0, 3, "--zero-rows 0 --nan-rows 3"),
+])
+def test_replays_name_the_fewest_row_flags(fake_runner, capsys, zero_rows, nan_rows, named):
+    config = MoEConfig(zero_rows=zero_rows, nan_rows=nan_rows)
+    command = check_command(config)
+    words = command.split()
+    assert " ".join(f"{w} {v}" for w, v in zip(words, words[1:]) if w in ("--zero-rows", "--nan-rows")) == named
+    run_cli(capsys, "check", *command.split()[2:])
+    assert fake_runner.calls[0]["config"] == config
 
 
 def test_a_config_file_holds_exactly_what_it_says(fake_runner, capsys, tmp_path):

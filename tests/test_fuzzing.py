@@ -11,7 +11,9 @@ import pytest
 
 from diffmoe.fuzz.driver import FailingReport, FuzzOutcome, fuzz
 from diffmoe.check.report import Finding, Oracles, Report
-from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.fuzz.strategies import MINIMAL_CONFIG, MINIMAL_FUSED_CONFIG
+from diffmoe.problem.config import SCALE_PAIRS
+from diffmoe.fuzz.pairs import force_pair
 from diffmoe.problem.vocabulary import Buffers
 
 
@@ -328,3 +330,102 @@ def test_a_search_takes_no_constant_from_the_loaded_modules_and_gives_the_pool_b
     assert len(seen) == 5 and all(not (c.integers or c.floats or c.strings or c.bytes) for c in seen)
     assert all(local == () for values in cached for _, local in values) and stale not in cached[0]
     assert len(providers._get_local_constants().integers) > 0
+
+
+def test_a_shrink_cut_short_by_its_time_limit_is_not_reported_as_minimal(fake_runner, monkeypatch):
+    """Issue 48 item 4: Hypothesis stops a shrink after five minutes and hands back the smallest
+    failure so far; the outcome says it was cut, why, and how far it got (first vs reported)."""
+    from hypothesis.internal.conjecture import engine
+
+    fake_runner()
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", -1)  # the limit already spent at the first shrink step
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy")
+    assert outcome.report is not None and outcome.shrink_cut is not None
+    assert "five-minute" in outcome.shrink_cut
+    assert outcome.first_failing_config is not None
+    note = next(n for n in outcome.notes if n.startswith("shrinking was cut short"))
+    assert "not a minimal one" in note and outcome.first_failing_config.short() in note
+    assert outcome.to_dict()["shrink_cut"] == outcome.shrink_cut
+
+
+def test_a_shrink_run_to_its_end_is_not_said_to_be_cut(fake_runner):
+    fake_runner()
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy")
+    assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    assert outcome.shrink_cut is None and not any("cut short" in n for n in outcome.notes)
+    assert outcome.first_failing_config is not None  # the first failure met, before shrinking
+
+
+def test_cli_names_a_cut_shrink_smallest_found_not_minimal(cli_runner, monkeypatch, capsys):
+    from hypothesis.internal.conjecture import engine
+
+    from diffmoe.frontends.cli import main
+
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", -1)
+    assert main(["fuzz", "--seed", "1", "--planner", "legacy", "--max-examples", "30"]) == 1
+    out = capsys.readouterr().out
+    assert "smallest failing config found (shrinking was cut short, not minimal):" in out
+    assert "minimal failing config:" not in out and "shrinking was cut short" in out.splitlines()[0]
+
+
+# ---- the forced granularity pairs (diffmoe/fuzz/pairs.py, issue 48 item 5) --------------------
+
+
+def _shows_a_mix_up(config, pair) -> bool:
+    """The config has `pair` at a size where reading one granularity as another moves the output."""
+    return ((config.weight_granularity, config.act_granularity) == pair and config.topk >= 2
+            and config.call_num_tokens - config.special_rows >= 3
+            and (config.quant != "fp8-block" or min(config.hidden, config.inter) >= 256))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 12345])
+def test_every_granularity_pair_comes_within_the_first_20_examples_at_a_size_that_shows_it(fake_runner, seed):
+    fake = fake_runner(fails=lambda c: False)
+    fuzz(max_examples=20, seed=seed)
+    assert len(fake.calls) == 20
+    for pair in SCALE_PAIRS:
+        assert any(_shows_a_mix_up(c, pair) for c in fake.calls), (pair, [c.short() for c in fake.calls])
+
+
+def test_a_failure_on_a_forced_pair_shrinks_within_the_pair_to_its_smallest_config(fake_runner):
+    # per-tensor weights beside per-token activations read as one scale: shows with two scales
+    def fails(c):
+        return (c.weight_granularity, c.act_granularity) == ("tensor", "token") and c.routed_rows >= 2
+    fake = fake_runner(fails=fails)
+    outcome = fuzz(max_examples=20, seed=0)
+    assert outcome.generated_examples <= 20 and not outcome.passed
+    # the shrink ran the pair without the floors: as small as the failure allows
+    assert outcome.report.config in (MINIMAL_CONFIG.replace(quant="fp8-token", weight_scales="tensor", num_tokens=2),
+                                     MINIMAL_CONFIG.replace(quant="fp8-token", weight_scales="tensor", topk=2, num_experts=2))
+    assert fake.calls[-1] == outcome.report.config  # the shrinker judged what it believed: no flaky replay
+    assert not outcome.notes
+
+
+def test_a_failure_first_met_at_the_forced_floors_shrinks_within_them_and_says_so(fake_runner):
+    # the second example (forced to per-tensor scales at T=4, K=2) is the first to fail; its draw
+    # (T < 3) and the pair alone at the draw's sizes pass, so the shrink keeps the floors
+    fake = fake_runner(fails=lambda c: c.num_tokens >= 3)
+    outcome = fuzz(max_examples=20, seed=0)
+    assert outcome.report.config == force_pair(MINIMAL_CONFIG, ("tensor", "tensor"))
+    assert fake.calls[-1] == outcome.report.config
+    (note,) = outcome.notes
+    assert "tensor/tensor scales at the forced floors" in note and "a smaller config may fail too" in note
+
+
+def test_the_forced_pairs_keep_to_the_bounds_and_the_implementations_supports(fake_runner):
+    from diffmoe.fuzz.bounds import FieldBounds
+
+    fake = fake_runner(fails=lambda c: False)
+    bounds = FieldBounds(ranges={"num_tokens": (1, 3)}, values={"quant": ("fp8-token", "fp8-block")})
+    fuzz(max_examples=20, seed=0, bounds=bounds)
+    assert all(bounds.holds(c) for c in fake.calls) and len(fake.calls) == 20
+
+    def refuses_tensor_weights(config):
+        return None
+
+    refuses_tensor_weights.supports = lambda c: "no per-tensor weights" if c.weight_granularity == "tensor" else None
+    fake = fake_runner(fails=lambda c: False)
+    outcome = fuzz(max_examples=20, seed=0, implementation=refuses_tensor_weights)
+    assert outcome.passed and len(fake.calls) == 20  # a refused pair's slot runs its draw, no search stalls
+    assert not any(c.weight_granularity == "tensor" for c in fake.calls)
+    assert any(_shows_a_mix_up(c, ("block", "group")) for c in fake.calls)

@@ -247,3 +247,55 @@ def test_time_budget_stops_the_search_with_a_note():
     outcome = fuzz_plans(max_examples=10**8, seed=0, time_budget=0.2)
     assert outcome.passed and outcome.examples < 10**8
     assert any("time_budget" in note for note in outcome.notes)
+
+
+def _overlapping(config, num_tokens):
+    """A planted overlap: from T >= 17 (past the first row block), down_output is placed over
+    activation_output, which the down GEMM reads while it writes down_output."""
+    plan = plan_workspaces(config, num_tokens)
+    if num_tokens < 17:
+        return plan
+    act = next(p for p in plan.placements if p.buffer == Buffers.ACTIVATION_OUTPUT) if any(
+        p.buffer == Buffers.ACTIVATION_OUTPUT for p in plan.placements) else None
+    if act is None:
+        return plan
+    moved = tuple(Placement(p.buffer, act.workspace, act.offset, min(p.nbytes, act.nbytes))
+                  if p.buffer == Buffers.DOWN_OUTPUT else p for p in plan.placements)
+    return WorkspacePlan(plan.planner, plan.buffer_list, moved, plan.stages, plan.workspace_bytes)
+
+
+def overlap_factory(config):
+    return make_implementation(config)
+
+
+overlap_factory.plan_workspaces = _overlapping
+
+
+def test_the_plan_tier_draws_within_field_bounds_and_finds_a_planted_overlap():
+    """Issue 48 item 5: with `--quant bf16 --unfused` the plan tier drew its own domain, so the CLI
+    switched it off; it now draws within the bounds, and shrinks within them."""
+    from diffmoe.fuzz.bounds import FieldBounds
+
+    bounds = FieldBounds({}, {"quant": ("bf16",), "fused": (False,)})
+    assert all(c.quant == "bf16" and not c.fused for c in itertools.islice(plan_configs(0, "fixed", bounds), 300))
+    outcome = fuzz_plans(max_examples=1000, seed=0, implementation=overlap_factory, bounds=bounds)
+    assert not outcome.passed and outcome.report.findings[0].oracle == Oracles.STATIC_ALIASING
+    c = outcome.report.config
+    assert (c.quant, c.fused, c.num_tokens) == ("bf16", False, 17)  # shrunk within the bounds, to the threshold
+
+
+def test_waived_plan_findings_are_searched_past():
+    from diffmoe.fuzz.waivers import Waivers
+
+    outcome = fuzz_plans(max_examples=300, seed=0, implementation=overlap_factory,
+                         waive=Waivers(["static-aliasing", "contract"]))
+    assert outcome.passed
+
+
+def test_cli_fuzz_with_field_bounds_keeps_the_plan_tier(capsys):
+    from diffmoe.frontends.cli import main
+
+    code = main(["fuzz", "--impl", "test_plan_tier:overlap_factory", "--quant", "bf16", "--unfused", "--seed", "0"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "no plan tier" not in err
+    assert out.startswith("plan tier (seed 0): ") and "static-aliasing" in out

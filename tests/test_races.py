@@ -50,6 +50,13 @@ def same_block_kernel(out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def same_value_kernel(out_ptr, VALUE: tl.constexpr, BLOCK: tl.constexpr):
+    """Every program stores the same block with the same value."""
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.zeros((BLOCK,), tl.int32) + VALUE)
+
+
+@triton.jit
 def store_then_load_kernel(out_ptr, copy_ptr, BLOCK: tl.constexpr):
     """Each program stores its block, reads it back, copies it elsewhere."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -163,6 +170,35 @@ def test_two_programs_storing_the_same_bytes_is_a_write_write_race():
     assert (f.figures["writer_program"], f.figures["other_program"]) == (0, 1)
     assert f.figures["conflicting_bytes"] == 128
     assert f.figures["kind"] == "write-write"
+
+
+@needs_interpreter
+def test_a_write_write_race_of_different_bytes_says_the_result_depends_on_the_order():
+    out = torch.zeros(32, dtype=torch.int32)
+    with RaceRecorder() as rec:  # program 0 stores 0 over zeros (no change), 1 and 2 store 1 and 2
+        _launch(rec, "fill", same_block_kernel, (3,), {}, {"out": out}, out, BLOCK=32)
+    (f,) = rec.findings()
+    assert f.figures["identical_bytes"] is False
+    assert f.message.endswith("so the result depends on the order the programs run in")
+    out = torch.zeros(32, dtype=torch.int32)
+    with RaceRecorder() as rec:  # only the second program changes the bytes: still different bytes
+        _launch(rec, "fill", same_block_kernel, (2,), {}, {"out": out}, out, BLOCK=32)
+    (f,) = rec.findings()
+    assert f.figures["identical_bytes"] is False and "identical" not in f.message
+
+
+@needs_interpreter
+@pytest.mark.parametrize("before", [0, 7])
+def test_a_write_write_race_of_identical_bytes_says_they_were_identical_this_time(before):
+    """Issue 48 item 4: programs storing identical bytes race, but this run's result does not
+    depend on their order; the finding says so (whether or not the first store changed the bytes)."""
+    out = torch.full((32,), before, dtype=torch.int32)
+    with RaceRecorder() as rec:
+        _launch(rec, "fill", same_value_kernel, (3,), {}, {"out": out}, out, VALUE=7, BLOCK=32)
+    (f,) = rec.findings()
+    assert f.figures["kind"] == "write-write" and f.figures["identical_bytes"] is True
+    assert "stored identical bytes there this time" in f.message
+    assert "does not depend on the order" in f.message
 
 
 @needs_interpreter

@@ -70,6 +70,10 @@ def is_factory_spec(implementation: str) -> bool:
             or (wheel is not None and wheel.group(1) in WHEEL_FUNCTIONS))
 
 
+# the special rows whose command-line default depends on the config (MoEConfig.with_flag_rows)
+_ROW_FLAGS = ("zero_rows", "nan_rows")
+
+
 def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME,
                   oracles: Sequence[str] = ()) -> str:
     """The `diffmoe check` command line that rebuilds exactly this config and implementation
@@ -92,11 +96,12 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
     if c.expert_map is not None:
         parts.append("--expert-map=" + ",".join(str(v) for v in c.expert_map))
     parts.append(f"--seed {c.seed}")
-    # the opt-in inputs, only where set; zero rows wherever they differ from the one padding token
-    # the command line assumes (config.flag_zero_rows), so the command rebuilds exactly this config
-    shown = {name: value for name, value in c.opt_in_fields() if name != "zero_rows"}
-    if c.zero_rows != c.flag_zero_rows:
-        shown["zero_rows"] = c.zero_rows
+    # the opt-in inputs, only where set; the zero and NaN rows wherever they differ from the padding
+    # and NaN tokens the command line gives by default (MoEConfig.with_flag_rows): the fewest flags
+    # that rebuild exactly this config (naming both always does)
+    named = next(rows for rows in ((), ("nan_rows",), ("zero_rows",), _ROW_FLAGS) if c.with_flag_rows(rows) == c)
+    shown = {name: value for name, value in c.opt_in_fields() if name not in _ROW_FLAGS}
+    shown.update((name, getattr(c, name)) for name in named)
     for name in OPT_IN_FIELDS:  # declaration order
         if name in shown:
             flag = "--" + name.replace("_", "-")

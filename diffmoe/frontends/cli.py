@@ -309,7 +309,7 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     i.add_argument("--renormalize", action="store_const", const=True, help="softmax-topk: divide the K weights by their sum")
     i.add_argument("--expert-scale-spread", type=_int, metavar="OCTAVES", help=f"per-expert weight scale spread, 0..{MAX_EXPERT_SCALE_SPREAD} octaves (default 0)")
     i.add_argument("--zero-rows", type=_int, metavar="N", help="all-zero (padding) tokens in the call (default 1 when the call keeps an ordinary token beside it, else 0)")
-    i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 0)")
+    i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 1 when the activations' scales are not per tensor and the call keeps an ordinary token beside it and the padding token, else 0)")
     i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")
     i.add_argument("--tie-heavy", action="store_const", const=True, help="hidden states with many values on e4m3 rounding midpoints")
     m = p.add_argument_group("MoE-model features (opt-in)")
@@ -514,8 +514,9 @@ def config_from_args(args: argparse.Namespace) -> MoEConfig:
         fields.setdefault("quant", SCHEME_OF_ACT_SCALES[fields["act_scales"]])
     try:
         config = MoEConfig(**fields)
-        # one padding token unless --zero-rows says otherwise (config.flag_zero_rows says why)
-        return config if "zero_rows" in fields else config.replace(zero_rows=config.flag_zero_rows)
+        # one padding token and one NaN token unless --zero-rows / --nan-rows say otherwise
+        # (config.flag_zero_rows and flag_nan_rows say why and when)
+        return config.with_flag_rows(fields)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -790,11 +791,12 @@ def _plan_phase(args, factory, name, seed: int | None):
 
     only = args.tier == "plan"
     count = args.max_examples if only else args.plan_examples
-    if count and not only and getattr(args, "controlled", False):
-        # the plan tier draws its own domain and stops at its first finding: it would ignore the
-        # bounds and the waivers. The execution tier judges every example's plan (static-aliasing).
-        print(f"{PROG}: fuzz: no plan tier with field bounds, --waive or --keep-going (the execution tier judges "
-              "each example's plan)", file=sys.stderr)
+    if count and not only and args.keep_going > 1:
+        # the plan tier stops at its first finding: it cannot collect distinct failures. It draws
+        # within field bounds and searches past waived findings (issue 48: `--quant bf16 --unfused`
+        # turned it off, though it found a planted overlap in 0.13 s that the execution tier took 7 s for).
+        print(f"{PROG}: fuzz: no plan tier with --keep-going (the execution tier judges each example's plan)",
+              file=sys.stderr)
         return None
     if count == 0:
         return None
@@ -809,7 +811,8 @@ def _plan_phase(args, factory, name, seed: int | None):
     outcome = None
     try:
         outcome = fuzz_plans(max_examples=count, seed=plan_seed, planner=args.planner, implementation=factory,
-                             implementation_name=name, progress=printer)
+                             implementation_name=name, progress=printer, bounds=getattr(args, "bounds", None),
+                             waive=getattr(args, "waivers", None) or None)
         return outcome
     finally:
         printer.finish(None if outcome is None else outcome.examples)
@@ -902,7 +905,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                          f"{args.workers} (give --workers 1, or leave --workers out)")
     if args.keep_going > 1:
         args.workers = 1
-    args.controlled = bool(bounds or waivers or args.keep_going > 1)
+    args.bounds, args.waivers = bounds, waivers  # the plan tier draws within the one, past the other
     bounded = None
     if bounds and args.tier != "plan":
         from diffmoe.fuzz.strategies import moe_configs
@@ -1009,7 +1012,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 print(json.dumps(failed.config.to_dict(), indent=2, sort_keys=True))
                 print(failed.render())
         elif report is not None:
-            print("minimal failing config:")
+            # a shrink Hypothesis cut short is not minimal: the header must not say it is
+            print("smallest failing config found (shrinking was cut short, not minimal):"
+                  if getattr(outcome, "shrink_cut", None) else "minimal failing config:")
             print(json.dumps(report.config.to_dict(), indent=2, sort_keys=True))
             print(report.render())
     # Written after the report is out: if the path broke during the fuzz, only the file is lost.

@@ -64,7 +64,7 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings, statistics
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Unsatisfiable
@@ -77,6 +77,7 @@ from diffmoe.fuzz.database_spec import open_database
 from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
 from diffmoe.check.report import Finding, Oracles, Report
 from diffmoe.fuzz.bounds import FieldBounds
+from diffmoe.fuzz.pairs import PairForcing, forced_note
 from diffmoe.fuzz.strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
 from diffmoe.fuzz.waivers import Waiver, Waivers, finding_key, report_keys
 
@@ -126,6 +127,10 @@ class FuzzOutcome:
     waived_examples: int = 0  # distinct configs whose every finding a waiver covered (the search went on)
     failures: list[Report] = field(default_factory=list)  # keep_going: the distinct failures, in the order found
     failure_keys: list[tuple[str, ...]] = field(default_factory=list)  # per failure: the keys no earlier one had
+    # why Hypothesis stopped shrinking before it was done (its five-minute or 500-shrink limit), None when
+    # the shrink ran to its end: the report is then the smallest failure found, not a minimal one
+    shrink_cut: str | None = None
+    first_failing_config: MoEConfig | None = None  # the first failure met, before any shrinking
 
     @property
     def passed(self) -> bool:
@@ -158,6 +163,8 @@ class FuzzOutcome:
             "waived_examples": self.waived_examples,
             "failures": [dict(keys=list(k), report=r.to_dict()) for r, k in zip(self.failures, self.failure_keys)],
             "report": None if self.report is None else self.report.to_dict(),
+            "shrink_cut": self.shrink_cut,
+            "first_failing_config": None if self.first_failing_config is None else self.first_failing_config.to_dict(),
         }
 
 
@@ -344,21 +351,48 @@ def fuzz(
         return report
 
     replaying = [False]  # inside the database-replay pass (see below)
+    forcing = PairForcing(lambda c: (bounds is None or bounds.holds(c)) and c.num_tokens <= max_tokens
+                          and c.num_experts <= max_experts and unsupported(implementation, c) is None)
 
-    def run_one(config: MoEConfig) -> None:
+    def count_run(phase: str, label: str) -> None:
+        outcome.examples += 1
+        if first_failure_at:
+            outcome.shrink_examples += 1
+        if progress is not None:
+            progress(outcome.examples, phase, time.perf_counter() - start, label)
+
+    def pin_mode(drawn: MoEConfig, failed: MoEConfig, mode, how: Judging) -> None:
+        """At the first failure of an example forced by `mode` (config `failed`): the first mode of its
+        ladder whose config fails maps every shrinking run (diffmoe/fuzz/pairs.py)."""
+        for tried in forcing.ladder(mode):
+            config = judged_config(forcing.mapped(drawn, tried), implementation)
+            if config != failed:  # the failing config itself needs no second run
+                if config not in earlier_rounds:
+                    count_run(PHASE_SHRINK, f"{config.short()} (the failing example's draw, less forced)")
+                if not failing(judge(config, how)):
+                    continue
+            forcing.pinned = tried
+            if tried is not None and tried[1]:
+                outcome.notes.append(forced_note(tried[0]))
+            return
+
+    stopped: list[dict] = []  # Hypothesis's statistics of each test run: why its engine stopped
+
+    def run_one(drawn: MoEConfig) -> None:
+        generating = not first_failure_at and not replaying[0]
+        # a forced granularity pair (diffmoe/fuzz/pairs.py): the slot's while generating, the pinned one shrinking
+        mode = forcing.slot_mode() if generating else forcing.pinned if first_failure_at else None
+        config = forcing.mapped(drawn, mode)
+        mode = mode if config is not drawn else None
         if unsupported(implementation, config) is not None:
             reject()  # the implementation's own `supports` refuses it: not an example (contract.SUPPORTS)
+        forcing.slot += generating
         config = judged_config(config, implementation)  # as run_differential resolves it: drawn == reported
         phase = PHASE_SHRINK if first_failure_at else PHASE_GENERATE
         how = policy.judging(config, failed_before=bool(first_failure_at), replaying=replaying[0])
         fresh = config not in earlier_rounds
         if fresh:  # a config an earlier round ran is replayed from its report, not counted again
-            outcome.examples += 1
-            if first_failure_at:
-                outcome.shrink_examples += 1
-        label = config.short() if how.full or not policy.tiered else f"{config.short()} (cheap oracle set)"
-        if progress is not None and fresh:
-            progress(outcome.examples, phase, time.perf_counter() - start, label)
+            count_run(phase, config.short() if how.full or not policy.tiered else f"{config.short()} (cheap oracle set)")
         report = judge(config, how)
         if not report.passed and not how.full and policy.tiered:  # escalate: the full set's report
             how = policy.full_judging()
@@ -382,6 +416,10 @@ def fuzz(
         if not report.passed:
             if not first_failure_at:
                 first_failure_at.append(time.perf_counter())
+                if outcome.first_failing_config is None:
+                    outcome.first_failing_config = report.config
+                if generating and mode is not None:
+                    pin_mode(drawn, config, mode, how)
             failure = FailingReport(report, drawn=config)
             smallest[:] = [failure]  # the shrinker only tries smaller examples
             raise failure
@@ -407,7 +445,7 @@ def fuzz(
         # A database's failures are replayed in a pass of their own, every oracle judging them
         # (one may have been stored by a full check the cheap set cannot repeat), then the search;
         # the draws depend on the seed alone, not on the modules this process has loaded (draws.py)
-        with seed_only_draws():
+        with seed_only_draws(), statistics.collector.with_value(stopped.append):
             if db is not None:
                 replaying[0] = True
                 try:
@@ -419,7 +457,16 @@ def fuzz(
 
     found_first: list[float] = []  # when the first round's failure was met
     while True:
+        stopped.clear()
         final, stop = search_round(search, db, smallest, outcome)
+        cut = shrink_cut(stopped) if final is not None and not stop else None
+        if cut is not None and outcome.shrink_cut is None:
+            outcome.shrink_cut = cut
+            outcome.notes.append(
+                f"shrinking was cut short ({cut}) after {outcome.shrink_examples} shrinking runs: the config reported "
+                f"is the smallest failure found, not a minimal one (first failure {_first_short(outcome)}; "
+                f"reported {final.report.config.short()}); run the fuzz again to resume with a database, or "
+                "replay the config with check")
         if first_failure_at and not found_first:
             found_first.append(first_failure_at[0])
         if final is None:
@@ -439,6 +486,7 @@ def fuzz(
         round_index[0] += 1
         earlier_rounds.update(k[0] for k in memo)
         policy = TierPolicy(tier, oracles, schedules, full_every, full_offset)
+        forcing.reset()
         first_failure_at.clear()
         smallest.clear()
     outcome.waived_examples = len(waived_configs)
@@ -450,6 +498,25 @@ def fuzz(
         outcome.seconds_to_first_failure = found_first[0] - start
         outcome.seconds_shrinking = end - found_first[0]
     return outcome
+
+
+# Hypothesis's engine stops a shrink at MAX_SHRINKING_SECONDS (five minutes) or MAX_SHRINKS (500
+# successful shrinks) and reports the smallest failure so far as it would a minimal one; its
+# statistics name the reason ("shrinking was very slow", "shrunk test case 500 times").
+_CUT_REASONS = ("shrinking was very slow", "shrunk test case")
+
+
+def shrink_cut(stats: Sequence[dict]) -> str | None:
+    """Why a search's shrink stopped before its end, from Hypothesis's statistics; None when it did not."""
+    for s in stats:
+        reason = str(s.get("stopped-because", ""))
+        if reason.startswith(_CUT_REASONS):
+            return reason.replace("shrinking was very slow", "Hypothesis's five-minute shrink limit")
+    return None
+
+
+def _first_short(outcome: FuzzOutcome) -> str:
+    return "unknown" if outcome.first_failing_config is None else outcome.first_failing_config.short()
 
 
 def search_round(search: Callable[[], None], db, smallest: list[FailingReport],

@@ -37,6 +37,8 @@ fused to False; output to separate; router_weight to down; the planner stays), a
 first valid one that still has a finding of the same oracle, until none is accepted.
 
 Owns the plan tier's domain, its sampler and shrinker. Must not run or build an implementation.
+Longer than 400 lines because the domain, its bounded form (a fuzz's field bounds, issue 48) and the
+shrinker that must stay inside both are read together.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ from diffmoe.problem.config import (
     MAX_PROBLEM_BYTES, MAX_ROUTED_ROWS, MAX_SEED, MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, MoEConfig, check_int,
 )
 from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, PLAN_WORKSPACES, SUPPORTS, factory_attribute
+from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.fuzz.driver import FuzzOutcome
+from diffmoe.fuzz.waivers import Waivers
 from diffmoe.oracles.static_aliasing import check_static_aliasing, check_workspace_fit
 from diffmoe.check.report import Finding, Oracles, Report
 from diffmoe.fuzz.strategies import MIN_SIZE, QUANT_ORDER
@@ -118,11 +122,62 @@ def draw_config(rng: random.Random, planner: str | None = "fixed") -> MoEConfig:
     )
 
 
-def plan_configs(seed: int, planner: str | None = "fixed") -> Iterator[MoEConfig]:
-    """The endless sequence of configs `fuzz_plans` judges for this seed and planner."""
+# Fields of the plan domain a fuzz's bounds (diffmoe.fuzz.bounds) may pin or range; a plan ignores the rest.
+PLAN_INT_FIELDS = ("num_tokens", "num_experts", "topk", "hidden", "inter", "call_tokens")
+PLAN_CHOICE_FIELDS = ("quant", "fused", "output", "router_weight", "planner", "expert_map")
+# Draws tried for one config within bounds before the tier gives up: `--quant bf16 --unfused` keeps
+# a quarter of the draws, `--tokens 1..4 --topk 8` one in a few dozen.
+MAX_BOUNDED_TRIES = 10_000
+
+
+def _plan_bounds(bounds: FieldBounds | None) -> FieldBounds | None:
+    """The bounds' plan fields only (None when they bound none): a bound on the seed or the skew
+    leaves every plan as it is."""
+    if not bounds:
+        return None
+    kept = FieldBounds({n: r for n, r in bounds.ranges.items() if n in PLAN_INT_FIELDS},
+                       {n: v for n, v in bounds.values.items() if n in PLAN_CHOICE_FIELDS})
+    return kept or None
+
+
+def bounded_config(rng: random.Random, planner: str | None, bounds: FieldBounds) -> MoEConfig | None:
+    """A config of the domain within `bounds` (plan fields): a draw with each bounded field moved
+    inside its bound (a choice redrawn from the allowed values, an int clipped; fp8-block sizes
+    rounded to a block), redrawn while the config refuses the result; None after MAX_BOUNDED_TRIES."""
+    for _ in range(MAX_BOUNDED_TRIES):
+        c = draw_config(rng, planner)
+        fields: dict[str, Any] = {}
+        for name, allowed in bounds.values.items():
+            if getattr(c, name) not in allowed:
+                fields[name] = allowed[int(rng.random() * len(allowed))]
+        quant = fields.get("quant", c.quant)
+        for name, (lo, hi) in bounds.ranges.items():
+            value = getattr(c, name)
+            value = min(max(lo if value is None else value, lo), hi)
+            if name in ("hidden", "inter") and quant == "fp8-block":
+                value = min(-(-value // QUANT_BLOCK) * QUANT_BLOCK, hi // QUANT_BLOCK * QUANT_BLOCK)
+            fields[name] = value
+        if quant == "bf16":
+            fields["fused"] = False
+        try:
+            bounded = c.replace(**fields)
+        except (TypeError, ValueError):
+            continue
+        if bounds.holds(bounded):
+            return bounded
+    return None
+
+
+def plan_configs(seed: int, planner: str | None = "fixed", bounds: FieldBounds | None = None) -> Iterator[MoEConfig]:
+    """The endless sequence of configs `fuzz_plans` judges for this seed, planner and bounds (none
+    when no config of the domain lies within the bounds)."""
     rng = random.Random(seed)
+    kept = _plan_bounds(bounds)
     while True:
-        yield draw_config(rng, planner)
+        config = draw_config(rng, planner) if kept is None else bounded_config(rng, planner, kept)
+        if config is None:
+            return
+        yield config
 
 
 def plan_function(factory: Callable) -> PlanFn:
@@ -200,13 +255,20 @@ def _candidates(c: MoEConfig) -> Iterator[dict[str, Any]]:
 def shrink_config(plan: PlanFn, config: MoEConfig, oracle: str,
                   on_step: Callable[[MoEConfig], None] | None = None,
                   on_accept: Callable[[MoEConfig, list[Finding]], None] | None = None,
-                  findings: list[Finding] | None = None) -> tuple[MoEConfig, list[Finding], int]:
+                  findings: list[Finding] | None = None, bounds: FieldBounds | None = None,
+                  waivers: Waivers | None = None) -> tuple[MoEConfig, list[Finding], int]:
     """Greedy shrink of a failing config (see the module doc): (minimal config, its findings,
     configs tried). on_step(candidate) is called before each candidate is judged, on_accept(config,
     findings) for each accepted one, so a caller interrupted mid-shrink keeps the smallest so far.
-    findings: config's own, when the caller has them (not judged again)."""
+    findings: config's own, when the caller has them (not judged again). bounds: candidates outside
+    them are not tried; waivers: findings they cover do not count."""
+    kept = _plan_bounds(bounds)
+
+    def judged(config: MoEConfig) -> list[Finding]:
+        found = judge_config(plan, config)
+        return found if waivers is None else waivers.unwaived(found)
     current = config
-    findings = judge_config(plan, config) if findings is None else findings
+    findings = judged(config) if findings is None else findings
     tried = 0
     progressed = True
     while progressed:
@@ -216,10 +278,12 @@ def shrink_config(plan: PlanFn, config: MoEConfig, oracle: str,
                 candidate = current.replace(**changes)
             except (TypeError, ValueError):
                 continue  # not a valid config
+            if kept is not None and not kept.holds(candidate):
+                continue  # outside the fuzz's bounds
             tried += 1
             if on_step is not None:
                 on_step(candidate)
-            got = judge_config(plan, candidate)
+            got = judged(candidate)
             if any(f.oracle == oracle for f in got):
                 current, findings, progressed = candidate, got, True
                 if on_accept is not None:
@@ -271,13 +335,16 @@ def fuzz_plans(
     implementation_name: str | None = None,
     progress: ProgressCallback | None = None,
     time_budget: float | None = None,
+    bounds: FieldBounds | None = None,
+    waive: Waivers | None = None,
 ) -> PlanFuzzOutcome:
     """Judge up to `max_examples` drawn configs' plans (module doc); shrink the first failure.
 
     implementation: a factory with the cheap plan_workspaces attribute (None: the default,
     contract.DEFAULT_IMPLEMENTATION); without one a ValueError says so. time_budget: stop
     drawing after that many seconds (a note says so). Ctrl-C stops at once and keeps the
-    smallest failure so far, with interrupted=True."""
+    smallest failure so far, with interrupted=True. bounds: the execution tier's field bounds,
+    drawn and shrunk within (`bounded_config`); waive: findings they cover are not failures."""
     _check_arguments(max_examples, seed, planner, implementation, implementation_name, progress, time_budget)
     # imported here: the runner (torch, the oracles) and the default implementation (Triton)
     # only when a session starts, never when this module is imported
@@ -310,14 +377,20 @@ def fuzz_plans(
             progress(outcome.examples, phase, now - start, config.short())
 
     try:
-        configs = plan_configs(seed, planner)
+        configs = plan_configs(seed, planner, bounds)
         for n in range(max_examples):
-            config = next(configs)
+            config = next(configs, None)
+            if config is None:
+                outcome.notes.append(f"no config of the plan domain within the bounds ({bounds.describe()}) after "
+                                     f"{MAX_BOUNDED_TRIES} draws: no plan judged")
+                break
             if supports is not None and supports(config) is not None:
                 refused += 1  # not a plan of this implementation: not counted as judged
                 continue
             outcome.examples += 1
             findings = judge_config(plan, config)
+            if findings and waive:
+                findings = waive.unwaived(findings)
             if findings:
                 failure.append((config, findings))
                 first_failure_at = time.perf_counter()
@@ -338,7 +411,8 @@ def fuzz_plans(
                 failure[:] = [(config, findings)]
 
             config, findings = failure[0]
-            shrink_config(shrink_plan, config, findings[0].oracle, on_step=on_step, on_accept=on_accept, findings=findings)
+            shrink_config(shrink_plan, config, findings[0].oracle, on_step=on_step, on_accept=on_accept, findings=findings,
+                          bounds=bounds, waivers=waive or None)
     except KeyboardInterrupt:
         outcome.interrupted = True
     end = time.perf_counter()

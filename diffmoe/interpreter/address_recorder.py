@@ -71,6 +71,7 @@ from diffmoe.oracles.address_analysis import (  # noqa: F401 - _READ, _WRITE, _R
     _WRITE,
     _ATOMIC_READ,
     _ATOMIC_WRITE,
+    _CHANGED,
 )
 
 SUPPORTED_TRITON = (3, 9)
@@ -175,13 +176,35 @@ def _dispatch(builder: Any, kind: int, ptrs: Any, mask: Any) -> None:
         m = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
         if not m.all():  # plain loads and stores come with an all-true mask
             addresses = addresses[m]
-    addresses = addresses.reshape(-1).astype(np.int64, copy=False)
+    _record(recorders, builder, kind, ptrs, addresses.reshape(-1).astype(np.int64, copy=False))
+
+
+def _record(recorders: list, builder: Any, kind: int, ptrs: Any, addresses: np.ndarray) -> None:
+    """Hand the byte intervals of `addresses` (element starts) to every recording recorder."""
     if addresses.size == 0:
         return
     starts, ends = _access_intervals(addresses, _element_bytes(ptrs))
     pid, grid = _program(builder)
     for r in recorders:
         r._access(kind, pid, grid, starts, ends)
+
+
+def _dispatch_changed(builder: Any, ptrs: Any, value: Any, mask: Any) -> None:
+    """Record the elements of a plain store whose bytes differ from those already there (read
+    before the store runs): what tells two programs storing identical bytes (address_analysis)."""
+    recorders = [r for r in _active if r._recording]
+    if not recorders or value is None:
+        return
+    from triton.runtime import interpreter
+
+    addresses = np.asarray(ptrs.data)
+    new = np.ascontiguousarray(np.broadcast_to(np.asarray(value.data), addresses.shape))
+    live = np.ones(addresses.shape, dtype=bool) if mask is None else \
+        np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+    old = np.ascontiguousarray(interpreter._interpreter.load(addresses, live, np.zeros_like(new), new.dtype))
+    width = new.dtype.itemsize
+    differs = (old.view(np.uint8).reshape(-1, width) != new.view(np.uint8).reshape(-1, width)).any(axis=1)
+    _record(recorders, builder, _CHANGED, ptrs, addresses.reshape(-1)[differs & live.reshape(-1)].astype(np.int64, copy=False))
 
 
 def _hooked(original: Any, kind: int, ptr: tuple[int, str], mask: tuple[int, str] | None) -> Any:
@@ -198,6 +221,8 @@ def _hooked(original: Any, kind: int, ptr: tuple[int, str], mask: tuple[int, str
         if _suppressed() == 0 and _active:
             m = argument(mask, args, kwargs) if mask is not None else None
             _dispatch(self, kind, argument(ptr, args, kwargs), m)
+            if kind == _WRITE:
+                _dispatch_changed(self, argument(ptr, args, kwargs), args[1] if len(args) > 1 else kwargs.get("value"), m)
         _suppress.depth = _suppressed() + 1
         try:
             return original(self, *args, **kwargs)

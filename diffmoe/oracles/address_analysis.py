@@ -30,7 +30,10 @@ from diffmoe.check.report import ByteRange, Finding, Oracles
 # Access kinds. Atomic read-modify-write, compare-and-swap and atomic store are atomic writes;
 # atomic load and poll are atomic reads.
 _READ, _WRITE, _ATOMIC_READ, _ATOMIC_WRITE = range(4)
-_N_KINDS = 4
+# Not an access of its own: the bytes of a plain store that differ from the bytes there before it
+# (issue 48: two programs storing identical bytes race without changing the result this time).
+_CHANGED = 4
+_N_KINDS = 5
 _EMPTY = np.empty(0, dtype=np.int64)
 # Bytes no view of the launch, no named region and no kernel argument covers (never seen on CPU
 # tensors, whose arguments are the kernel's own storage): named without an address (issue 28).
@@ -150,6 +153,9 @@ class _Conflict:
     other_program: int
     written_arg: str | None
     other_arg: str | None
+    # write-write only: every program stored the same bytes at every byte they share (None: not
+    # known, an atomic writer among them, or no write-write conflict)
+    identical: bool | None = None
 
 
 class _Run:
@@ -166,6 +172,7 @@ class _Run:
         # Per kind: lists of (program ids, starts, ends) for finished programs.
         self.done: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in range(_N_KINDS)]
         self.programs: set[int] = set()
+        self.rank: dict[int, int] = {}  # program -> its place in the order programs first ran
         self.repeated = False
 
     def add(self, kind: int, pid: int, grid: tuple[int, int, int], starts: np.ndarray, ends: np.ndarray) -> None:
@@ -178,6 +185,7 @@ class _Run:
             # one program in the sweep, so its pieces are merged again at the end.
             self.repeated |= pid in self.programs
             self.programs.add(pid)
+            self.rank.setdefault(pid, len(self.rank))
         self.pending[kind].append((starts, ends))
 
     def flush(self) -> None:
@@ -217,6 +225,28 @@ def _first_pair(writers: list[int], others: list[int]) -> tuple[int, int] | None
             if p != q:
                 return p, q
     return None
+
+
+def _stored_identical(run: _Run, arrays: list, counts: list, sums: list, bounds: np.ndarray,
+                      segs: np.ndarray) -> bool:
+    """Whether the programs storing each of the write-write segments `segs` all stored the same
+    bytes there. Programs ran one after another, so they did exactly when no program but the
+    first to store a byte changed it (the first may: it replaced what was there before)."""
+    if (counts[_ATOMIC_WRITE][segs] > 0).any():
+        return False  # a read-modify-write's bytes are not a value two programs agree on
+    changers = counts[_CHANGED][segs]
+    if (changers >= 2).any():
+        return False
+    one = segs[changers == 1]
+    if one.size == 0:
+        return True
+    # the first writer of each segment: paint the write intervals, latest program first
+    pids, starts, ends = arrays[_WRITE]
+    first = np.full(bounds.size - 1, -1, dtype=np.int64)
+    i0, i1 = np.searchsorted(bounds, starts), np.searchsorted(bounds, ends)
+    for j in sorted(range(pids.size), key=lambda j: -run.rank.get(int(pids[j]), 0)):
+        first[i0[j]:i1[j]] = pids[j]
+    return bool((first[one] == sums[_CHANGED][one]).all())
 
 
 def _analyse(run: _Run) -> tuple[RunSummary, list[_Conflict]]:
@@ -344,6 +374,8 @@ def _analyse(run: _Run) -> tuple[RunSummary, list[_Conflict]]:
             pair = _first_pair(writers, readers) or _first_pair(_covering(*arrays[_ATOMIC_WRITE], at), plain_readers)
             other_order, other_i = read_order, int(r_idx[first])
         writer, other = pair if pair else (-1, -1)
+        ww_segs = seg[np.unique(rows_j[sel][rows_k[sel] == 0])]
+        identical = _stored_identical(run, arrays, counts, sums, bounds, ww_segs) if ww_segs.size else None
 
         def describe(order: tuple[_Region, ...], i: int) -> tuple[str, int, str | None]:
             if i < 0:
@@ -371,6 +403,7 @@ def _analyse(run: _Run) -> tuple[RunSummary, list[_Conflict]]:
                 other_program=other,
                 written_arg=warg,
                 other_arg=oarg,
+                identical=identical,
             )
         )
     return summary, conflicts
@@ -450,10 +483,15 @@ def _finding(c: _Conflict, launch_index: int | None, runs: int) -> Finding:
     o_range = ByteRange(c.other, c.span[0] - c.other_base, c.span[1] - c.other_base)
     kinds = sorted(c.kinds, reverse=True)  # write-write before write-read
     verb = "loads" if kinds == ["write-read"] else ("also stores" if kinds == ["write-write"] else "loads or stores")
+    if kinds == ["write-write"] and c.identical:
+        # issue 48: identical bytes do not make this run's result depend on the order; say so
+        consequence = ("; every program stored identical bytes there this time, so this run's result does not depend "
+                       "on the order the programs run in, but it would wherever they store different bytes")
+    else:
+        consequence = ", so the result depends on the order the programs run in"
     message = (
         f"program {c.writer} of {c.kernel} stores {w_range} while program {c.other_program} of the same launch "
-        f"{verb} {o_range}: {c.nbytes} byte{'s' if c.nbytes != 1 else ''} shared between programs, "
-        f"so the result depends on the order the programs run in"
+        f"{verb} {o_range}: {c.nbytes} byte{'s' if c.nbytes != 1 else ''} shared between programs{consequence}"
     )
     figures: dict[str, Any] = {
         "kernel": c.kernel,
@@ -464,6 +502,8 @@ def _finding(c: _Conflict, launch_index: int | None, runs: int) -> Finding:
         "conflicting_bytes": c.nbytes,
         "kind": ", ".join(kinds),
     }
+    if c.identical is not None:
+        figures["identical_bytes"] = c.identical
     if c.written_arg:
         figures["written_kernel_arg"] = c.written_arg
     if c.other_arg:

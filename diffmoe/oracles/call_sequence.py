@@ -130,6 +130,9 @@ class CallSequence(Oracle):
 
         # (2)'s T call on its own, under the order of after_small and the first pattern
         large_alone = large
+
+        def large_again() -> Run:  # how large_alone was made, made again (runs[0]: the first order and pattern)
+            return alone(None, t_large, POISON_PATTERNS[0], order)
         if merged_order is not None:
             ordered = alone(None, t_large, POISON_PATTERNS[0], order) if diverged else after_small
             check.findings += check.judge_run(ordered, first=False)
@@ -139,6 +142,15 @@ class CallSequence(Oracle):
             second = alone(None, t_large, fresh_poison, order)
             check.findings += poison_findings(check, large_alone, second)
             large_alone = second
+
+            def large_again() -> Run:
+                return alone(None, t_large, fresh_poison, order)
+
+        def small_again() -> Run:  # small_alone's way: fresh pair, workspaces under fresh_poison
+            return check.execute(check.build(check.config), check.allocate(shapes, f"workspace_shapes({check.config.num_tokens})"),
+                                 out_for(t_small, POISON_PATTERNS[0]), first_order, None, problem=small,
+                                 poison_workspaces=fresh_poison, what=f"the T={t_small} call on a fresh instance and "
+                                                                      "fresh workspaces, made again")
         # (1)'s small call on its own under the first pattern (the earlier T call ran on it), when
         # the one under the second pattern differs
         if poison and diverges(small_alone, after_large):
@@ -146,20 +158,31 @@ class CallSequence(Oracle):
             if not any(f.oracle == Oracles.POISON for f in check.findings):
                 check.findings += poison_findings(check, small_first, small_alone, tokens=t_small)
             small_alone = small_first
-        comparisons = [(after_large, small_alone, t_large, t_small)]
+
+            def small_again() -> Run:
+                return alone(small, t_small, POISON_PATTERNS[0], first_order)
+
+        def large_then_small() -> Run:  # (1) made again: the T call, then the small one, on a fresh pair
+            instance, ws = check.build(check.config), check.allocate(shapes, f"workspace_shapes({check.config.num_tokens})")
+            check.execute(instance, ws, out_for(t_large, POISON_PATTERNS[0]), first_order, POISON_PATTERNS[0],
+                          what=f"the T={t_large} call on a fresh instance and fresh workspaces, made again")
+            return check.execute(instance, ws, out_for(t_small, POISON_PATTERNS[0]), first_order, None, problem=small,
+                                 what=f"the T={t_small} call right after the T={t_large} call, made again")
+
+        def small_then_large() -> Run:  # (2) made again on a fresh pair
+            instance, ws = check.build(check.config), check.allocate(shapes, f"workspace_shapes({check.config.num_tokens})")
+            check.execute(instance, ws, out_for(t_small, POISON_PATTERNS[0]), first_order, None, problem=small,
+                          poison_workspaces=fresh_poison, what=f"the T={t_small} call on a fresh pair, made again")
+            return check.execute(instance, ws, out_for(t_large, fresh_poison), order, None,
+                                 what=f"the T={t_large} call right after the T={t_small} call, made again")
+        comparisons = [(after_large, small_alone, t_large, t_small, small_again, large_then_small)]
         if diverged:  # otherwise after_small is bitwise the T call on its own (runs[0])
-            comparisons.append((after_small, large_alone, t_small, t_large))
-        for run, reference, earlier, t_call in comparisons:
+            comparisons.append((after_small, large_alone, t_small, t_large, large_again, small_then_large))
+        for run, reference, earlier, t_call, alone_again, sequence_again in comparisons:
             c = check.first_bitwise_divergence(reference, run, "the same call, with or without an earlier call")
-            if c is None:
-                continue
-            check.findings.append(Finding(
-                oracle=Oracles.CALL_SEQUENCE, stage=producer_stage(check.config, c.name), buffers=[c.name],
-                message=f"{c.name} of a T={t_call} call changes when a T={earlier} call ran before it on the same "
-                        f"implementation and workspaces: {c.differing} of {c.total} elements differ from the call "
-                        "made on its own (state left by the earlier call: stale rows, scales or private buffers)",
-                figures={"tokens": t_call, "earlier_tokens": earlier, **c.figures()},
-            ))
+            if c is not None:
+                check.findings.append(_divergence_finding(check, c, t_call, earlier, reference, alone_again,
+                                                          sequence_again))
         # (3): on the fresh pair, a call of the small call's shape with other values
         other = replace(small, **tokens_of(check.problem, slice(t_large - t_small, t_large)))
         run = check.execute(fresh, fresh_ws, out_for(t_small, POISON_PATTERNS[0]), first_order, None, problem=other,
@@ -167,6 +190,40 @@ class CallSequence(Oracle):
                                  f"{t_small} (same workspaces)")
         check.findings += other_values_findings(check, small, small_alone, other, run)
         return []
+
+
+def _divergence_finding(check: Check, c, t_call: int, earlier: int, reference: Run, alone_again, sequence_again) -> Finding:
+    """The finding for a call that changed when an earlier call ran before it, after telling the
+    two causes apart (issue 48: a kernel wrong one call in 40 was blamed on state): state carried
+    between calls reproduces, the same two calls made again on a fresh instance diverging again,
+    while the call on its own gives the same bytes twice; a nondeterministic implementation gives
+    the same call different bytes (its call on its own made twice differs), or does not diverge
+    again. Costs two calls more, made only on a divergence."""
+    head = (f"{c.name} of a T={t_call} call changes when a T={earlier} call ran before it on the same implementation "
+            f"and workspaces: {c.differing} of {c.total} elements differ from the call made on its own")
+    figures = {"tokens": t_call, "earlier_tokens": earlier, **c.figures()}
+    repeat = check.first_bitwise_divergence(reference, alone_again(), "the same call, made twice on its own")
+    if repeat is not None:
+        return Finding(
+            oracle=Oracles.CALL_SEQUENCE, stage=producer_stage(check.config, repeat.name), buffers=[c.name],
+            message=f"{head}; but the call made on its own twice, each on a fresh instance and fresh workspaces, "
+                    f"differs too ({repeat.name}: {repeat.differing} of {repeat.total} elements): the implementation "
+                    "is nondeterministic (the same call twice gives different bytes), which says nothing of state "
+                    "carried between calls",
+            figures={**figures, "cause": "nondeterministic", "repeat_differing": repeat.differing})
+    again = check.first_bitwise_divergence(reference, sequence_again(), "the same two calls, made again")
+    if again is None:
+        return Finding(
+            oracle=Oracles.CALL_SEQUENCE, stage=producer_stage(check.config, c.name), buffers=[c.name],
+            message=f"{head}; but the same two calls made again on a fresh instance and fresh workspaces give the "
+                    "call's own bytes: the divergence does not reproduce, so the implementation is nondeterministic "
+                    "(the same call twice gives different bytes), not carrying state between calls",
+            figures={**figures, "cause": "nondeterministic", "reproduced": False})
+    return Finding(
+        oracle=Oracles.CALL_SEQUENCE, stage=producer_stage(check.config, c.name), buffers=[c.name],
+        message=f"{head} (state left by the earlier call: stale rows, scales or private buffers; the two calls made "
+                "again on a fresh instance diverge again, and the call on its own gives the same bytes twice)",
+        figures={**figures, "cause": "state", "reproduced": True})
 
 
 def other_values_findings(check: Check, earlier: Problem, earlier_run: Run, other: Problem, run: Run) -> list[Finding]:

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Collection
 
 from diffmoe.problem.numerics import DEFAULT_PROFILE, NO_CLAMP, PROFILE_NAMES, SCHEME_ONLY, Profile, parse_spec, profile
 from diffmoe.problem.numerics import QUANT_SCHEMES as NUMERICS_QUANT_SCHEMES
@@ -147,6 +147,17 @@ def flag_zero_rows(call_tokens: int, nan_rows: int = 0, inf_rows: int = 0) -> in
     own default stays 0: a config from Python or a JSON file says exactly what it holds; the
     replay command (diffmoe.check.report.check_command) names --zero-rows wherever it differs from this."""
     return 1 if call_tokens - nan_rows - inf_rows >= 2 else 0
+
+
+def flag_nan_rows(call_tokens: int, act_granularity: str | None, zero_rows: int = 1, inf_rows: int = 0) -> int:
+    """The NaN tokens a config built from command-line flags holds unless `--nan-rows` says
+    otherwise (issue 48 item 5): one, where a NaN token's output is its own row's business (the
+    activations' scales are not per tensor: one NaN there makes the shared scale, and so every
+    output row, NaN) and the call keeps an ordinary token beside it and its zero (`zero_rows`: the
+    one `flag_zero_rows` adds, or `--zero-rows`) and Inf rows, else none. Without it a kernel
+    that squashes a NaN (nan_to_num on its input) or leaves a NaN row unwritten passes a default
+    check. Zero rows come first: a two-token call keeps its padding token, not a NaN one."""
+    return 1 if act_granularity != "tensor" and call_tokens - zero_rows - inf_rows >= 2 else 0
 
 
 def check_int(name: str, value: Any, lo: int, hi: int, hi_text: str | None = None) -> int:
@@ -596,10 +607,13 @@ class MoEConfig:
             raise ValueError(f"config is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
-    @property
-    def flag_zero_rows(self) -> int:
-        """The zero rows the command line gives this config's other fields by default (`flag_zero_rows`)."""
-        return flag_zero_rows(self.call_num_tokens, self.nan_rows, self.inf_rows)
+    def with_flag_rows(self, given: Collection[str] = ()) -> MoEConfig:
+        """This config with the zero and NaN rows the command line gives it by default
+        (`flag_nan_rows`, then `flag_zero_rows`), except those named in `given` (the flags set)."""
+        nan = self.nan_rows if "nan_rows" in given else flag_nan_rows(
+            self.call_num_tokens, self.act_granularity, self.zero_rows if "zero_rows" in given else 1, self.inf_rows)
+        zero = self.zero_rows if "zero_rows" in given else flag_zero_rows(self.call_num_tokens, nan, self.inf_rows)
+        return self.replace(zero_rows=zero, nan_rows=nan)
 
     def opt_in_fields(self) -> list[tuple[str, Any]]:
         """(field, value) of every opt-in input and the schedule count that differs from its
