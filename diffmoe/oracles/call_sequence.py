@@ -146,6 +146,7 @@ class CallSequence(Oracle):
             if not any(f.oracle == Oracles.POISON for f in check.findings):
                 check.findings += poison_findings(check, small_first, small_alone, tokens=t_small)
             small_alone = small_first
+        check.sub_batch = (small, small_alone)  # batch invariance's smaller batch (oracles/batch_invariance.py)
         comparisons = [(after_large, small_alone, t_large, t_small)]
         if diverged:  # otherwise after_small is bitwise the T call on its own (runs[0])
             comparisons.append((after_small, large_alone, t_small, t_large))
