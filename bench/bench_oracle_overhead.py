@@ -4,10 +4,13 @@ Baseline: `run_differential(config, oracles=(), schedules=("identity",))`, which
 the problem, runs the reference, plans and guards the workspaces and runs the optimized path
 once with the launch log. Each oracle is then timed alone with the same single schedule,
 except `schedule`, which needs several program orders and gets the runner's default ones
-(identity, reversed and the config's random orders); "all" is the runner's default (every oracle but the opt-in ones, default schedules);
+(identity, reversed and the config's random orders); "all" is the runner's default (every oracle, default schedules);
 "previous" is the default of 2026-12-02, before call-sequence, store-extent and the second random order;
 "cheap" is the fuzz execution tier's cheap set with its one random order (diffmoe/fuzz/tiers.py), what
-most fuzz examples cost.
+most fuzz examples cost. "all-without-batch-invariance" and "cheap-without-batch-invariance" are the
+two without the batch-invariance oracle: what it adds to a default check (goal: at most 10 %, issue 48;
+it judges call-sequence's small call and makes no call of its own) and to a cheap fuzz example (one
+call of one token of its own).
 Timed with `--benchmark-timer time.process_time` the figures are CPU seconds of this process, which a
 busy machine disturbs far less than wall time.
 The overhead of an oracle is its time minus the baseline's from the same run
@@ -41,7 +44,12 @@ PREVIOUS = "previous"
 PREVIOUS_ORACLES = tuple(o for o in DEFAULT_ORACLES if o not in (Oracles.CALL_SEQUENCE, Oracles.STORE_EXTENT))
 PREVIOUS_SCHEDULES = ("identity", "reversed", "random:1")
 CHEAP = "cheap"
-VARIANTS = (BASELINE, *ALL_ORACLES, PREVIOUS, CHEAP, ALL)
+WITHOUT_BI = "-without-batch-invariance"
+VARIANTS = (BASELINE, *ALL_ORACLES, PREVIOUS, CHEAP, CHEAP + WITHOUT_BI, ALL, ALL + WITHOUT_BI)
+
+
+def _without_batch_invariance(oracles) -> tuple[str, ...]:
+    return tuple(o for o in oracles if o != Oracles.BATCH_INVARIANCE)
 
 
 def _selection(variant: str) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
@@ -53,6 +61,10 @@ def _selection(variant: str) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
         return PREVIOUS_ORACLES, PREVIOUS_SCHEDULES
     if variant == CHEAP:
         return CHEAP_ORACLES, (cheap_schedule(CONFIG),)
+    if variant == ALL + WITHOUT_BI:
+        return _without_batch_invariance(ALL_ORACLES), default_schedules(CONFIG)
+    if variant == CHEAP + WITHOUT_BI:
+        return _without_batch_invariance(CHEAP_ORACLES), (cheap_schedule(CONFIG),)
     return (variant,), default_schedules(CONFIG) if variant == Oracles.SCHEDULE else ("identity",)
 
 

@@ -40,7 +40,6 @@ from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
 from diffmoe.adapters.contract import RunResult
 from diffmoe.check.report import Finding, Oracles, Report
-from diffmoe.oracles.registry import ALL_ORACLES, OPT_IN
 from diffmoe.problem.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
 import optimized.act_quant as act_quant_module  # noqa: E402
 import optimized.kernels.act_quant_kernel as act_quant_kernel_module  # noqa: E402
@@ -417,8 +416,9 @@ class TileFromBatchSize(TritonFP8MoE):
     instead of one, so its bits depend on the batch it is in. Every value stays within any float32
     summation order's interval (the differential's derived rule), each batch size is consistent
     with itself (schedule, call-sequence, teacher forcing): only batch invariance sees it. Rarely:
-    the bf16 output hides most float32 reorderings (at H=I=256 no element of seed 0 moves; at 512,
-    1 of the lone token's 2048 gate/up elements, one ulp)."""
+    the bf16 output hides most float32 reorderings (at T=3 H=I=256 one-token calls of seeds 0-3 move
+    no element; of seed 4, 1 of 512 down elements, one ulp; the default fuzz of seed 0 meets it at
+    example 4, issue 48)."""
 
     def _gemm(self, stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, **kwargs):
         tiles = self.tiles
@@ -988,12 +988,6 @@ class Mutant:
         return "optimized" if self.factory is make_legacy_planner else f"bug_zoo:{self.factory.__name__}"
 
     @property
-    def oracles(self) -> list[str]:
-        """What its check selects: a check's default, plus the opt-in oracles it is expected to be
-        caught by (registry.OPT_IN: batch invariance runs only where a mutant claims it)."""
-        return [o for o in ALL_ORACLES if o not in OPT_IN or o in self.expected_oracles]
-
-    @property
     def control_config(self) -> MoEConfig:
         return self.baseline_config or self.config
 
@@ -1188,11 +1182,12 @@ MUTANTS: dict[str, Mutant] = {
             name="tile-from-batch-size",
             what_it_breaks="both GEMMs take 16-wide K tiles for a call of 1-2 tokens: a token's bits depend on its batch",
             factory=make_tile_from_batch_size,
-            # T=4: its own calls use 128-wide tiles, the token alone 16-wide; bf16: no scale
-            # between the partial sums; H=I=512: the smallest size where seed 0 shows it
-            config=_cfg(num_tokens=4, hidden=512, inter=512, quant="bf16", fused=False),
+            # T=3: its own calls use 128-wide tiles, call-sequence's one-token call (T // 16, which
+            # batch invariance judges) 16-wide; bf16: no scale between the partial sums; H=I=256
+            # seed 4: one down row's bit moves (at H=I=128 seeds 0-9 move none, at 256 seeds 0-3)
+            config=_cfg(num_tokens=3, hidden=256, inter=256, quant="bf16", fused=False, seed=4),
             expected_oracles=frozenset({O.BATCH_INVARIANCE}),
-            expected_name=Stages.GATE_UP_GEMM,
+            expected_name=Stages.DOWN_GEMM,
         ),
         Mutant(
             name="expert-zero-weight-scale",

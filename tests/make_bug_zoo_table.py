@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # the repository root: diffmoe, optim
 sys.path.insert(0, HERE)  # bug_zoo
 
 import bug_zoo  # noqa: E402  (imports optimized first, which selects the interpreter without a GPU)
-from diffmoe.check.report import OPT_IN_ORACLES, Oracles, check_command  # noqa: E402
+from diffmoe.check.report import Oracles, check_command  # noqa: E402
 from diffmoe.check.runner import ALL_ORACLES, run_differential  # noqa: E402
 from diffmoe.cluster.tasks import Task, run_tasks  # noqa: E402
 
@@ -46,11 +46,6 @@ class MutantRun:
     found: tuple[str, ...]  # the oracles with findings, sorted
     passed: bool
 
-    @property
-    def opt_in(self) -> list[str]:
-        """The opt-in oracles that found something: a replay must name them."""
-        return [name for name in self.found if name in OPT_IN_ORACLES]
-
 
 def oracle_list(run: MutantRun) -> str:
     found = set(run.found)
@@ -62,7 +57,7 @@ def run_mutant(name: str) -> MutantRun:
     """A task: the mutant's config run against it with its oracles."""
     mutant = bug_zoo.MUTANTS[name]
     mutant.fetch_peer()  # a peer's mutant: its files cached, or one line naming the fetch command
-    report = run_differential(mutant.config, mutant.factory, oracles=mutant.oracles, implementation_name=mutant.impl)
+    report = run_differential(mutant.config, mutant.factory, implementation_name=mutant.impl)
     return MutantRun(tuple(report.oracles_with_findings()), report.passed)
 
 
@@ -102,8 +97,7 @@ def render_table(results: list[tuple[bug_zoo.Mutant, MutantRun]]) -> str:
         "|---|---|---|---|",
     ]
     for mutant, run in results:
-        # the opt-in oracles that caught it are named: a default check would not run them
-        command = check_command(mutant.config, mutant.impl, run.opt_in)
+        command = check_command(mutant.config, mutant.impl)
         lines.append(f"| `{mutant.name}` | {mutant.what_it_breaks} | {oracle_list(run)} | `{command}` |")
     caught = sum(1 for _, run in results if not run.passed)
     lines += [

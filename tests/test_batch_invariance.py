@@ -1,9 +1,11 @@
 """The batch-invariance oracle (diffmoe/oracles/batch_invariance.py): a token's results must not
-depend on the batch it is computed in. Opt-in: named with `--oracles`, never in a default check.
+depend on the batch it is computed in. In a check's default selection and the fuzz's cheap set
+since issue 48.
 
 What it exists to catch is the bug zoo's `tile-from-batch-size` (tests/test_bug_zoo.py holds that
-only this oracle catches it); here: it is quiet on the shipped kernels, it names what it skips and
-why, and the plumbing around an opt-in oracle (default selection, replay line, the claim).
+only this oracle catches it; tests/test_bug_zoo_fuzzed.py that the default fuzz finds it from a
+cold start); here: a default check catches it at no extra call, it is quiet on the shipped
+kernels by default and alone, and it names what it skips and why.
 """
 
 from __future__ import annotations
@@ -17,20 +19,35 @@ import bug_zoo
 import pytest
 
 from diffmoe.adapters.contract import factory_batch_invariant
+from diffmoe.check import execution
 from diffmoe.check.report import Oracles
 from diffmoe.check.runner import run_differential
-from diffmoe.oracles.registry import DEFAULT_ORACLES, OPT_IN, resolve_oracles
+from diffmoe.fuzz.tiers import CHEAP_ORACLES
+from diffmoe.oracles.registry import ALL_ORACLES, DEFAULT_ORACLES, resolve_oracles
 from diffmoe.problem.config import MoEConfig
 
 BI = Oracles.BATCH_INVARIANCE
 TILE_BUG = bug_zoo.MUTANTS["tile-from-batch-size"]
 
 
-@pytest.mark.parametrize(("quant", "fused"), [("bf16", False), ("fp8-token", False), ("fp8-token", True),
-                                              ("fp8-block", False), ("fp8-block", True)])
-def test_quiet_on_the_shipped_kernels(quant, fused):
+SCHEMES = [("bf16", False), ("fp8-token", False), ("fp8-token", True), ("fp8-block", False), ("fp8-block", True)]
+
+
+@pytest.mark.parametrize(("quant", "fused"), SCHEMES)
+def test_a_default_check_is_quiet_on_the_shipped_kernels(quant, fused):
+    # call-sequence's one-token call judged (T=3 // 16 = 1), with the second poison pattern
     config = MoEConfig(num_tokens=3, num_experts=4, topk=2, hidden=128, inter=128, quant=quant, fused=fused,
                        zero_rows=1, seed=3)
+    report = run_differential(config)
+    assert BI in report.oracles and report.passed and BI not in report.skipped, report.render()
+
+
+@pytest.mark.parametrize(("quant", "fused"), SCHEMES)
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_alone_it_is_quiet_on_the_shipped_kernels(quant, fused, tokens):
+    # its own calls: the last token alone (T=3), the token behind two others (T=1)
+    config = MoEConfig(num_tokens=tokens, num_experts=4, topk=2, hidden=128, inter=128, quant=quant, fused=fused,
+                       seed=3)
     report = run_differential(config, oracles=[BI])
     assert report.passed and BI not in report.skipped, report.render()
 
@@ -66,7 +83,7 @@ def test_an_implementation_that_does_not_claim_it_is_skipped_with_its_word():
         return TILE_BUG.factory(config)
 
     make.batch_invariant = False
-    report = run_differential(TILE_BUG.config, make, oracles=[BI])
+    report = run_differential(TILE_BUG.config, make)  # a default check: no false alarm on vLLM or SGLang
     assert report.passed and "batch_invariant = False" in report.skipped[BI], report.render()
 
 
@@ -85,11 +102,44 @@ def test_vllm_does_not_claim_it():
     assert factory_batch_invariant(make) is False
 
 
-def test_opt_in_a_default_check_runs_it_not_and_a_replay_line_names_it():
-    assert BI in OPT_IN and BI not in DEFAULT_ORACLES and BI not in resolve_oracles(None)
-    default = run_differential(TILE_BUG.config, TILE_BUG.factory, implementation_name=TILE_BUG.impl)
-    assert default.passed and BI not in default.oracles, default.render()  # the mutant passes a default check
-    report = run_differential(TILE_BUG.config, TILE_BUG.factory, oracles=[BI], implementation_name=TILE_BUG.impl)
+def test_on_by_default_in_a_check_and_in_the_fuzz_cheap_set():
+    assert BI in DEFAULT_ORACLES and BI in resolve_oracles(None) and DEFAULT_ORACLES == ALL_ORACLES
+    assert BI in CHEAP_ORACLES
+
+
+def test_a_default_check_catches_the_tile_bug_and_its_replay_needs_no_oracle_named():
+    report = run_differential(TILE_BUG.config, TILE_BUG.factory, implementation_name=TILE_BUG.impl)
     (finding,) = report.findings
-    assert finding.oracle == BI and finding.figures["token"] == TILE_BUG.config.num_tokens - 1, report.render()
-    assert report.replay_command().endswith(f"--oracles {BI} --impl {TILE_BUG.impl}")
+    assert finding.oracle == BI and finding.figures["token"] == 0, report.render()
+    assert "in a T=1 call (the batch's first 1) and in its T=3 batch" in finding.message, report.render()
+    assert "--oracles" not in report.replay_command() and report.replay_command().endswith(f"--impl {TILE_BUG.impl}")
+
+
+def _calls(monkeypatch, **kwargs) -> list[str]:
+    """What every call of the implementation in a check was made for (Check.execute's `what`)."""
+    made = []
+    execute = execution.Check.execute
+
+    def counted(self, *args, what=None, **kw):
+        made.append(what)
+        return execute(self, *args, what=what, **kw)
+
+    monkeypatch.setattr(execution.Check, "execute", counted)
+    report = run_differential(MoEConfig(num_tokens=16, num_experts=4, topk=2, hidden=128, inter=128,
+                                        quant="fp8-token", fused=True), **kwargs)
+    assert report.passed and (BI in report.oracles) == (BI in kwargs.get("oracles", DEFAULT_ORACLES)), report.render()
+    assert BI not in report.skipped, report.render()
+    monkeypatch.undo()
+    return made
+
+
+def test_in_a_default_check_it_makes_no_call_of_its_own(monkeypatch):
+    # it judges call-sequence's small call (issue 48: opt-in, it made two calls, 35 % of a check)
+    without = _calls(monkeypatch, oracles=[o for o in DEFAULT_ORACLES if o != BI])
+    assert _calls(monkeypatch) == without
+
+
+def test_without_call_sequence_it_makes_one_call_of_one_token(monkeypatch):
+    without = _calls(monkeypatch, oracles=[o for o in CHEAP_ORACLES if o != BI], schedules=("identity",))
+    with_it = _calls(monkeypatch, oracles=list(CHEAP_ORACLES), schedules=("identity",))
+    assert with_it == without + ["the batch-invariance run: token 15 alone (T=1)"]

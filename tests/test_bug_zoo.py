@@ -26,7 +26,7 @@ _control_reports: dict[tuple, Report] = {}
 def mutant_report(mutant: Mutant) -> Report:
     if mutant.name not in _mutant_reports:
         mutant.fetch_peer()
-        _mutant_reports[mutant.name] = run_differential(mutant.config, mutant.factory, oracles=mutant.oracles, implementation_name=mutant.impl)
+        _mutant_reports[mutant.name] = run_differential(mutant.config, mutant.factory, implementation_name=mutant.impl)
     return _mutant_reports[mutant.name]
 
 

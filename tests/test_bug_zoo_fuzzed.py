@@ -22,7 +22,6 @@ from diffmoe.frontends import cli
 from diffmoe.problem.config import MoEConfig
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.check.report import check_command
-from diffmoe.check.report import OPT_IN_ORACLES
 from diffmoe.check.runner import run_differential
 from diffmoe.fuzz.strategies import size_floor
 
@@ -42,13 +41,8 @@ RARELY_DRAWN = {"input-router-weight-dropped"}
 RARELY_DRAWN |= {"amax-pass-cached-across-calls"}
 
 
-# A mutant only an opt-in oracle catches (registry.OPT_IN: batch invariance) is not the default
-# fuzz's to find: it does not run that oracle. tests/test_bug_zoo.py catches it with the oracle named.
-OPT_IN_ONLY = {name for name, m in MUTANTS.items() if m.expected_oracles <= OPT_IN_ORACLES}
-
-
 def _cases():
-    for name in sorted(set(MUTANTS) - OPT_IN_ONLY):
+    for name in sorted(MUTANTS):
         marks = [pytest.mark.xfail(strict=True, reason="input class the strategies rarely draw")] if name in RARELY_DRAWN else []
         yield pytest.param(name, marks=marks, id=name)
 

@@ -49,7 +49,7 @@ def test_cases_cover_every_label_scheme_and_both_orders():
 
 @pytest.mark.parametrize("config, schedules", CASES)
 def test_no_oracle_reports_anything(config, schedules):
-    # every oracle, the opt-in batch invariance included: the interpreter's dots are row-independent
+    # every oracle, batch invariance included: the interpreter's dots are row-independent
     # (diffmoe/interpreter/dot_rows.py), so it is quiet under OPENBLAS_CORETYPE=Haswell too (issue 33)
     report = run_differential(config, schedules=schedules, oracles=ALL_ORACLES)
     assert report.passed, report.render()

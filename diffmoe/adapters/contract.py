@@ -53,7 +53,7 @@ implementation (building one may probe its backend or import Triton):
 
 A factory may also say `batch_invariant = False` (a bool): its implementation does not claim that a
 token's results are independent of the batch it is computed in (a tile or split chosen from the
-batch size), so the opt-in batch-invariance oracle skips it with that reason instead of reporting
+batch size), so the batch-invariance oracle skips it with that reason instead of reporting
 the design as a bug. Without the attribute, or with True, the oracle judges it when selected.
 
 A factory that runs a third party's code from a pinned wheel says which: `peer_wheel = "vllm==0.28.0"`

@@ -100,6 +100,9 @@ class Check:
         # True when the call-sequence oracle makes the last order's run and the poison oracle's
         # second run (oracles/call_sequence.py): one T call serves three oracles
         self.sequenced = False
+        # the call-sequence oracle's small call on a fresh instance and fresh workspaces (its first
+        # T // 16 tokens) and that call's problem: the batch-invariance oracle judges it, at no cost
+        self.sub_batch: tuple[Problem, Run] | None = None
         # selected oracles that could not run on this check, and why (the report says so)
         self.skipped: dict[str, str] = {}
         self.out_of_bounds: list = []  # every access the bounds guard refused, every call, in order
@@ -197,6 +200,8 @@ class Check:
         """diffmoe.problem.inputs.settle_uncomputed_rows for one call of this check (another call's problem,
         call-sequence's smaller ones, gets its own reference, once)."""
         problem = problem or self.problem
+        if bool(problem.computed_slots().all()):
+            return  # nothing to settle: no reference to run (a fifth of a one-token call's cost, issue 48)
         if problem is not self.problem and getattr(self, "_other", (None,))[0] is not problem:
             self._other = (problem, reference_moe(problem))
         settle_uncomputed_rows(problem, (self.reference if problem is self.problem else self._other[1]).intermediates, buffers)

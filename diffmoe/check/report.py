@@ -37,15 +37,9 @@ class Oracles:
     POISON = "poison"  # result depends on workspace contents before the call
     RED_ZONE = "red-zone"  # guard bytes around a workspace changed
     CONTRACT = "contract"  # shapes, dtypes, declared buffers, input writes
-    BATCH_INVARIANCE = "batch-invariance"  # a token's results do not depend on its batch (opt-in)
+    BATCH_INVARIANCE = "batch-invariance"  # a token's results do not depend on its batch
     CRASH = "crash"  # the implementation raised
     TIMEOUT = "timeout"  # the example ran past its time limit
-
-
-# Oracles a check runs only when named (`--oracles`, `oracles=`): each costs more than the rest of a
-# check would bear by default (batch invariance: two more calls of the implementation, measured in
-# docs/oracles.md). diffmoe.oracles.registry reads it; a replay line names those that found something.
-OPT_IN_ORACLES: frozenset[str] = frozenset({Oracles.BATCH_INVARIANCE})
 
 
 # What `--impl` (diffmoe.check.runner.load_factory) can load: MODULE:FACTORY, one colon, a top-level
@@ -74,11 +68,8 @@ def is_factory_spec(implementation: str) -> bool:
 _ROW_FLAGS = ("zero_rows", "nan_rows")
 
 
-def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME,
-                  oracles: Sequence[str] = ()) -> str:
-    """The `diffmoe check` command line that rebuilds exactly this config and implementation
-    (and selects `oracles` with `--oracles` when given: an opt-in oracle's finding replays only
-    where the command names it).
+def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME) -> str:
+    """The `diffmoe check` command line that rebuilds exactly this config and implementation.
 
     The default implementation (DEFAULT_IMPLEMENTATION_NAME, or no name) needs no `--impl`; a
     MODULE:FACTORY spec is passed as `--impl SPEC`. Any other name (a factory no module exports:
@@ -106,8 +97,6 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
         if name in shown:
             flag = "--" + name.replace("_", "-")
             parts.append(flag if shown[name] is True else f"{flag} {shown[name]}")
-    if oracles:
-        parts.append("--oracles " + ",".join(oracles))
     if implementation and implementation != DEFAULT_IMPLEMENTATION_NAME:
         if is_factory_spec(implementation):
             parts.append(f"--impl {shlex.quote(implementation)}")
@@ -193,13 +182,8 @@ class Report:
 
     def replay_command(self) -> str:
         """A copy-pasteable command that replays this config with this implementation
-        (`--impl SPEC` unless it is the default; see check_command for one no command loads), and
-        `--oracles NAME` for an opt-in oracle that found something (a check's default omits it)."""
-        return check_command(self.config, self.implementation, self.opt_in_with_findings())
-
-    def opt_in_with_findings(self) -> list[str]:
-        """The opt-in oracles (OPT_IN_ORACLES) that found something: a replay must name them."""
-        return [name for name in self.oracles_with_findings() if name in OPT_IN_ORACLES]
+        (`--impl SPEC` unless it is the default; see check_command for one no command loads)."""
+        return check_command(self.config, self.implementation)
 
     def to_dict(self) -> dict[str, Any]:
         d = {

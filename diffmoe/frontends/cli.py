@@ -1416,7 +1416,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(check)
     _add_impl_option(check)
     check.add_argument("--schedule", action="append", metavar="identity|reversed|random:SEED", help="program order (repeatable; default identity, reversed and --random-orders random ones)")
-    check.add_argument("--oracles", metavar="A,B", help=f"oracles to run (default every one but the opt-in {', '.join(sorted(registry.OPT_IN))}): "
+    check.add_argument("--oracles", metavar="A,B", help="oracles to run (default every one): "
                             f"{', '.join(KNOWN_ORACLES)}")
     check.add_argument("--device", help="torch device (default: the implementation's)")
     check.add_argument("--time-limit", type=_time_limit, metavar="S",
@@ -1438,7 +1438,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_impl_option(fz)
     fz.add_argument("--max-tokens", type=_positive_int, default=None, metavar="T", help="largest T drawn (default 96; or bound T with --tokens)")
     fz.add_argument("--max-experts", type=_positive_int, default=None, metavar="E", help="largest E drawn (default 64; or bound E with --experts)")
-    fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default every one but the opt-in ones)")
+    fz.add_argument("--oracles", metavar="A,B", help="oracles to run (default every one, in tiers: docs/fuzzing.md)")
     fz.add_argument("--special-rows", action=argparse.BooleanOptionalAction, default=True,
                     help="draw all-zero (padding), NaN and Inf token rows (default: zero rows in about half the examples, NaN and Inf in an eighth each)")
     fz.add_argument("--model-features", action="store_true", help="also draw the SwiGLU limit, dropped slots (-1 ids) and shared experts")

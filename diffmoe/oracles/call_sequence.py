@@ -175,6 +175,7 @@ class CallSequence(Oracle):
                           poison_workspaces=fresh_poison, what=f"the T={t_small} call on a fresh pair, made again")
             return check.execute(instance, ws, out_for(t_large, fresh_poison), order, None,
                                  what=f"the T={t_large} call right after the T={t_small} call, made again")
+        check.sub_batch = (small, small_alone)  # batch invariance's smaller batch (oracles/batch_invariance.py)
         comparisons = [(after_large, small_alone, t_large, t_small, small_again, large_then_small)]
         if diverged:  # otherwise after_small is bitwise the T call on its own (runs[0])
             comparisons.append((after_small, large_alone, t_small, t_large, large_again, small_then_large))

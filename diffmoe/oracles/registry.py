@@ -15,8 +15,6 @@ from collections.abc import Collection
 from functools import cache
 from typing import TYPE_CHECKING
 
-from diffmoe.check.report import OPT_IN_ORACLES
-
 if TYPE_CHECKING:
     from diffmoe.oracles.base import Oracle
 
@@ -39,10 +37,8 @@ REGISTRY: tuple[tuple[str, str], ...] = (
     ("contract", "diffmoe.oracles.contract:Contract"),
     ("batch-invariance", "diffmoe.oracles.batch_invariance:BatchInvariance"),
 )
-OPT_IN: frozenset[str] = OPT_IN_ORACLES  # run only when named (diffmoe.check.report.OPT_IN_ORACLES)
-
 ALL_ORACLES: tuple[str, ...] = tuple(name for name, _ in REGISTRY)  # as shipped; the functions read REGISTRY
-DEFAULT_ORACLES: tuple[str, ...] = tuple(name for name in ALL_ORACLES if name not in OPT_IN)  # a check's default
+DEFAULT_ORACLES: tuple[str, ...] = ALL_ORACLES  # a check's default: every oracle (none is opt-in since issue 48)
 
 
 @cache
@@ -74,11 +70,10 @@ def names() -> list[str]:
 
 
 def resolve_oracles(oracles: Collection[str] | None) -> list[str]:
-    """The selection in registry order (None: every oracle but the opt-in ones); a ValueError
-    naming the unknown ones."""
+    """The selection in registry order (None: every oracle); a ValueError naming the unknown ones."""
     known = names()
     if oracles is None:
-        return [o for o in known if o not in OPT_IN]
+        return known
     unknown = sorted(set(oracles) - set(known))
     if unknown:
         raise ValueError(f"oracles must be among {known}, got unknown {unknown}")
