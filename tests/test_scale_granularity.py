@@ -124,7 +124,8 @@ def test_routed_scaling_factor_scales_the_float32_sum_before_its_one_rounding():
 
 
 @pytest.mark.parametrize("quant", ["fp8-tensor", "fp8-token", "fp8-block", "bf16"])
-@pytest.mark.parametrize("label", ["weights-at-another-granularity", "routed-scaling-factor"])
+@pytest.mark.parametrize("label", ["weights-at-another-granularity", "routed-scaling-factor",
+                                   "routed-scaling-factor-with-shared-experts"])
 def test_the_shipped_kernel_is_quiet_on_the_new_edge_cases(quant, label):
     config = edge_cases(quant, fused=quant == "fp8-token")[label].replace(random_orders=0)
     report = run_differential(config)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from diffmoe.tolerance.compare import Comparison, Rule, compare
-from diffmoe.tolerance.gemm_interval import stage_bound
+from diffmoe.tolerance.gemm_interval import outward_float32, stage_bound
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.tolerance.table import END_TO_END, FORCED, rule_for
 from diffmoe.problem.vocabulary import Buffers, Stages, pipeline_stages
@@ -21,35 +21,62 @@ from diffmoe.oracles.base import Oracle
 if TYPE_CHECKING:
     from diffmoe.check.execution import Check, Run
 
-# The end-to-end output's derived bound (derived_output_bound): the effect of the candidate's own
-# down-GEMM input, plus the down GEMM's per-stage slack (its forced row in the tolerance table)
-# per routed row and the output's own rounding.
+# The end-to-end output's derived bound (derived_output_bound): the reduce run on the two ends of
+# every routed row's interval. The reduce (float32 or bf16 adds, the router weight's product where
+# the profile puts it there, the routed scaling factor, the last bf16 rounding) is a chain of
+# correctly rounded, monotone operations, so a candidate whose down rows lie in their intervals and
+# whose reduce is the reference's (its per-stage rule is bitwise) lands between the reduce of the
+# rows' lower ends and that of their upper ends: the routed_scaling_factor, which multiplies the
+# float32 sum before the output's rounding, scales the rows' slack with it (issue 48: a bound that
+# summed the rows' slack unscaled failed the shipped kernel at factor 2.5).
 DERIVED_OUTPUT_REASON = (
-    "the reference's down GEMM and reduce run on the candidate's own down-GEMM input give the exact effect of every "
-    "upstream difference (moved e4m3 codes, silu ulps); plus the down GEMM's per-stage rule (its derived interval, or "
-    "its ulps and floor) per routed row and 1 ulp for the output's rounding"
+    "every routed row lies in the down GEMM's per-stage interval (its derived interval, or its ulps and floor) around "
+    "the reference's down GEMM run on the candidate's own down-GEMM input (which carries the exact effect of every "
+    "upstream difference: moved e4m3 codes, silu ulps); the reduce (rounded adds, router weight, routed scaling "
+    "factor, the output's rounding) is monotone, so the output lies between the reduce of the rows' two ends"
 )
 
 
-def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
-    """One bf16 ulp at |x| (float64; the subnormal step below 2^-126)."""
-    exponent = torch.floor(torch.log2(x.abs().clamp_min(2.0**-126)))
-    return torch.pow(2.0, exponent - 7)
+def bf16_steps(x: torch.Tensor, steps: int) -> torch.Tensor:
+    """The bf16 value `steps` representable values above bf16 `x` (below when negative; +-0 is one
+    value, as the ulp distance counts), saturating at the infinities; NaN stays NaN."""
+    magnitude = x.view(torch.int16).to(torch.int64) & 0x7FFF
+    ordered = torch.where(x.view(torch.int16) < 0, -magnitude, magnitude) + steps
+    moved = ordered.abs().clamp_max(0x7F80) | torch.where(ordered < 0, 0x8000, 0)  # 0x7F80: infinity
+    return torch.where(torch.isnan(x), x, moved.to(torch.int32).to(torch.int16).view(torch.bfloat16))
 
 
-def derived_output_bound(check: Check, run: Run,
-                         down_interval: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict] | None:
-    """The bound the end-to-end output is held to, per element, and the figures behind it.
+def down_row_ends(rule: Rule, rows: torch.Tensor,
+                  interval: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lowest, highest) float32 value a candidate's bf16 down rows may take under the down GEMM's
+    per-stage rule, around the reference's rows: the derived interval's ends (bf16 values), or the
+    farther of max_ulp bf16 steps and the absolute floor (ULP: either passes an element)."""
+    if interval is not None:
+        below, above = interval
+        return (rows.double() - below.double()).float(), (rows.double() + above.double()).float()
+    lo = torch.minimum(bf16_steps(rows, -rule.max_ulp).float(), outward_float32(rows.double() - rule.atol, -math.inf))
+    hi = torch.maximum(bf16_steps(rows, rule.max_ulp).float(), outward_float32(rows.double() + rule.atol, math.inf))
+    return lo, hi
 
-    Every upstream difference a candidate may legitimately have (a silu ulp, a moved e4m3
-    code) reaches the output only through the down GEMM's input, so the reference's down GEMM
-    and reduce are run on the candidate's down-GEMM input: |that output - the reference's|
-    is exactly the effect of those differences. On top: what the down GEMM's per-stage rule
-    allows (on the interpreter the width of its derived interval, diffmoe.tolerance.gemm_interval; on
-    CUDA its ulps and floor; per routed row, summed over K; the reduce's is bitwise) and the
-    output's own bf16 rounding (1 ulp). None when the candidate did not report the buffers.
-    `down_interval`: the down stage's derived interval on these same inputs when the caller has
-    judged that stage already (judge_run), so it is not computed twice."""
+
+def derived_output_bound(check: Check, run: Run, down_interval: tuple[torch.Tensor, torch.Tensor] | None = None
+                         ) -> tuple[tuple[torch.Tensor, torch.Tensor], dict] | None:
+    """(below, above) per output element: reference - below <= candidate <= reference + above, and
+    the figures behind it.
+
+    Every upstream difference a candidate may legitimately have (a silu ulp, a moved e4m3 code)
+    reaches the output only through the down GEMM's input, so the reference's down GEMM is run on
+    the candidate's down-GEMM input; each of the candidate's rows may then lie anywhere in that
+    row's per-stage interval (on the interpreter its derived interval, diffmoe.tolerance.gemm_interval;
+    on CUDA its ulps and floor). The reference's reduce, run on the rows' lower ends and on their
+    upper ends (ends swapped where a weight the reduce applies is negative), brackets the output:
+    every operation of the reduce is monotone and the candidate's reduce is the reference's (bitwise
+    per stage). The bracket carries the routed scaling factor and the output's own rounding exactly.
+    None when the candidate did not report the buffers. `down_interval`: the down stage's derived
+    interval on these same inputs when the caller has judged that stage already (judge_run), so it
+    is not computed twice."""
+    from reference.rounding.points import rounding  # the profile's router_weight point: where the weight multiplies
+
     cfg = check.config
     down_in = ((Buffers.QUANTED_DOWN_INPUT, Buffers.QUANTED_DOWN_INPUT_SCALES) if cfg.is_fp8
                else (Buffers.ACTIVATION_OUTPUT,))
@@ -61,25 +88,29 @@ def derived_output_bound(check: Check, run: Run,
     via = check.reference_stage(Stages.REDUCE, down)
     if isinstance(via, str):
         return None
-    t, k, h = check.problem.num_tokens, cfg.topk, cfg.hidden
-    down_v = down[Buffers.DOWN_OUTPUT].double().view(t, k, h)  # [T, K, H]
-    via_v = via[Buffers.OUTPUT].double()  # [T, H]
-    effect = (via_v - check.reference.output.double()).abs()  # [T, H] what the candidate's inputs change
+    rows = down[Buffers.DOWN_OUTPUT]  # [TK, H] bf16
     down_rule = rule_for(cfg.quant, Buffers.DOWN_OUTPUT, FORCED, backend=check.tolerance_backend)
     interval = down_interval if down_interval is not None else stage_bound(
-        down_rule, Buffers.DOWN_OUTPUT, down[Buffers.DOWN_OUTPUT], {n: run.buffers[n] for n in down_in}, check.problem)
-    if interval is None:  # an ulp rule: its ulps and floor per routed row
-        per_row = down_rule.max_ulp * bf16_ulp(down_v) + down_rule.atol  # [T, K, H]
-    else:  # the derived interval: its whole width per routed row
-        per_row = (interval[0] + interval[1]).double().view(t, k, h)
-    slack = per_row.sum(dim=1) + bf16_ulp(via_v)  # [T, H]
-    bound = torch.nan_to_num(effect + slack, nan=math.inf)  # a NaN input is judged per stage, not here
+        down_rule, Buffers.DOWN_OUTPUT, rows, {n: run.buffers[n] for n in down_in}, check.problem)
+    lo, hi = down_row_ends(down_rule, rows, interval)  # [TK, H] float32
+    if cfg.router_weight == "down" and not rounding(cfg.numerics_profile).weighs_in_down_gemm:
+        negative = (check.problem.topk_weights.reshape(-1, 1) < 0).to(lo.device)  # [TK, 1]: the reduce weighs the row
+        lo, hi = torch.where(negative, hi, lo), torch.where(negative, lo, hi)
+    ends = [check.reference_stage(Stages.REDUCE, {Buffers.DOWN_OUTPUT: e}) for e in (lo, hi)]
+    if any(isinstance(e, str) for e in ends):
+        return None
+    low, high = (e[Buffers.OUTPUT].double() for e in ends)  # [T, H]
+    ref = check.reference.output.double()
+    # a NaN or infinite end (a NaN input's rows, an interval without ends) is judged per stage, not here
+    below = torch.nan_to_num(ref - low, nan=math.inf)
+    above = torch.nan_to_num(high - ref, nan=math.inf)
+    effect = (via[Buffers.OUTPUT].double() - ref).abs()  # [T, H] what the candidate's inputs change
     figures: dict[str, Any] = {"max_effect_of_inputs": float(torch.nan_to_num(effect, nan=0.0).max()) if effect.numel() else 0.0}
     if cfg.is_fp8 and Buffers.QUANTED_DOWN_INPUT in check.reference.intermediates:
         moved = run.buffers[Buffers.QUANTED_DOWN_INPUT].view(torch.uint8) != \
             check.reference.intermediates[Buffers.QUANTED_DOWN_INPUT].view(torch.uint8)
         figures["moved_down_input_codes"] = int(moved.sum())
-    return bound, figures
+    return (below, above), figures
 
 
 # the down GEMM's inputs derived_output_bound feeds the reference (the candidate's, by scheme)
@@ -92,8 +123,9 @@ class Differential(Oracle):
               "departure first; then the output end to end")
     how = ("each stage's writes against the reference stage run on the very buffers the candidate's stage read, with the "
            "tight per-stage (`forced`) rules, so legitimate one-ulp differences never carry into a later verdict; the "
-           "output against the reference's own within a bound derived per check: the reference's down GEMM and reduce "
-           "run on the candidate's down-GEMM input give the exact effect of its moved codes, plus the per-stage slack")
+           "output against the reference's own within a bound derived per check: the reference's down GEMM on the "
+           "candidate's down-GEMM input, each row widened to its per-stage interval, then the reference's (monotone) "
+           "reduce of the rows' two ends, which carries the routed scaling factor")
     rank = 50
 
     def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]:
@@ -105,7 +137,7 @@ class Differential(Oracle):
         candidate's stage read (its snapshots), under the tight per-stage rules of the tolerance
         table (quantisation bitwise, GEMMs ULP-bounded), so a legitimate one-ulp difference early
         on is never carried into a later stage's verdict: the rules compose. The end-to-end output
-        is then held to the effect of the differences the candidate legitimately has (see
+        is then held to the bracket the differences the candidate legitimately has allow (see
         derived_output_bound), not to a fixed elementwise tolerance. Later orders are the
         schedule oracle's."""
         if not first:

@@ -59,6 +59,11 @@ def edge_cases(quant: str, *, fused: bool = False, planner: str = "fixed") -> di
         "shared-experts": dict(num_tokens=6, num_experts=6, topk=4, shared_experts=2),
         # DeepSeek-V3's factor: the routed sum times 2.5 before its last rounding
         "routed-scaling-factor": dict(num_tokens=5, num_experts=4, topk=2, routed_scaling_factor=2.5),
+        # issue 48: the factor scales the down rows' slack with the sum; five shared experts (weight 1)
+        # and a clamp make the output small beside its rows, so a bound that summed the rows' slack
+        # unscaled failed the shipped kernel here (fp8-block, seed 1; the fuzz found it at T=16 H=I=512)
+        "routed-scaling-factor-with-shared-experts": dict(num_tokens=8, num_experts=6, topk=6, shared_experts=5,
+                                                          swiglu_limit=0.25, routed_scaling_factor=2.5, seed=1),
         # the weights at another granularity than the scheme's own (issue 27 item 5), each expert's scale
         # apart (3 octaves of spread): a kernel reading one expert's per-tensor scale for all, or a
         # per-channel layout for a per-tensor scale, is off by a factor

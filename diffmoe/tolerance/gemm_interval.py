@@ -63,7 +63,7 @@ def float32_error_bound(exact: torch.Tensor, magnitude: torch.Tensor, n: int) ->
     return gamma * magnitude + n * SMALLEST_FLOAT32
 
 
-def _outward_float32(x: torch.Tensor, toward: float) -> torch.Tensor:
+def outward_float32(x: torch.Tensor, toward: float) -> torch.Tensor:
     """float64 -> the nearest float32 on the side of `toward` (-inf: largest <= x; +inf: smallest >= x)."""
     y = x.float()
     beyond = (y.double() > x) if toward < 0 else (y.double() < x)
@@ -96,8 +96,8 @@ ACTIVATION_INTERVAL_REASON = (
 def _relative_to(reference: torch.Tensor, value: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(below, above) of the bf16 interval [RNE(value - b), RNE(value + b)] around the reference;
     +inf where it is not finite."""
-    lo = _outward_float32(value - b, -math.inf).to(torch.bfloat16).double()
-    hi = _outward_float32(value + b, math.inf).to(torch.bfloat16).double()
+    lo = outward_float32(value - b, -math.inf).to(torch.bfloat16).double()
+    hi = outward_float32(value + b, math.inf).to(torch.bfloat16).double()
     ref = reference.double().reshape(value.shape)
     finite = torch.isfinite(value) & torch.isfinite(b) & torch.isfinite(lo) & torch.isfinite(hi)
     inf = torch.full_like(ref, math.inf)
