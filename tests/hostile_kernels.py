@@ -235,13 +235,7 @@ class RemovesTheImportGuard(_PlansOnly):
 
     def run(self, problem, workspaces, *, output=None, **kwargs):
         sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ImportGuard"]
-        from reference import reference_moe
-
-        result = reference_moe(problem)
-        if output is not None:
-            output.copy_(result.output)
-            return RunResult(output=output, intermediates=result.intermediates)
-        return result
+        return CopiesTheReference.run(self, problem, workspaces, output=output, **kwargs)
 
 
 class DropsAPthIntoTheVenv(TritonFP8MoE):
