@@ -188,3 +188,79 @@ class ReturnsAViewOfAWorkspace(TritonFP8MoE):
         count = min(ws1.numel() // 2, result.output.numel())
         return RunResult(output=ws1[: count * 2].view(torch.bfloat16).reshape(-1)[:count].reshape(shape)
                          if count == result.output.numel() else ws1[:0].view(torch.bfloat16))
+
+
+# ---- issue 43: doors out of the candidate's process ------------------------------------------
+class _PlansOnly:
+    """The shipped kernel's workspace plan and shapes, and no run_stage (teacher forcing is then
+    skipped, as for any implementation without it): what computes nothing needs to declare."""
+
+    def __init__(self, config):
+        self.config = config
+        self._shipped = TritonFP8MoE(config)
+
+    def workspace_plan(self, num_tokens=None):
+        return self._shipped.workspace_plan(num_tokens)
+
+    def workspace_shapes(self, max_tokens):
+        return self._shipped.workspace_shapes(max_tokens)
+
+
+def _zeros(problem, output, hidden):
+    out = output if output is not None else torch.empty(problem.num_tokens, hidden, dtype=torch.bfloat16)
+    return RunResult(output=out.zero_())
+
+
+class _EmptiesTheFindings:
+    """Unpickled in the judge, this would empty every report it makes (issue 43's pickle door)."""
+
+    def __reduce__(self):
+        return exec, ("import diffmoe.check.report as r; r.Report.__init__ = (lambda init: lambda self, *a, **k: "
+                      "(init(self, *a, **k), self.findings.clear())[1])(r.Report.__init__)",)
+
+
+class HandsThePickleBack(_PlansOnly):
+    """Computes nothing (zeros) and declares a numerics profile that is an object whose unpickling
+    in the judge makes every report pass: a judge that unpickles the candidate's messages runs it."""
+
+    numerics = _EmptiesTheFindings()
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        return _zeros(problem, output, self.config.hidden)
+
+
+class RemovesTheImportGuard(_PlansOnly):
+    """Computes nothing: takes the import guard off sys.meta_path, imports the reference and
+    returns its result (issue 43's guard door)."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ImportGuard"]
+        return CopiesTheReference.run(self, problem, workspaces, output=output, **kwargs)
+
+
+class DropsAPthIntoTheVenv(TritonFP8MoE):
+    """Writes a .pth into the venv's site-packages (code every later interpreter of the venv
+    runs at its start), from run: the boundary refuses the write and the judge names the path."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        import site
+
+        try:
+            with open(f"{site.getsitepackages()[0]}/diffmoe_hostile.pth", "w") as f:
+                f.write("import os\n")
+        except OSError:
+            pass
+        return super().run(problem, workspaces, output=output, **kwargs)
+
+
+class OpensASocket(TritonFP8MoE):
+    """Connects to a local port from run (a judge's service, another machine): refused, named."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        import socket
+
+        try:
+            socket.create_connection(("127.0.0.1", 9), timeout=1).close()
+        except OSError:
+            pass
+        return super().run(problem, workspaces, output=output, **kwargs)

@@ -327,7 +327,10 @@ def _sleeping_check(tmp_path, disposition):
     (tmp_path / "sleeps.py").write_text(textwrap.dedent(SLEEPS_IN_RUN))
     pid_file = tmp_path / "worker.pid"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-               DIFFMOE_TEST_PID_FILE=str(pid_file))
+               DIFFMOE_TEST_PID_FILE=str(pid_file),
+               # the candidate leaves its pid in this test's folder (granted), a pid of this view:
+               # without the OS boundary's pid namespace (diffmoe/isolation/boundary.py)
+               DIFFMOE_CANDIDATE_WRITABLE=str(tmp_path), DIFFMOE_NO_BOUNDARY="1")
     worker = None
     # files, not pipes: a worker that outlived the check would hold a pipe open
     with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:

@@ -129,6 +129,10 @@ def _gone(pid: int) -> bool:
 def test_a_hung_candidate_ends_with_its_check(tmp_path, monkeypatch):
     pid_file = tmp_path / "candidate.pid"
     monkeypatch.setenv("DIFFMOE_TEST_PID_FILE", str(pid_file))
+    # the candidate writes its pid into this test's folder (granted), and the pid must be one of
+    # this view: without the OS boundary, whose pid namespace hides it (boundary.py)
+    monkeypatch.setenv("DIFFMOE_NO_BOUNDARY", "1")
+    monkeypatch.setenv("DIFFMOE_CANDIDATE_WRITABLE", str(tmp_path))
     report = run_differential(TINY, SleepsForever, isolation="process", time_limit=3, schedules=("identity",))
     assert [f.oracle for f in report.findings] == [Oracles.TIMEOUT], report.render()
     candidate = int(pid_file.read_text())
@@ -165,7 +169,8 @@ def test_the_cli_never_imports_an_impl_module_in_its_own_process(tmp_path):
     """)
     cli = subprocess.Popen([sys.executable, "-m", "diffmoe", "check", "--tokens", "2", "--experts", "2", "--topk", "1",
                             "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor", "--fused", "--impl",
-                            f"{path}:factory"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            f"{path}:factory"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, DIFFMOE_CANDIDATE_WRITABLE=str(tmp_path)))  # where it leaves its mark
     out, err = cli.communicate(timeout=300)
     assert cli.returncode == 0, out + err
     importers = set(marks.read_text().split())

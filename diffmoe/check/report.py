@@ -166,6 +166,8 @@ class Report:
     # selected oracles that could not run on this check (name -> why), e.g. teacher forcing for an
     # implementation without run_stage; a selection is only fully judged when this is empty
     skipped: dict[str, str] = field(default_factory=dict)
+    # isolated without the OS boundary: the one line saying so and what is then not guaranteed
+    isolation: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -200,6 +202,8 @@ class Report:
             d["inputs"] = self.inputs
         if self.skipped:
             d["skipped"] = dict(self.skipped)
+        if self.isolation is not None:
+            d["isolation"] = self.isolation
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -216,6 +220,7 @@ class Report:
             seconds=float(d.get("seconds", 0.0)),
             inputs=d.get("inputs"),
             skipped=dict(d.get("skipped") or {}),
+            isolation=d.get("isolation"),
         )
 
     @classmethod
@@ -232,6 +237,8 @@ class Report:
             f"  oracles:   {', '.join(self.oracles)}",
             f"  schedules: {', '.join(self.schedules)}",
         ]
+        if self.isolation is not None:
+            lines.insert(0, f"note: {self.isolation}")
         if self.inputs is not None:
             lines.append(f"  inputs:    {self.inputs}")
         for name, why in self.skipped.items():

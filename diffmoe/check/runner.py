@@ -55,6 +55,7 @@ from diffmoe.adapters.contract import (
 )
 from diffmoe.adapters.loading import load_factory
 from diffmoe.check.execution import Check, Crash, ProgressCallback, default_device, interpreter_enabled
+from diffmoe.isolation import boundary, integrity
 from diffmoe.isolation.client import RemoteCandidate, check_isolation, factory_reference, zygote
 from diffmoe.oracles.call_sequence import SMALL_CALL_DIVISOR, makes_last_order_run
 from diffmoe.oracles.differential import DERIVED_OUTPUT_REASON
@@ -272,6 +273,7 @@ def run_differential(
     if isolation == "process":
         sent = factory_reference(implementation or load_factory(DEFAULT_IMPLEMENTATION),
                                  implementation_name if is_factory_spec(implementation_name) else None)
+        integrity.prepare()  # the judge's modules imported and its sources hashed before any candidate runs
         zygote(sent[1])  # here, before a worker is forked: every worker forks its candidates from it
     job = _Job(config, implementation, chosen, parsed, dev, implementation_name, problem, sent)
     if limit is None:
@@ -324,6 +326,10 @@ class _Job:
         finally:
             if hasattr(state.candidate, "close"):
                 state.candidate.close()
-        return self.report(state.findings, time.perf_counter() - start, state.skipped)
+        if self.isolated is not None:
+            state.findings += integrity.changed_findings()
+        report = self.report(state.findings, time.perf_counter() - start, state.skipped)
+        report.isolation = boundary.notice() if self.isolated is not None else None
+        return report
 
 

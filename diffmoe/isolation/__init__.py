@@ -11,8 +11,13 @@ results, nor the judge.
     client.py        the judge's side of a check: `RemoteCandidate`, which Check uses in
                      place of a Candidate, and `RemoteFactory`
 
-Problems go in as bytes (pickled, never shared memory), runs come out as bytes; the judge
-compares them in its own process. See docs/robustness.md ("Isolation").
+    boundary.py      the OS boundary the zygote starts in (bubblewrap), and the audit hook that
+                     refuses the candidate's writes and sockets
+    codec.py         the wire format: data (JSON and raw tensor bytes), never pickles
+    integrity.py     the judge's modules imported and its sources hashed before a candidate runs
+
+Problems go in as data (never shared memory), runs come out as data; the judge compares them in
+its own process. See docs/robustness.md ("Isolation").
 
 Owns nothing itself; must not import the reference anywhere below (import_guard.py).
 """

@@ -20,7 +20,8 @@ import torch
 
 from diffmoe.check.candidate import Crash, Executed
 from diffmoe.check.report import Finding, Oracles
-from diffmoe.isolation.messages import dumps, recv, send
+from diffmoe.isolation import boundary
+from diffmoe.isolation.messages import AddressVerdicts, Handle, MessageError, RemoteOutput, RemoteWorkspaces, Unsendable, dumps, recv, send
 from diffmoe.isolation.zygote import (  # noqa: F401 - candidate_cpu_seconds, stop_zygotes, zygote_pids: this module's API too
     _CANDIDATE_CPU, _CLOSE_REPLY_SECONDS, candidate_cpu_seconds, stop_zygotes, zygote, zygote_pids,
 )
@@ -87,6 +88,7 @@ class RemoteCandidate:
         self._refused: set[str] = set()
         self.phase = "starting the candidate's process"
         z = zygote(tuple(m for m in preload if m))
+        self._zygote_pid = z.proc.pid
         self.conn = Client(z.address, family="AF_UNIX", authkey=z.authkey)
         send(self.conn, ("open", factory_ref, str(device), dumps(problem), torch.get_num_threads(), os.getpid(),
                          dict(os.environ)))
@@ -97,13 +99,19 @@ class RemoteCandidate:
         except Crash as crash:  # the child ended while opening: every later call is that finding
             self._crash = crash
             return
-        if reply[0] == "failed":
+        if not (reply[0] == "failed" and len(reply) == 3 and isinstance(reply[1], Finding)
+                or reply[0] == "ready" and len(reply) == 3 and type(reply[1]) is int):
+            self._gone = True
+            self._crash = Crash(not_data(self.phase, MessageError(f"a {reply[0]!r} reply to the opening")))
+        elif reply[0] == "failed":
             _, finding, attempts = reply
             self._note_attempts(attempts)
             # a refused import is why it failed to load: that contract finding, not the ImportError
             self._crash = Crash(self.pending.pop(0) if self.pending else finding)
         else:
             _, self.pid, attempts = reply
+            if z.bounded:  # its pid in the boundary's pid namespace: the same process in this view
+                self.pid = boundary.host_pid(self.pid, z.proc.pid)
             self._note_attempts(attempts)
             self._crash = None
 
@@ -112,6 +120,11 @@ class RemoteCandidate:
         while True:
             try:
                 message = recv(self.conn)
+                if not isinstance(message, tuple) or not message or not isinstance(message[0], str):
+                    raise MessageError(f"a message that is not a tuple naming its kind ({type(message).__name__})")
+            except MessageError as exc:  # its bytes are never used: the stream is not trusted after
+                self._gone = True
+                raise Crash(not_data(self.phase, exc)) from None
             except (EOFError, OSError):
                 self._gone = True
                 raise Crash(Finding(
@@ -128,10 +141,14 @@ class RemoteCandidate:
                 self._progress(phase, stage)
 
     def _note_attempts(self, attempts) -> None:
-        for module, importer in attempts:
-            if module not in self._refused:
-                self._refused.add(module)
-                self.pending.append(refused_import_finding(module, importer))
+        if not _triples_of_str(attempts):
+            self._gone = True
+            raise Crash(not_data(self.phase, MessageError("the refused attempts are not (what, subject, detail) strings")))
+        for what, subject, detail in attempts:
+            if (what, subject) not in self._refused:
+                self._refused.add((what, subject))
+                self.pending.append(refused_import_finding(subject, detail) if what == "import"
+                                    else refused_access_finding(what, subject))
 
     def _request(self, op: str, *args):
         if self._crash is not None:  # the factory never loaded: every call is that finding
@@ -142,11 +159,22 @@ class RemoteCandidate:
         send(self.conn, (op, *args))
         reply = self._receive()
         kind = reply[0]
+        shape = _REPLIES.get(kind)
+        if shape is None or len(reply) != len(shape) or not all(isinstance(v, t) for v, t in zip(reply, shape)):
+            self._gone = True
+            raise Crash(not_data(op, MessageError(f"a {kind!r} reply of {len(reply)} parts")))
         self._note_attempts(reply[-1])
         if kind == "result":
+            expected = _RESULTS.get(op, object)
+            if not isinstance(reply[1], expected):
+                self._gone = True
+                raise Crash(not_data(op, MessageError(f"{op} answered a {type(reply[1]).__name__}")))
             return reply[1]
         if kind == "crash":
             _, finding, pending, _ = reply
+            if not isinstance(finding, Finding) or not all(isinstance(f, Finding) for f in pending):
+                self._gone = True
+                raise Crash(not_data(op, MessageError("a crash that is not findings")))
             self.pending += pending
             raise Crash(finding)
         raise RuntimeError(f"the candidate's process failed serving {op}: {reply[1]}\n{reply[2]}")
@@ -165,12 +193,12 @@ class RemoteCandidate:
             send(self.conn, ("close",))
             if not self._gone and self._crash is None and self.conn.poll(_CLOSE_REPLY_SECONDS):
                 reply = recv(self.conn)
-                if reply[0] == "closed":
+                if reply[0] == "closed" and type(reply[1]) in (int, float):
                     _CANDIDATE_CPU[0] += reply[1]
-        except (OSError, EOFError):
+        except (OSError, EOFError, MessageError, TypeError, IndexError):
             pass
         self.conn.close()
-        if self.pid:
+        if self.pid and _descends_from(self.pid, self._zygote_pid):
             try:  # whatever it left running (a thread writing late, a process it started) ends with the check
                 os.killpg(self.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -204,10 +232,54 @@ class RemoteCandidate:
         return executed
 
     def run_stage(self, impl, stage: str, inputs, what: str):
-        outputs, found = self._request("run_stage", impl, stage, inputs, what)
+        answer = self._request("run_stage", impl, stage, inputs, what)
+        if len(answer) != 2 or not isinstance(answer[0], (dict, Unsendable)) or not isinstance(answer[1], list):
+            self._gone = True
+            raise Crash(not_data("run_stage", MessageError("run_stage answered other than (outputs, findings)")))
+        outputs, found = answer
         if not isinstance(outputs, dict):  # Unsendable: the type is what the contract finding names
             outputs = _TypeNamed(outputs.type_name)
         return outputs, self.take_pending() + found
+
+
+# The replies the candidate's process may send (kind -> the types of its parts) and what each
+# op's result must be: anything else is a `contract` finding, and the connection is not read again.
+_REPLIES = {"result": (str, object, list), "crash": (str, Finding, list, list), "error": (str, str, str, list)}
+_RESULTS = {"build": Handle, "has_run_stage": bool, "allocate": RemoteWorkspaces, "new_output": RemoteOutput,
+            "execute": Executed, "run_stage": tuple, "take_refused": list}
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `pid` is a process below `ancestor` (the zygote, or the boundary that runs it): the
+    candidate names its own pid, and the judge kills that group only when it is the zygote's."""
+    return boundary._below(pid, ancestor) if os.path.isdir("/proc") else True  # no /proc to ask: as before
+
+
+def _triples_of_str(attempts) -> bool:
+    return isinstance(attempts, list) and all(
+        isinstance(a, tuple) and len(a) == 3 and all(isinstance(x, str) for x in a) for a in attempts)
+
+
+def refused_access_finding(what: str, subject: str) -> Finding:
+    """A write outside the candidate's own folder, or a network socket, that its process refused."""
+    kind = "open a network socket to" if what == "network" else f"{what}"
+    return Finding(
+        oracle=Oracles.CONTRACT,
+        message=f"the implementation tried to {kind} {subject}; the candidate's process may write only its own "
+                "temporary folder and has no network (isolation)",
+        figures={"access": what, "path" if what != "network" else "address": subject},
+    )
+
+
+def not_data(phase: str, exc: Exception) -> Finding:
+    """The `contract` finding for a message from the candidate's process that is not data of the
+    wire format (diffmoe/isolation/codec.py): it is never used."""
+    return Finding(
+        oracle=Oracles.CONTRACT,
+        message=f"the candidate's process sent, during {phase}, a message that is not data the judge reads ({exc}); "
+                "it was not used (isolation: messages are data, never code)",
+        figures={"phase": phase, "why": str(exc)},
+    )
 
 
 class _TypeNamed:
@@ -256,7 +328,7 @@ class RemoteFactory:
             send(conn, ("describe", ("spec", self.spec), os.getpid()))
             _send_stderr(conn)
             self._conn = (os.getpid(), conn)
-            self._declared = recv(conn)
+            self._declared = _read_reply(conn)
         return self._conn[1]
 
     def _ask(self, op: str, *args):
@@ -265,11 +337,11 @@ class RemoteFactory:
             reply = self._declared
         else:
             send(conn, (op, *args))
-            reply = recv(conn)
+            reply = _read_reply(conn)
         if reply[0] == "result":
             return reply[1]
-        if reply[0] == "raised":
-            raise reply[1]
+        if reply[0] == "raised":  # the factory's own error: its type's name and message, as text
+            raise _raised(reply[1], reply[2])
         if reply[0] == "invalid":  # the spec names nothing loadable: load_factory's own ValueError
             raise ValueError(reply[1])
         return None  # "failed": the module does not load there; the check says why
@@ -279,3 +351,27 @@ class RemoteFactory:
 
     def _plan(self, config, num_tokens):
         return self._ask("plan", config, num_tokens)
+
+
+# The factory's errors that keep their type in the judge (builtins, by name); any other travels
+# as a RuntimeError naming it: no class of the candidate's is ever looked up or built here.
+_BUILTIN_ERRORS = {e.__name__: e for e in (ValueError, TypeError, KeyError, IndexError, AttributeError,
+                                            NotImplementedError, RuntimeError, AssertionError, ImportError)}
+
+
+def _raised(name: object, message: object) -> Exception:
+    error = _BUILTIN_ERRORS.get(name) if isinstance(name, str) else None
+    return error(str(message)) if error is not None else RuntimeError(f"{str(name)[:80]}: {message}")
+
+
+def _read_reply(conn) -> tuple:
+    """A describe connection's reply; one that is not data of the wire format is a `failed` (the
+    check then loads the implementation itself and reports what it finds)."""
+    try:
+        reply = recv(conn)
+    except MessageError:
+        return ("failed",)
+    ok = isinstance(reply, tuple) and len(reply) >= 2 and reply[0] in ("result", "raised", "invalid", "failed")
+    if ok and reply[0] == "raised" and (len(reply) < 3 or not all(isinstance(x, str) for x in reply[1:3])):
+        ok = False
+    return reply if ok else ("failed",)

@@ -1,54 +1,30 @@
-"""What crosses between the judge and the candidate's process: pickled messages and the
-judge's stand-ins for objects that stay in the candidate's process.
+"""What crosses between the judge and the candidate's process: messages of data (codec.py) and
+the judge's stand-ins for objects that stay in the candidate's process.
 
-Owns: `send`/`recv` (pickled bytes, never shared memory: what the candidate returns is a copy it
-cannot change afterwards), handles of instances, workspaces and outputs, the address verdicts of
-a run, and what stands for a non-dict run_stage result.
+Owns: `send`/`recv` (encoded bytes, never pickles and never shared memory: what the candidate
+returns is a copy it cannot change afterwards, and reading it runs none of its code), handles
+of instances, workspaces and outputs, the address verdicts of a run, and what stands for a
+non-dict run_stage result.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+from diffmoe.isolation.codec import MessageError, decode, encode
 
-
-def _tensor(dtype: torch.dtype, shape: tuple[int, ...], device: str, data: bytes) -> torch.Tensor:
-    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-    return flat.view(dtype).reshape(shape).to(device)
-
-
-class _Pickler(pickle.Pickler):
-    """Plain pickle, but a tensor travels as its dtype, shape, device and bytes: a copy, whatever
-    its dtype (plain pickle of an FP8 storage loses its dtype), with no shared memory."""
-
-    def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor):
-            t = obj.detach()
-            data = t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b""
-            return _tensor, (t.dtype, tuple(t.shape), str(t.device), data)
-        return NotImplemented
-
-
-def dumps(obj: object) -> bytes:
-    buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buffer.getvalue()
-
-
-def loads(data: bytes) -> Any:
-    return pickle.loads(data)
+dumps = encode
+loads = decode
 
 
 def send(conn, message: object) -> None:
-    conn.send_bytes(dumps(message))
+    conn.send_bytes(encode(message))
 
 
 def recv(conn) -> Any:
-    return loads(conn.recv_bytes())
+    """The next message; EOFError when the connection closed, MessageError when it is not data."""
+    return decode(conn.recv_bytes())
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ Longer than 400 lines because the zygote and the child it forks are one process'
 the child inherits the zygote's guard, warm-up and signal state, and the zygote's stop reaps
 what the children left; split, each half would re-derive the other's state.
 
-Messages are pickled bytes (`send`/`recv`), never shared memory: what the candidate returns is a
-copy, which it cannot change after it returned.
+Messages are data (codec.py, `send`/`recv`), never pickles nor shared memory: what the candidate
+returns is a copy, which it cannot change after it returned, and which runs no code in the judge;
+what the implementation hands back that is not data is a `contract` finding made here.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ import traceback
 from multiprocessing import reduction
 from typing import Any
 
-from diffmoe.isolation import import_guard
+from diffmoe.isolation import boundary, import_guard
+from diffmoe.isolation.codec import encode
 from diffmoe.isolation.messages import AddressVerdicts, Handle, RemoteOutput, RemoteWorkspaces, Unsendable, loads, recv, send
 
 _GUARD = import_guard.ImportGuard()  # installed by zygote_main, first
@@ -58,8 +60,21 @@ def _die_with_parent(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent:
+    if os.environ.get(boundary.ENV) == "1":  # inside, bwrap is its parent, and dies with the judge
+        _watch_parent(os.getppid())
+    elif os.getppid() != parent:
         os._exit(0)
+
+
+def _watch_parent(ppid: int) -> None:
+    """Stop when the zygote's parent (bwrap) is gone: its death signal does not reach a process
+    whose uid setpriv changed (seen: a zygote outlived its judge)."""
+    def watch() -> None:
+        while os.getppid() == ppid:
+            time.sleep(JUDGE_POLL_SECONDS)
+        _stop_children()
+
+    threading.Thread(target=watch, name="diffmoe-parent-watch", daemon=True).start()
 
 
 _CHILDREN: set[int] = set()
@@ -85,14 +100,32 @@ def _stop_children(signum=None, frame=None) -> None:
     os._exit(0)
 
 
-def _watch_judge(pid: int) -> None:
+def _judge_gone(conn) -> bool:
+    """Inside the boundary the judge's pid is not in view: its end of the connection closed."""
+    import socket
+
+    with socket.socket(fileno=os.dup(conn.fileno())) as peer:
+        try:
+            return peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+
+def _watch_judge(pid: int, conn=None) -> None:
     """End this child, and everything it started (its process group), when the judge that opened
     it is gone (a thread: the main one may be inside a kernel that never returns)."""
+    bounded = os.environ.get(boundary.ENV) == "1"
+
     def watch() -> None:
         while True:
             time.sleep(JUDGE_POLL_SECONDS)
             try:
-                os.kill(pid, 0)
+                if bounded and _judge_gone(conn):
+                    raise ProcessLookupError
+                if not bounded:
+                    os.kill(pid, 0)
             except ProcessLookupError:
                 try:
                     os.killpg(0, signal.SIGKILL)
@@ -170,7 +203,15 @@ class _Service:
 
 
 def _attempts() -> list:
-    return [(a.module, a.importer) for a in _GUARD.take()]
+    """What the candidate's process refused since the last reply: imports of the reference, and
+    writes and sockets (boundary.watch_writes), as (what, subject, detail) strings."""
+    return ([("import", a.module, a.importer) for a in _GUARD.take()]
+            + [(what, where, "") for what, where in boundary.take_events()])
+
+
+# The environment entries of the boundary (its folder, Triton's cache in it), kept over the judge's
+# environment that each check's child takes
+_OWN_ENV = (boundary.ENV, boundary.WRITABLE_ENV, "TMPDIR", "TRITON_CACHE_DIR", "HOME", "PYTHONDONTWRITEBYTECODE")
 
 
 def serve(conn) -> None:
@@ -186,11 +227,13 @@ def serve(conn) -> None:
         describe(conn, *message[1:])
         return
     _, factory_ref, device, problem_bytes, threads, judge_pid, environ = message
-    _watch_judge(judge_pid)
+    _watch_judge(judge_pid, conn)
     # the judge's environment now, not the zygote's at its start: what the implementation reads
     # (a variable a test or a user set since) is what it would read in the judge's process
+    own = {k: os.environ[k] for k in _OWN_ENV if k in os.environ and os.environ.get(boundary.ENV) == "1"}
     os.environ.clear()
     os.environ.update(environ)
+    os.environ.update(own)
     torch.set_num_threads(threads)
     try:
         kind, value = factory_ref
@@ -229,7 +272,22 @@ def serve(conn) -> None:
                 raise
             send(conn, ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), _attempts()))
             continue
-        send(conn, ("result", value, _attempts()))
+        try:
+            data = encode(("result", value, _attempts()))
+        except TypeError as exc:  # the implementation handed back an object, not data
+            send(conn, ("crash", not_data_finding(op, exc), service.candidate.take_pending(), _attempts()))
+            continue
+        conn.send_bytes(data)
+
+
+def not_data_finding(what: str, exc: BaseException):
+    """The `contract` finding for an answer that is not data of the wire format (codec.py)."""
+    from diffmoe.check.report import Finding, Oracles
+
+    return Finding(oracle=Oracles.CONTRACT,
+                   message=f"the implementation's answer to {what} is not data the judge reads: {exc} (only numbers, "
+                           "strings, tensors and diffmoe's own records cross to the judge: isolation)",
+                   figures={"phase": what, "why": str(exc)})
 
 
 def describe(conn, factory_ref, judge_pid: int) -> None:
@@ -239,7 +297,7 @@ def describe(conn, factory_ref, judge_pid: int) -> None:
     from diffmoe.adapters.loading import load_factory
     from diffmoe.check.candidate import crash_finding
 
-    _watch_judge(judge_pid)
+    _watch_judge(judge_pid, conn)
     try:
         factory = load_factory(factory_ref[1]) if factory_ref[0] == "spec" else pickle.loads(factory_ref[1])
     except ValueError as exc:
@@ -263,7 +321,11 @@ def describe(conn, factory_ref, judge_pid: int) -> None:
         send(conn, ("failed", crash_finding(exc, None, "loading the implementation in the candidate's process"),
                     _attempts()))
         return
-    send(conn, ("result", declared, _attempts()))
+    try:
+        conn.send_bytes(encode(("result", declared, _attempts())))
+    except TypeError as exc:
+        send(conn, ("failed", not_data_finding("the factory's attributes", exc), _attempts()))
+        return
     while True:
         try:
             request = recv(conn)
@@ -279,9 +341,13 @@ def describe(conn, factory_ref, judge_pid: int) -> None:
         except BaseException as exc:  # noqa: BLE001 - raised again in the judge, as the factory's own error
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            send(conn, ("raised", exc if _picklable(exc) else RuntimeError(f"{type(exc).__name__}: {exc}"), _attempts()))
+            send(conn, ("raised", type(exc).__name__, str(exc), _attempts()))
             continue
-        send(conn, ("result", value, _attempts()))
+        try:
+            data = encode(("result", value, _attempts()))
+        except TypeError as exc:
+            data = encode(("raised", "TypeError", f"{request[0]} returned what is not data: {exc}", _attempts()))
+        conn.send_bytes(data)
 
 
 def _print_to(fd: int) -> None:
@@ -300,14 +366,6 @@ def _exists(pid: int) -> bool:
         return False
     except PermissionError:
         pass
-    return True
-
-
-def _picklable(obj: object) -> bool:
-    try:
-        pickle.dumps(obj)
-    except Exception:  # noqa: BLE001
-        return False
     return True
 
 
@@ -385,6 +443,8 @@ def _zygote(authkey: bytes, preload: list[str], announce, parent: int) -> None:
     # announced before the imports and the warm-up: the judge builds its problem and reference
     # meanwhile, and its first connection waits in the listener's backlog until they are done
     announce(listener.address)
+    sys.dont_write_bytecode = True  # no .pyc beside the sources: every write outside its folder is refused
+    boundary.watch_writes(os.environ.get(boundary.WRITABLE_ENV) or os.path.dirname(listener.address))
     os.dup2(2, 1)  # not into a pipe nobody reads, nor the judge's stdout (each child prints to its judge's stderr)
     import torch  # noqa: F401 - what every child needs, imported once here
 
@@ -395,6 +455,8 @@ def _zygote(authkey: bytes, preload: list[str], announce, parent: int) -> None:
         except BaseException:  # noqa: BLE001 - the child imports it again and reports what fails
             pass
     _GUARD.take()  # the zygote's attempts are nobody's finding: each child makes its own
+    # (the writes and sockets of a preloaded module's import stay: every child reports them, since
+    # no child imports it again)
     torch.set_num_threads(1)  # no OpenMP team before the forks (a child sets its judge's count)
     _warm_interpreter()
     if "triton" in sys.modules:

@@ -1,7 +1,8 @@
 """The zygote's life on the judge's side: started once per process that asks (and per set of
 preloaded modules), reused by the processes forked from it, stopped when its starter exits.
 
-Owns: the table of zygotes, how one starts (forked from this process while it holds no
+Owns: the table of zygotes, how one starts (inside the OS boundary, boundary.py, a fresh
+interpreter started by bwrap; without it, forked from this process while it holds no
 reference: a fork costs milliseconds where a fresh interpreter costs the imports of torch and
 Triton again, about 1.4 s here; else a fresh interpreter), whether one is still alive, its stop
 (SIGTERM: it kills and reaps its children), and the CPU seconds candidates report at their close.
@@ -21,12 +22,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from diffmoe.isolation import boundary
+
+
 @dataclass
 class _Zygote:
     proc: Any  # subprocess.Popen, or _ForkedZygote
     address: str
     authkey: bytes
     owner: int  # the pid that started it: only that process stops it
+    bounded: bool = False  # started inside the OS boundary (boundary.py): its pids are its namespace's
 
 
 _ZYGOTES: dict[tuple, _Zygote] = {}
@@ -52,7 +57,7 @@ def _search_path() -> str:
 def zygote(preload: tuple[str, ...] = ()) -> _Zygote:
     """The running zygote for `preload` (started by this process or the one it was forked from),
     or a new one."""
-    key = (preload, os.environ.get("TRITON_INTERPRET", ""))
+    key = (preload, os.environ.get("TRITON_INTERPRET", ""), boundary.available() is None)
     with _LOCK:
         found = _ZYGOTES.get(key)
         if found is not None and _alive(found):
@@ -61,19 +66,18 @@ def zygote(preload: tuple[str, ...] = ()) -> _Zygote:
         if _may_fork():
             found = _ZYGOTES[key] = _fork_zygote(preload, authkey)
             return found
-        env = dict(os.environ, PYTHONPATH=_search_path(), DIFFMOE_ZYGOTE_PARENT=str(os.getpid()))
-        proc = subprocess.Popen(
+        command, bounded = boundary.wrap(
             [sys.executable, "-c", "import sys; from diffmoe.isolation.sandbox import zygote_main; zygote_main(sys.argv[1:])",
-             *preload],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
-        )
+             *preload])
+        env = dict(os.environ, PYTHONPATH=_search_path(), DIFFMOE_ZYGOTE_PARENT=str(os.getpid()), **bounded)
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
         proc.stdin.write(authkey)
         proc.stdin.close()
         address = proc.stdout.readline().decode().strip()
         if not address:
             proc.wait()
             raise RuntimeError(f"the candidate's zygote process ended at its start (exit code {proc.returncode})")
-        _ZYGOTES[key] = found = _Zygote(proc, address, authkey, os.getpid())
+        _ZYGOTES[key] = found = _Zygote(proc, address, authkey, os.getpid(), bounded["DIFFMOE_BOUNDARY"] == "1")
         return found
 
 
@@ -81,8 +85,8 @@ def _may_fork() -> bool:
     """Whether the zygote may be a fork of this process: where fork exists and nothing of the
     reference has been imported here yet (the CLI, before its first check builds the reference).
     Else a fresh interpreter (a test session, a Python program that imported the reference)."""
-    if not hasattr(os, "fork") or sys.platform == "darwin":
-        return False
+    if not hasattr(os, "fork") or sys.platform == "darwin" or boundary.available() is None:
+        return False  # inside the OS boundary: a fresh interpreter, started by bwrap
     return not any(name == "reference" or name.startswith("reference.") for name in sys.modules)
 
 
