@@ -118,6 +118,10 @@ def test_a_fuzz_whose_bounds_leave_supported_configs_runs(fake_runner, capsys):
     (["plan", "--impl", "lmdeploy"], "diffmoe peers fetch lmdeploy"),
     (["fuzz", "--impl", "liger", "--max-examples", "1", "--seed", "0"], "diffmoe peers fetch liger"),
     (["check", "--impl", "peers.vllm_0_30:make"], "diffmoe peers fetch vllm==0.30.0"),
+    # a module's factory that builds a peer, met first by the fuzz's plan tier in the candidate's
+    # process: it was an internal error (exit 3, a traceback)
+    (["fuzz", "--impl", "bug_zoo:make_vllm_cache2_in_ws2", "--max-examples", "1", "--seed", "0"],
+     "diffmoe peers fetch vllm"),
 ])
 def test_a_peer_run_without_its_wheel_names_the_fetch(monkeypatch, tmp_path, capsys, argv, fetch):
     """It was a crash finding (exit 1) naming peer_wheels.py, for a kernel that never ran."""

@@ -1601,6 +1601,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a harness bug is no verdict: never 0, never 1
+        from diffmoe.adapters.peer_wheels import PeerError
+
+        if isinstance(exc, PeerError):  # a peer not cached, met wherever a command builds it: the fix in one line
+            print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+            return EXIT_USAGE
         return _internal_error(exc)
 
 

@@ -113,7 +113,12 @@ def wrap(command: list[str]) -> tuple[list[str], dict[str, str]]:
     env = {WRITABLE_ENV: writable, "TMPDIR": writable, "PYTHONDONTWRITEBYTECODE": "1"}
     if available() is not None:
         return command, {**env, ENV: "0"}
-    env.update({ENV: "1", "TRITON_CACHE_DIR": os.path.join(writable, "triton"), "HOME": writable})
+    from diffmoe.adapters.peer_wheels import CACHE_ENV, cache_dir
+
+    # HOME moves to the writable folder, so the peer cache (read-only in the view) is named as the
+    # judge resolves it: under the candidate's HOME a peer was "not in the peer cache"
+    env.update({ENV: "1", "TRITON_CACHE_DIR": os.path.join(writable, "triton"), "HOME": writable,
+                CACHE_ENV: str(cache_dir())})
     return [*_base(writable, hidden_paths()), *command], env
 
 

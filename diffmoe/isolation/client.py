@@ -361,6 +361,8 @@ _BUILTIN_ERRORS = {e.__name__: e for e in (ValueError, TypeError, KeyError, Inde
 
 def _raised(name: object, message: object) -> Exception:
     error = _BUILTIN_ERRORS.get(name) if isinstance(name, str) else None
+    if name == "PeerError":  # diffmoe's own one-line error (a peer not cached): the CLI words it, exit 2
+        from diffmoe.adapters.peer_wheels import PeerError as error
     return error(str(message)) if error is not None else RuntimeError(f"{str(name)[:80]}: {message}")
 
 
