@@ -260,7 +260,7 @@ class OpensASocket(TritonFP8MoE):
         import socket
 
         try:
-            socket.create_connection(("127.0.0.1", 9), timeout=1).close()
+            socket.create_connection(("127.0.0.1", 9), timeout=30).close()  # refused at once; a hang bound
         except OSError:
             pass
         return super().run(problem, workspaces, output=output, **kwargs)

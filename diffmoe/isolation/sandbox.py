@@ -219,6 +219,7 @@ def serve(conn) -> None:
     import torch
 
     from diffmoe.adapters.loading import load_factory
+    from diffmoe.adapters.peer_wheels import CACHE_ENV
     from diffmoe.check.candidate import Candidate, Crash, crash_finding
 
     message = recv(conn)
@@ -231,6 +232,10 @@ def serve(conn) -> None:
     # the judge's environment now, not the zygote's at its start: what the implementation reads
     # (a variable a test or a user set since) is what it would read in the judge's process
     own = {k: os.environ[k] for k in _OWN_ENV if k in os.environ and os.environ.get(boundary.ENV) == "1"}
+    if own and CACHE_ENV not in environ and CACHE_ENV in os.environ:
+        # HOME is the boundary's folder here: the peer cache is where the judge found it at the
+        # zygote's start (boundary.wrap), unless the judge names one now
+        own[CACHE_ENV] = os.environ[CACHE_ENV]
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(own)
