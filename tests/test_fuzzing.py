@@ -11,9 +11,7 @@ import pytest
 
 from diffmoe.fuzz.driver import FailingReport, FuzzOutcome, fuzz
 from diffmoe.check.report import Finding, Oracles, Report
-from diffmoe.fuzz.strategies import MINIMAL_CONFIG, MINIMAL_FUSED_CONFIG
-from diffmoe.problem.config import SCALE_PAIRS
-from diffmoe.fuzz.pairs import force_pair
+from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from diffmoe.problem.vocabulary import Buffers
 
 
@@ -366,66 +364,3 @@ def test_cli_names_a_cut_shrink_smallest_found_not_minimal(cli_runner, monkeypat
     out = capsys.readouterr().out
     assert "smallest failing config found (shrinking was cut short, not minimal):" in out
     assert "minimal failing config:" not in out and "shrinking was cut short" in out.splitlines()[0]
-
-
-# ---- the forced granularity pairs (diffmoe/fuzz/pairs.py, issue 48 item 5) --------------------
-
-
-def _shows_a_mix_up(config, pair) -> bool:
-    """The config has `pair` at a size where reading one granularity as another moves the output."""
-    return ((config.weight_granularity, config.act_granularity) == pair and config.topk >= 2
-            and config.call_num_tokens - config.special_rows >= 3
-            and (config.quant != "fp8-block" or min(config.hidden, config.inter) >= 256))
-
-
-@pytest.mark.parametrize("seed", [0, 1, 7, 12345])
-def test_every_granularity_pair_comes_within_the_first_20_examples_at_a_size_that_shows_it(fake_runner, seed):
-    fake = fake_runner(fails=lambda c: False)
-    fuzz(max_examples=20, seed=seed)
-    assert len(fake.calls) == 20
-    for pair in SCALE_PAIRS:
-        assert any(_shows_a_mix_up(c, pair) for c in fake.calls), (pair, [c.short() for c in fake.calls])
-
-
-def test_a_failure_on_a_forced_pair_shrinks_within_the_pair_to_its_smallest_config(fake_runner):
-    # per-tensor weights beside per-token activations read as one scale: shows with two scales
-    def fails(c):
-        return (c.weight_granularity, c.act_granularity) == ("tensor", "token") and c.routed_rows >= 2
-    fake = fake_runner(fails=fails)
-    outcome = fuzz(max_examples=20, seed=0)
-    assert outcome.generated_examples <= 20 and not outcome.passed
-    # the shrink ran the pair without the floors: as small as the failure allows
-    assert outcome.report.config in (MINIMAL_CONFIG.replace(quant="fp8-token", weight_scales="tensor", num_tokens=2),
-                                     MINIMAL_CONFIG.replace(quant="fp8-token", weight_scales="tensor", topk=2, num_experts=2))
-    assert fake.calls[-1] == outcome.report.config  # the shrinker judged what it believed: no flaky replay
-    assert not outcome.notes
-
-
-def test_a_failure_first_met_at_the_forced_floors_shrinks_within_them_and_says_so(fake_runner):
-    # the second example (forced to per-tensor scales at T=4, K=2) is the first to fail; its draw
-    # (T < 3) and the pair alone at the draw's sizes pass, so the shrink keeps the floors
-    fake = fake_runner(fails=lambda c: c.num_tokens >= 3)
-    outcome = fuzz(max_examples=20, seed=0)
-    assert outcome.report.config == force_pair(MINIMAL_CONFIG, ("tensor", "tensor"))
-    assert fake.calls[-1] == outcome.report.config
-    (note,) = outcome.notes
-    assert "tensor/tensor scales at the forced floors" in note and "a smaller config may fail too" in note
-
-
-def test_the_forced_pairs_keep_to_the_bounds_and_the_implementations_supports(fake_runner):
-    from diffmoe.fuzz.bounds import FieldBounds
-
-    fake = fake_runner(fails=lambda c: False)
-    bounds = FieldBounds(ranges={"num_tokens": (1, 3)}, values={"quant": ("fp8-token", "fp8-block")})
-    fuzz(max_examples=20, seed=0, bounds=bounds)
-    assert all(bounds.holds(c) for c in fake.calls) and len(fake.calls) == 20
-
-    def refuses_tensor_weights(config):
-        return None
-
-    refuses_tensor_weights.supports = lambda c: "no per-tensor weights" if c.weight_granularity == "tensor" else None
-    fake = fake_runner(fails=lambda c: False)
-    outcome = fuzz(max_examples=20, seed=0, implementation=refuses_tensor_weights)
-    assert outcome.passed and len(fake.calls) == 20  # a refused pair's slot runs its draw, no search stalls
-    assert not any(c.weight_granularity == "tensor" for c in fake.calls)
-    assert any(_shows_a_mix_up(c, ("block", "group")) for c in fake.calls)

@@ -77,7 +77,6 @@ from diffmoe.fuzz.database_spec import open_database
 from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
 from diffmoe.check.report import Finding, Oracles, Report
 from diffmoe.fuzz.bounds import FieldBounds
-from diffmoe.fuzz.pairs import PairForcing, forced_note
 from diffmoe.fuzz.strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
 from diffmoe.fuzz.waivers import Waiver, Waivers, finding_key, report_keys
 
@@ -351,48 +350,22 @@ def fuzz(
         return report
 
     replaying = [False]  # inside the database-replay pass (see below)
-    forcing = PairForcing(lambda c: (bounds is None or bounds.holds(c)) and c.num_tokens <= max_tokens
-                          and c.num_experts <= max_experts and unsupported(implementation, c) is None)
-
-    def count_run(phase: str, label: str) -> None:
-        outcome.examples += 1
-        if first_failure_at:
-            outcome.shrink_examples += 1
-        if progress is not None:
-            progress(outcome.examples, phase, time.perf_counter() - start, label)
-
-    def pin_mode(drawn: MoEConfig, failed: MoEConfig, mode, how: Judging) -> None:
-        """At the first failure of an example forced by `mode` (config `failed`): the first mode of its
-        ladder whose config fails maps every shrinking run (diffmoe/fuzz/pairs.py)."""
-        for tried in forcing.ladder(mode):
-            config = judged_config(forcing.mapped(drawn, tried), implementation)
-            if config != failed:  # the failing config itself needs no second run
-                if config not in earlier_rounds:
-                    count_run(PHASE_SHRINK, f"{config.short()} (the failing example's draw, less forced)")
-                if not failing(judge(config, how)):
-                    continue
-            forcing.pinned = tried
-            if tried is not None and tried[1]:
-                outcome.notes.append(forced_note(tried[0]))
-            return
-
     stopped: list[dict] = []  # Hypothesis's statistics of each test run: why its engine stopped
 
-    def run_one(drawn: MoEConfig) -> None:
-        generating = not first_failure_at and not replaying[0]
-        # a forced granularity pair (diffmoe/fuzz/pairs.py): the slot's while generating, the pinned one shrinking
-        mode = forcing.slot_mode() if generating else forcing.pinned if first_failure_at else None
-        config = forcing.mapped(drawn, mode)
-        mode = mode if config is not drawn else None
+    def run_one(config: MoEConfig) -> None:
         if unsupported(implementation, config) is not None:
             reject()  # the implementation's own `supports` refuses it: not an example (contract.SUPPORTS)
-        forcing.slot += generating
         config = judged_config(config, implementation)  # as run_differential resolves it: drawn == reported
         phase = PHASE_SHRINK if first_failure_at else PHASE_GENERATE
         how = policy.judging(config, failed_before=bool(first_failure_at), replaying=replaying[0])
         fresh = config not in earlier_rounds
         if fresh:  # a config an earlier round ran is replayed from its report, not counted again
-            count_run(phase, config.short() if how.full or not policy.tiered else f"{config.short()} (cheap oracle set)")
+            outcome.examples += 1
+            if first_failure_at:
+                outcome.shrink_examples += 1
+        label = config.short() if how.full or not policy.tiered else f"{config.short()} (cheap oracle set)"
+        if progress is not None and fresh:
+            progress(outcome.examples, phase, time.perf_counter() - start, label)
         report = judge(config, how)
         if not report.passed and not how.full and policy.tiered:  # escalate: the full set's report
             how = policy.full_judging()
@@ -418,8 +391,6 @@ def fuzz(
                 first_failure_at.append(time.perf_counter())
                 if outcome.first_failing_config is None:
                     outcome.first_failing_config = report.config
-                if generating and mode is not None:
-                    pin_mode(drawn, config, mode, how)
             failure = FailingReport(report, drawn=config)
             smallest[:] = [failure]  # the shrinker only tries smaller examples
             raise failure
@@ -486,7 +457,6 @@ def fuzz(
         round_index[0] += 1
         earlier_rounds.update(k[0] for k in memo)
         policy = TierPolicy(tier, oracles, schedules, full_every, full_offset)
-        forcing.reset()
         first_failure_at.clear()
         smallest.clear()
     outcome.waived_examples = len(waived_configs)
