@@ -166,11 +166,24 @@ def _writes(mode, flags) -> bool:
     return isinstance(flags, int) and flags & _WRITE_FLAGS != 0
 
 
+_WATCHED: list[str] = []  # the folder watch_writes lets this process write
+
+
+def scratch_env() -> dict[str, str]:
+    """Where this process's temporary files and torch's compile cache go: inside the folder
+    watch_writes allows (torch made /tmp/torchinductor_root when a check's child took a judge's
+    environment without TMPDIR, a refused write and a `contract` finding on an honest kernel)."""
+    if not _WATCHED:
+        return {}
+    return {"TMPDIR": _WATCHED[0], "TORCHINDUCTOR_CACHE_DIR": os.path.join(_WATCHED[0], "torchinductor")}
+
+
 def watch_writes(writable: str) -> None:
     """Refuse and keep, in this process, every write outside `writable` and every network socket
     (an audit hook: once added it cannot be removed). The OS boundary makes them fail too; this
     is how the judge learns of them, as data."""
     own = tuple(p + os.sep for p in [os.path.realpath(writable), *granted()])
+    _WATCHED[:] = [os.path.realpath(writable)]
 
     def outside(path) -> str | None:
         if isinstance(path, int) or path is None:

@@ -31,6 +31,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -239,6 +240,8 @@ def serve(conn) -> None:
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(own)
+    os.environ.update(boundary.scratch_env())
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
     torch.set_num_threads(threads)
     try:
         kind, value = factory_ref
