@@ -175,3 +175,35 @@ def test_the_cli_never_imports_an_impl_module_in_its_own_process(tmp_path):
     assert cli.returncode == 0, out + err
     importers = set(marks.read_text().split())
     assert importers and str(cli.pid) not in importers
+
+
+def test_the_candidates_declarations_read_the_judges_environment_now(tmp_path, monkeypatch):
+    """A factory's `supports` and `plan_workspaces` run in a child of a zygote that an earlier
+    command started: they read this process's environment now, the peer cache as it resolves
+    here included. They read the zygote's (CI: a fuzz told its peer cache was empty judged the plan
+    of a wheel an earlier test in the same worker had used: exit 1, not the fetch line)."""
+    from diffmoe.adapters.peer_wheels import CACHE_ENV
+
+    path = _module(tmp_path, "reads_its_environment", """
+        import os
+        from diffmoe.adapters.peer_wheels import cache_dir
+        from optimized.moe import TritonFP8MoE
+
+        def factory(config):
+            return TritonFP8MoE(config)
+
+        def _supports(config):
+            return f"{os.environ.get('DIFFMOE_TEST_MARK')} {cache_dir()}"
+
+        factory.supports = _supports
+    """)
+    seen = []
+    for mark in ("first", "second"):
+        monkeypatch.setenv("DIFFMOE_TEST_MARK", mark)
+        monkeypatch.setenv(CACHE_ENV, str(tmp_path / f"cache-{mark}"))
+        seen.append(_spec_only(f"{path}:factory").supports(TINY))
+    assert seen == [f"first {tmp_path / 'cache-first'}", f"second {tmp_path / 'cache-second'}"]
+    # no cache named: the default under this process's HOME, not the candidate's (its own folder)
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _spec_only(f"{path}:factory").supports(TINY) == f"second {tmp_path / 'home/.cache/diffmoe/peers'}"

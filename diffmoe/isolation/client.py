@@ -62,6 +62,16 @@ def factory_reference(factory: Any, spec: str | None) -> tuple[tuple[str, Any], 
             "spec, or run with isolation='none'") from None
 
 
+def judge_environment() -> dict[str, str]:
+    """This process's environment for the candidate's child to take (sandbox._take_environment),
+    with the peer cache named as this process resolves it now: inside the boundary HOME is the
+    candidate's own folder, and the zygote's environment is that of the command that started it
+    (a later command in the same process may name another cache)."""
+    from diffmoe.adapters.peer_wheels import CACHE_ENV, cache_dir
+
+    return {**os.environ, CACHE_ENV: str(cache_dir())}
+
+
 def _send_stderr(conn) -> None:
     """The judge's stderr as it is now (fd 2: the CLI's, or a test's capture), for the child's
     stdout and stderr: what the implementation prints reaches the judge's stderr, never its stdout
@@ -91,7 +101,7 @@ class RemoteCandidate:
         self._zygote_pid = z.proc.pid
         self.conn = Client(z.address, family="AF_UNIX", authkey=z.authkey)
         send(self.conn, ("open", factory_ref, str(device), dumps(problem), torch.get_num_threads(), os.getpid(),
-                         dict(os.environ)))
+                         judge_environment()))
         _send_stderr(self.conn)
         self.pid = None
         try:
@@ -325,7 +335,7 @@ class RemoteFactory:
         if self._conn is None or self._conn[0] != os.getpid():  # a forked process opens its own
             z = zygote(_preload(self.spec))
             conn = Client(z.address, family="AF_UNIX", authkey=z.authkey)
-            send(conn, ("describe", ("spec", self.spec), os.getpid()))
+            send(conn, ("describe", ("spec", self.spec), os.getpid(), judge_environment()))
             _send_stderr(conn)
             self._conn = (os.getpid(), conn)
             self._declared = _read_reply(conn)

@@ -215,12 +215,25 @@ def _attempts() -> list:
 _OWN_ENV = (boundary.ENV, boundary.WRITABLE_ENV, "TMPDIR", "TRITON_CACHE_DIR", "HOME", "PYTHONDONTWRITEBYTECODE")
 
 
+def _take_environment(environ: dict) -> None:
+    """The judge's environment now, not the zygote's at its start: what the implementation reads
+    (a variable a test or a user set since, the peer cache a command names) is what it would read in
+    the judge's process. The boundary's own entries stay (`_OWN_ENV`)."""
+    if not isinstance(environ, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in environ.items()):
+        raise TypeError("the judge's environment must be a dict of str to str")
+    own = {k: os.environ[k] for k in _OWN_ENV if k in os.environ and os.environ.get(boundary.ENV) == "1"}
+    os.environ.clear()
+    os.environ.update(environ)
+    os.environ.update(own)
+    os.environ.update(boundary.scratch_env())
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
 def serve(conn) -> None:
     """One check: open (factory, device, problem), then requests until close or EOF."""
     import torch
 
     from diffmoe.adapters.loading import load_factory
-    from diffmoe.adapters.peer_wheels import CACHE_ENV
     from diffmoe.check.candidate import Candidate, Crash, crash_finding
 
     message = recv(conn)
@@ -230,18 +243,7 @@ def serve(conn) -> None:
         return
     _, factory_ref, device, problem_bytes, threads, judge_pid, environ = message
     _watch_judge(judge_pid, conn)
-    # the judge's environment now, not the zygote's at its start: what the implementation reads
-    # (a variable a test or a user set since) is what it would read in the judge's process
-    own = {k: os.environ[k] for k in _OWN_ENV if k in os.environ and os.environ.get(boundary.ENV) == "1"}
-    if own and CACHE_ENV not in environ and CACHE_ENV in os.environ:
-        # HOME is the boundary's folder here: the peer cache is where the judge found it at the
-        # zygote's start (boundary.wrap), unless the judge names one now
-        own[CACHE_ENV] = os.environ[CACHE_ENV]
-    os.environ.clear()
-    os.environ.update(environ)
-    os.environ.update(own)
-    os.environ.update(boundary.scratch_env())
-    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    _take_environment(environ)
     torch.set_num_threads(threads)
     try:
         kind, value = factory_ref
@@ -298,14 +300,17 @@ def not_data_finding(what: str, exc: BaseException):
                    figures={"phase": what, "why": str(exc)})
 
 
-def describe(conn, factory_ref, judge_pid: int) -> None:
+def describe(conn, factory_ref, judge_pid: int, environ: dict) -> None:
     """A factory's declarations for a judge that does not load its module (client.RemoteFactory):
-    its attributes once, then `supports` and `plan` per request."""
+    its attributes once, then `supports` and `plan` per request, under the judge's environment (a
+    plan read the peer cache of the zygote's start: a fuzz whose command named an empty cache found
+    the wheel a test before it had used, and judged a plan the user's cache could not build)."""
     from diffmoe.adapters import contract
     from diffmoe.adapters.loading import load_factory
     from diffmoe.check.candidate import crash_finding
 
     _watch_judge(judge_pid, conn)
+    _take_environment(environ)
     try:
         factory = load_factory(factory_ref[1]) if factory_ref[0] == "spec" else pickle.loads(factory_ref[1])
     except ValueError as exc:
