@@ -35,6 +35,15 @@ refuses_fused.supports = lambda config: "no fused act+quant here" if config.fuse
 refuses_fused.plan_workspaces = lambda config, num_tokens: (_ for _ in ()).throw(AssertionError("never asked"))
 
 
+def block_profile_only(config):
+    raise AssertionError("never built: its `supports` refuses the config first")
+
+
+# a numerics profile that describes one scheme (lmdeploy's: blocked FP8 only), as lmdeploy's factory declares it
+block_profile_only.numerics = "lmdeploy"
+block_profile_only.supports = lambda config: None if config.quant == "fp8-block" else "fp8-block only"
+
+
 def runs_from_a_missing_wheel(config):
     raise AssertionError("never built: its wheel is not cached")
 
@@ -65,6 +74,14 @@ def test_plan_of_a_refused_config_is_a_usage_error(capsys):
     err = capsys.readouterr().err
     assert code == cli.EXIT_USAGE
     assert "does not run this config: no fused act+quant here" in one_line(err)
+
+
+def test_check_of_a_config_its_profile_cannot_describe_is_a_usage_error(capsys):
+    """`diffmoe check --impl lmdeploy` at the default fp8-token was an internal error (exit 3, a
+    traceback): the declared profile was taken before the factory's `supports` was asked."""
+    code = cli.main(["check", *SMALL[:-2], "--impl", "test_cli_actionable:block_profile_only", "--isolation", "none"])
+    assert code == cli.EXIT_USAGE
+    assert "does not run this config: fp8-block only" in one_line(capsys.readouterr().err)
 
 
 def test_compile_check_of_a_refused_config_is_a_usage_error(capsys, monkeypatch):

@@ -253,17 +253,19 @@ def run_differential(
         _check_problem_argument(problem, config)
     if implementation is not None and not callable(implementation):
         raise TypeError(f"implementation must be a factory callable (config -> implementation), got {implementation!r}")
-    config = judged_config(config, implementation)  # before the problem: the reference reads its profile there
-    if problem is not None and problem.config != config:
-        problem = dataclasses.replace(problem, config=config)  # same tensors: no input depends on numerics
     if implementation_name is None:
         implementation_name = factory_name(implementation)
     elif not isinstance(implementation_name, str):
         raise TypeError(f"implementation_name must be None or a string, got {implementation_name!r}")
     isolation = check_isolation(isolation)
+    # before the declared numerics are taken: a profile that describes one scheme refused the
+    # others as an internal error (`diffmoe check --impl lmdeploy` at the default fp8-token, exit 3)
     refused = unsupported(implementation, config)
     if refused is not None:  # its own `supports` says it does not run this config: nothing to judge
         raise ConfigRefused(f"{implementation_name} does not run this config: {refused}")
+    config = judged_config(config, implementation)  # before the problem: the reference reads its profile there
+    if problem is not None and problem.config != config:
+        problem = dataclasses.replace(problem, config=config)  # same tensors: no input depends on numerics
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
