@@ -35,6 +35,21 @@ refuses_fused.supports = lambda config: "no fused act+quant here" if config.fuse
 refuses_fused.plan_workspaces = lambda config, num_tokens: (_ for _ in ()).throw(AssertionError("never asked"))
 
 
+def refuses_all(config):
+    raise AssertionError("never built: its `supports` refuses every config")
+
+
+refuses_all.supports = lambda config: "runs nothing"
+
+
+def refuses_all_plans(config):
+    raise AssertionError("never built")
+
+
+refuses_all_plans.supports = refuses_all.supports
+refuses_all_plans.plan_workspaces = lambda config, num_tokens: (_ for _ in ()).throw(AssertionError("never asked"))
+
+
 def block_profile_only(config):
     raise AssertionError("never built: its `supports` refuses the config first")
 
@@ -118,6 +133,20 @@ def test_a_fuzz_whose_bounds_leave_only_refused_configs_is_a_usage_error(fake_ru
     line = one_line(capsys.readouterr().err)
     assert code == cli.EXIT_USAGE and "does not run any config within the bounds" in line
     assert "no fused act+quant here" in line and not fake_runner.calls
+
+
+@pytest.mark.parametrize("impl, tier, needle", [
+    # no bounds at all: it was an internal error (exit 3, Hypothesis's Unsatisfiable), issue 43
+    ("x:refuses_all", [], "does not run any config the fuzz draws: runs nothing"),
+    # the plan tier alone: it was "0 configs in 0.01 s, no finding", exit 0 for nothing judged
+    ("x:refuses_all_plans", ["--tier", "plan"], "--tier plan: no plan of x:refuses_all_plans was judged"),
+])
+def test_a_fuzz_of_a_factory_that_refuses_every_config_is_a_usage_error(fake_runner, monkeypatch, capsys, impl, tier,
+                                                                          needle):
+    monkeypatch.setattr(fake_runner, "load_factory", lambda spec: globals()[spec.partition(":")[2]])
+    code = cli.main(["fuzz", "--max-examples", "3", "--seed", "1", *tier, "--impl", impl])
+    line = one_line(capsys.readouterr().err)
+    assert code == cli.EXIT_USAGE and needle in line and not fake_runner.calls
 
 
 def test_a_fuzz_whose_bounds_leave_supported_configs_runs(fake_runner, capsys):

@@ -425,7 +425,7 @@ def _bounds_leave_a_supported_config(strategy, bounds, factory, name: str) -> No
 
     def runs(config) -> bool:
         reason = unsupported(factory, config)
-        if reason is not None and not refusals:
+        if reason is not None:
             refusals.append(reason)
         return reason is None
 
@@ -434,8 +434,11 @@ def _bounds_leave_a_supported_config(strategy, bounds, factory, name: str) -> No
                                                phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
     except (NoSuchExample, Unsatisfiable):
         why = f": {refusals[0]}" if refusals else ""
-        raise UsageError(f"{name} does not run any config within the bounds ({bounds.describe()}){why} "
-                         "(its `supports`; widen or change the bounds)") from None
+        if bounds:
+            raise UsageError(f"{name} does not run any config within the bounds ({bounds.describe()}){why} "
+                             "(its `supports`; widen or change the bounds)") from None
+        raise UsageError(f"{name} does not run any config the fuzz draws{why} (its `supports` refused "
+                         f"all {len(refusals)} draws; narrow the fuzz with field bounds such as --quant to what it runs)") from None
 
 
 def fuzz_waivers(args: argparse.Namespace):
@@ -813,6 +816,9 @@ def _plan_phase(args, factory, name, seed: int | None):
         outcome = fuzz_plans(max_examples=count, seed=plan_seed, planner=args.planner, implementation=factory,
                              implementation_name=name, progress=printer, bounds=getattr(args, "bounds", None),
                              waive=getattr(args, "waivers", None) or None)
+        if only and not outcome.examples and not outcome.interrupted:
+            # nothing judged is no pass (exit codes never lie): it was "0 configs, no finding", exit 0
+            raise UsageError(f"--tier plan: no plan of {name} was judged ({'; '.join(outcome.notes)})")
         return outcome
     finally:
         printer.finish(None if outcome is None else outcome.examples)
@@ -950,7 +956,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.database is not None:
         _check_database(args.database)  # a server that does not answer: exit 2 before any example runs
     factory, name = load_implementation(args.impl, args.isolation)
-    if bounded is not None:
+    if args.tier != "plan":
+        if bounded is None:  # no bounds: a factory that refuses every default draw is the same usage error (issue 43)
+            from diffmoe.fuzz.strategies import moe_configs
+
+            bounded = moe_configs(planner=args.planner, max_tokens=args.max_tokens, max_experts=args.max_experts,
+                                  special_rows=args.special_rows, features=args.model_features)
         _bounds_leave_a_supported_config(bounded, bounds, factory, name)
     # A seed is always chosen and printed, so any run can be repeated exactly; except with a
     # database, whose replays a seed would turn off.
