@@ -141,7 +141,7 @@ def test_diffmoe_museum_is_wired_into_the_command_line(capsys):
     assert cli_main(["museum", "no-such-exhibit"]) == 2
 
 
-@pytest.mark.slow  # 29 s on 2 cores (issue 30); with the second failure, about 70 s on 2 loaded cores
+@pytest.mark.slow  # 29 s on 2 cores (issue 30); with the second failure 119 s on 2 loaded cores (2026-12-06)
 def test_the_shrinker_reaches_exhibit_ones_minimal_config_from_a_broader_domain():
     """`diffmoe fuzz --impl vllm==0.28.0 --model-features --seed 0 --max-experts 8 --max-tokens 16 --keep-going 2`:
     drawing clamp limits, -1 slots and shared experts over T <= 16 and E <= 8, the fuzzer finds the
