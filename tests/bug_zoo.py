@@ -48,6 +48,7 @@ from optimized.kernels.act_quant_kernel import PASS_AMAX, PASS_QUANTIZE  # noqa:
 from optimized.kernels.numerics import bf16_to_f32, to_bf16  # noqa: E402
 from optimized.kernels.reduce_kernel import moe_reduce_kernel  # noqa: E402
 from optimized.backend import safe_traits
+from optimized.grouped_gemm import run_grouped_gemm
 from optimized.launch import launch
 from optimized.workspace_planner import plan_workspaces
 from peers import vllm_0_33  # loads no vLLM file until an adapter is built
@@ -364,6 +365,21 @@ class ExpertZeroWeightScale(TritonFP8MoE):
         if scales.dim() == 1:  # [L] per-tensor weight scales
             scales = scales[:1].expand_as(scales).contiguous()
         super()._gemm(stage, ctx, problem, layout, a, a_scale, w, (name, scales), out, weights, **kwargs)
+
+
+class TensorPathForTensorWeights(TritonFP8MoE):
+    """Per-tensor weights beside per-token activations take the per-tensor GEMM: the path is chosen by
+    the weight scale's shape ([L], "per tensor"), and that path reads one activation scale with zero
+    strides, so every routed row is dequantised with row 0's scale. Invisible where every row's scale
+    is the same, to the differential oracle: a one-token call with K = 1 (issue 48 item 5: the default
+    fuzz's first such draw). A full check's batch invariance sees it there (the token in a T=3 batch)."""
+
+    def _gemm(self, stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, **kwargs):
+        if (self.config.weight_granularity, self.config.act_granularity) != ("tensor", "token"):
+            return super()._gemm(stage, ctx, problem, layout, a, a_scale, w, w_scale, out, weights, **kwargs)
+        run_grouped_gemm(ctx, self.tiles, self.traits, stage=stage, quant="fp8-tensor", a=a, a_scale=a_scale, w=w,
+                         w_scale=w_scale, out=out, layout=layout, topk_weights=weights, weight_quant="fp8-tensor",
+                         **kwargs)
 
 
 class NaNSquashedOnInput(TritonFP8MoE):
@@ -853,6 +869,10 @@ def make_expert_zero_weight_scale(config: MoEConfig) -> TritonFP8MoE:
     return ExpertZeroWeightScale(config)
 
 
+def make_tensor_path_for_tensor_weights(config: MoEConfig) -> TritonFP8MoE:
+    return TensorPathForTensorWeights(config)
+
+
 def make_nan_squashed_on_input(config: MoEConfig) -> TritonFP8MoE:
     return NaNSquashedOnInput(config)
 
@@ -1180,6 +1200,18 @@ MUTANTS: dict[str, Mutant] = {
             expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
             expected_name=Stages.GATE_UP_GEMM,
             unseen_without=_cfg(num_tokens=2, hidden=256, inter=256, quant="fp8-tensor"),
+        ),
+        Mutant(
+            name="tensor-path-for-tensor-weights",
+            what_it_breaks="per-tensor weights beside per-token activations run the per-tensor GEMM: every row "
+                           "dequantised with row 0's activation scale",
+            factory=make_tensor_path_for_tensor_weights,
+            # two tokens: two activation scales. No unseen_without: at T = K = 1 the differential
+            # oracle sees one scale and passes, but the batch-invariance oracle runs that token at
+            # position 2 of a T=3 batch, where row 0's scale is another token's (256 of 256 elements)
+            config=_cfg(num_tokens=2, topk=1, quant="fp8-token", weight_scales="tensor"),
+            expected_oracles=frozenset({O.DIFFERENTIAL, O.TEACHER_FORCING}),
+            expected_name=Stages.GATE_UP_GEMM,
         ),
         Mutant(
             name="nan-squashed-on-input",

@@ -11,7 +11,9 @@ import pytest
 
 from diffmoe.fuzz.driver import FailingReport, FuzzOutcome, fuzz
 from diffmoe.check.report import Finding, Oracles, Report
-from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
+from diffmoe.fuzz.strategies import MINIMAL_CONFIG, MINIMAL_FUSED_CONFIG
+from diffmoe.problem.config import SCALE_PAIRS
+from diffmoe.fuzz.pairs import force_pair
 from diffmoe.problem.vocabulary import Buffers
 
 
@@ -24,8 +26,8 @@ def alias_finding():
     )
 
 
-def make_fake_runner(fails=lambda c: c.planner == "legacy" and c.fused, raises=None):
-    """A module with run_differential: findings exactly when `fails(config)`."""
+def make_fake_runner(fails=lambda c: c.planner == "legacy" and c.fused, raises=None, findings=None):
+    """A module with run_differential: findings exactly when `fails(config)` (or `findings(config)`'s)."""
     fake = types.ModuleType("diffmoe.check.runner")
     fake.calls = []
 
@@ -33,8 +35,8 @@ def make_fake_runner(fails=lambda c: c.planner == "legacy" and c.fused, raises=N
         fake.calls.append(config)
         if raises is not None and raises(config):
             raise RuntimeError("harness exploded")
-        findings = [alias_finding()] if fails(config) else []
-        return Report(config, implementation_name, ["static-aliasing"], ["identity"], findings)
+        found = findings(config) if findings is not None else [alias_finding()] if fails(config) else []
+        return Report(config, implementation_name, ["static-aliasing"], ["identity"], found)
 
     fake.run_differential = run_differential
     fake.load_factory = lambda spec: (lambda config: None)
@@ -364,3 +366,101 @@ def test_cli_names_a_cut_shrink_smallest_found_not_minimal(cli_runner, monkeypat
     out = capsys.readouterr().out
     assert "smallest failing config found (shrinking was cut short, not minimal):" in out
     assert "minimal failing config:" not in out and "shrinking was cut short" in out.splitlines()[0]
+
+
+# ---- the forced granularity pairs (diffmoe/fuzz/pairs.py, issue 48 item 5) --------------------
+
+
+def _shows_a_mix_up(config, pair) -> bool:
+    """The config has `pair` at a size where reading one granularity as another moves the output."""
+    return ((config.weight_granularity, config.act_granularity) == pair and config.topk >= 2
+            and config.call_num_tokens - config.special_rows >= 3
+            and (config.quant != "fp8-block" or min(config.hidden, config.inter) >= 256))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 12345])
+def test_every_granularity_pair_comes_within_the_first_20_examples_at_a_size_that_shows_it(fake_runner, seed):
+    fake = fake_runner(fails=lambda c: False)
+    fuzz(max_examples=20, seed=seed)
+    assert len(fake.calls) == 20
+    for pair in SCALE_PAIRS:
+        assert any(_shows_a_mix_up(c, pair) for c in fake.calls), (pair, [c.short() for c in fake.calls])
+
+
+def test_a_failure_on_a_forced_pair_shrinks_within_the_pair_to_its_smallest_config(fake_runner):
+    # per-tensor weights beside per-token activations read as one scale: shows with two scales
+    def fails(c):
+        return (c.weight_granularity, c.act_granularity) == ("tensor", "token") and c.routed_rows >= 2
+    fake = fake_runner(fails=fails)
+    outcome = fuzz(max_examples=20, seed=0)
+    assert outcome.generated_examples <= 20 and not outcome.passed
+    # the shrink ran the pair without the floors: as small as the failure allows
+    assert outcome.report.config in (MINIMAL_CONFIG.replace(quant="fp8-token", weight_scales="tensor", num_tokens=2),
+                                     MINIMAL_CONFIG.replace(quant="fp8-token", weight_scales="tensor", topk=2, num_experts=2))
+    assert fake.calls[-1] == outcome.report.config  # the shrinker judged what it believed: no flaky replay
+    assert not outcome.notes
+
+
+def test_a_failure_first_met_at_the_forced_floors_is_walked_below_them_to_its_minimal_config(fake_runner):
+    # the second example (forced to per-tensor scales at T=4, K=2) is the first to fail; its draw
+    # (T < 3) and the pair alone at the draw's sizes pass, so Hypothesis shrinks within the floors
+    # and the descent below them (diffmoe/fuzz/descent.py) takes T to 3, K and E to 1: the config
+    # the unforced search reaches, with no note (47c5177 reverted a shrink held at T=4 E=2 K=2)
+    fake = fake_runner(fails=lambda c: c.num_tokens >= 3)
+    outcome = fuzz(max_examples=20, seed=0)
+    assert outcome.report.config == MINIMAL_CONFIG.replace(num_tokens=3), outcome.report.config.short()
+    assert not outcome.notes and outcome.shrink_cut is None
+    # every descent run is a shrinking run, counted and judged by every oracle
+    assert outcome.examples + outcome.escalations == len(fake.calls)
+
+
+def test_a_failure_needing_the_floors_together_holds_at_them_and_says_so(fake_runner):
+    # T >= 4 and K >= 2 together: no field goes below its floor alone, so the floors are the minimum found
+    fake = fake_runner(fails=lambda c: c.num_tokens >= 4 and c.topk >= 2)
+    outcome = fuzz(max_examples=20, seed=0)
+    c = outcome.report.config
+    assert (c.num_tokens, c.topk, c.num_experts, c.hidden, c.inter) == (4, 2, 2, 16, 16), c.short()
+    (note,) = outcome.notes
+    assert "held at the floors" in note and "several fields below them" in note
+
+
+def test_the_descent_keeps_a_candidate_only_when_it_fails_with_the_same_oracle(fake_runner):
+    # below the floors another bug shows (a crash at T = 2): the descent keeps to the first one
+    def findings(c):
+        if c.num_tokens == 2:
+            return [Finding(Oracles.CRASH, "another bug")]
+        return [Finding(Oracles.DIFFERENTIAL, "planted")] if c.num_tokens >= 3 else []
+
+    fake_runner(findings=findings)
+    outcome = fuzz(max_examples=20, seed=0)
+    assert outcome.report.config.num_tokens == 3, outcome.report.config.short()
+    assert {f.oracle for f in outcome.report.findings} == {Oracles.DIFFERENTIAL}
+
+
+def test_a_descent_past_its_time_limit_says_it_was_cut(fake_runner, monkeypatch):
+    import diffmoe.fuzz.driver as driver
+
+    monkeypatch.setattr(driver, "descend", lambda config, report, fails, runs: (config, report, True))
+    fake_runner(fails=lambda c: c.num_tokens >= 4 and c.topk >= 2)
+    outcome = fuzz(max_examples=20, seed=0)
+    assert outcome.shrink_cut is not None and "descent below the forced floors" in outcome.shrink_cut
+    assert any(note.startswith("shrinking was cut short") for note in outcome.notes)
+
+
+def test_the_forced_pairs_keep_to_the_bounds_and_the_implementations_supports(fake_runner):
+    from diffmoe.fuzz.bounds import FieldBounds
+
+    fake = fake_runner(fails=lambda c: False)
+    bounds = FieldBounds(ranges={"num_tokens": (1, 3)}, values={"quant": ("fp8-token", "fp8-block")})
+    fuzz(max_examples=20, seed=0, bounds=bounds)
+    assert all(bounds.holds(c) for c in fake.calls) and len(fake.calls) == 20
+
+    def refuses_tensor_weights(config):
+        return None
+
+    refuses_tensor_weights.supports = lambda c: "no per-tensor weights" if c.weight_granularity == "tensor" else None
+    fake = fake_runner(fails=lambda c: False)
+    outcome = fuzz(max_examples=20, seed=0, implementation=refuses_tensor_weights)
+    assert outcome.passed and len(fake.calls) == 20  # a refused pair's slot runs its draw, no search stalls
+    assert not any(c.weight_granularity == "tensor" for c in fake.calls)
+    assert any(_shows_a_mix_up(c, ("block", "group")) for c in fake.calls)

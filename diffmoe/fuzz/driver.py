@@ -77,6 +77,8 @@ from diffmoe.fuzz.database_spec import open_database
 from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
 from diffmoe.check.report import Finding, Oracles, Report
 from diffmoe.fuzz.bounds import FieldBounds
+from diffmoe.fuzz.descent import DESCENT_SECONDS, descend
+from diffmoe.fuzz.pairs import PairForcing, floors_hold, forced_note
 from diffmoe.fuzz.strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
 from diffmoe.fuzz.waivers import Waiver, Waivers, finding_key, report_keys
 
@@ -350,22 +352,69 @@ def fuzz(
         return report
 
     replaying = [False]  # inside the database-replay pass (see below)
+    forcing = PairForcing(lambda c: (bounds is None or bounds.holds(c)) and c.num_tokens <= max_tokens
+                          and c.num_experts <= max_experts and unsupported(implementation, c) is None)
+
+    def count_run(phase: str, label: str) -> None:
+        outcome.examples += 1
+        if first_failure_at:
+            outcome.shrink_examples += 1
+        if progress is not None:
+            progress(outcome.examples, phase, time.perf_counter() - start, label)
+
+    def pin_mode(drawn: MoEConfig, failed: MoEConfig, mode, how: Judging) -> None:
+        """At the first failure of an example forced by `mode` (config `failed`): the first mode of its
+        ladder whose config fails maps every shrinking run (diffmoe/fuzz/pairs.py)."""
+        for tried in forcing.ladder(mode):
+            config = judged_config(forcing.mapped(drawn, tried), implementation)
+            if config != failed:  # the failing config itself needs no second run
+                if config not in earlier_rounds:
+                    count_run(PHASE_SHRINK, f"{config.short()} (the failing example's draw, less forced)")
+                if not failing(judge(config, how)):
+                    continue
+            forcing.pinned = tried
+            return
+
     stopped: list[dict] = []  # Hypothesis's statistics of each test run: why its engine stopped
 
-    def run_one(config: MoEConfig) -> None:
-        if unsupported(implementation, config) is not None:
-            reject()  # the implementation's own `supports` refuses it: not an example (contract.SUPPORTS)
+    def run_one(drawn: MoEConfig) -> None:
+        generating = not first_failure_at and not replaying[0]
+        # a forced granularity pair (diffmoe/fuzz/pairs.py): the slot's while generating, the pinned one shrinking
+        if unsupported(implementation, drawn) is not None:
+            # the implementation's own `supports` refuses it: not an example (contract.SUPPORTS). The draw,
+            # not its forced config: Hypothesis then meets the same rejections as in a search without
+            # forced pairs, and every example outside the forced slots is that search's own
+            reject()
+        mode = forcing.slot_mode() if generating else forcing.pinned if first_failure_at else None
+        config = forcing.mapped(drawn, mode)  # a forced config the fuzz may not run: the draw
+        mode = mode if config is not drawn else None
+        forcing.slot += generating
         config = judged_config(config, implementation)  # as run_differential resolves it: drawn == reported
+        report = verdict(config)
+        if not report.passed and not failing(report):
+            # only waived findings, or only failures already collected: the search goes on
+            if waivers and not waivers.unwaived(report.findings):
+                waived_configs.add(config)
+            return
+        if not report.passed:
+            if not first_failure_at:
+                first_failure_at.append(time.perf_counter())
+                if outcome.first_failing_config is None:
+                    outcome.first_failing_config = report.config
+                if generating and mode is not None:
+                    pin_mode(drawn, config, mode, policy.judging(config, failed_before=True, replaying=False))
+            failure = FailingReport(report, drawn=config)
+            smallest[:] = [failure]  # the shrinker only tries smaller examples
+            raise failure
+
+    def verdict(config: MoEConfig) -> Report:
+        """The report one run stands by, counted: the full set's where the cheap set failed, the
+        metamorphic sibling's where only the sibling run disagreed and the sibling fails on its own."""
         phase = PHASE_SHRINK if first_failure_at else PHASE_GENERATE
         how = policy.judging(config, failed_before=bool(first_failure_at), replaying=replaying[0])
         fresh = config not in earlier_rounds
         if fresh:  # a config an earlier round ran is replayed from its report, not counted again
-            outcome.examples += 1
-            if first_failure_at:
-                outcome.shrink_examples += 1
-        label = config.short() if how.full or not policy.tiered else f"{config.short()} (cheap oracle set)"
-        if progress is not None and fresh:
-            progress(outcome.examples, phase, time.perf_counter() - start, label)
+            count_run(phase, config.short() if how.full or not policy.tiered else f"{config.short()} (cheap oracle set)")
         report = judge(config, how)
         if not report.passed and not how.full and policy.tiered:  # escalate: the full set's report
             how = policy.full_judging()
@@ -381,19 +430,34 @@ def fuzz(
             sibling_report = judge(sibling, how)
             if _fails_on_its_own(sibling_report) and failing(sibling_report):
                 report = sibling_report
-        if not report.passed and not failing(report):
-            # only waived findings, or only failures already collected: the search goes on
-            if waivers and not waivers.unwaived(report.findings):
-                waived_configs.add(config)
-            return
-        if not report.passed:
-            if not first_failure_at:
-                first_failure_at.append(time.perf_counter())
-                if outcome.first_failing_config is None:
-                    outcome.first_failing_config = report.config
-            failure = FailingReport(report, drawn=config)
-            smallest[:] = [failure]  # the shrinker only tries smaller examples
-            raise failure
+        return report
+
+    def failing_oracles(report: Report) -> set[str]:
+        return {f.oracle for f in waivers.unwaived(report.findings) if finding_key(f) not in known}
+
+    def below_floors(final: FailingReport) -> tuple[FailingReport, bool, str | None]:
+        """A shrink held at a forced pair's floors, walked below them (diffmoe/fuzz/descent.py): (the
+        smallest failure found, whether an interrupt stops the fuzz, why the descent was cut or None).
+        A candidate is kept when it fails with an oracle of the failure the shrink ended on."""
+        oracles = failing_oracles(final.report)
+
+        def fails(candidate: MoEConfig) -> Report | None:
+            candidate = judged_config(candidate, implementation)
+            report = verdict(candidate)
+            if not (failing(report) and failing_oracles(report) & oracles):
+                return None
+            smallest[:] = [FailingReport(report, drawn=candidate)]  # what an interrupt reports
+            return report
+
+        try:
+            drawn, report, cut = descend(final.drawn, final.report, fails, forcing.runs)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+            return smallest[0], True, None
+        if floors_hold(drawn):
+            outcome.notes.append(forced_note(forcing.pinned[0]))
+        cut = f"the descent below the forced floors' {DESCENT_SECONDS:.0f}-second limit" if cut else None
+        return FailingReport(report, drawn=judged_config(drawn, implementation)), False, cut
 
     shrinking = [Phase.shrink] if shrink else []
 
@@ -431,6 +495,9 @@ def fuzz(
         stopped.clear()
         final, stop = search_round(search, db, smallest, outcome)
         cut = shrink_cut(stopped) if final is not None and not stop else None
+        if final is not None and not stop and shrink and forcing.pinned is not None and forcing.pinned[1]:
+            final, stop, descent_cut = below_floors(final)
+            cut = cut or descent_cut
         if cut is not None and outcome.shrink_cut is None:
             outcome.shrink_cut = cut
             outcome.notes.append(
@@ -457,6 +524,7 @@ def fuzz(
         round_index[0] += 1
         earlier_rounds.update(k[0] for k in memo)
         policy = TierPolicy(tier, oracles, schedules, full_every, full_offset)
+        forcing.reset()
         first_failure_at.clear()
         smallest.clear()
     outcome.waived_examples = len(waived_configs)
