@@ -77,7 +77,8 @@ from diffmoe.fuzz.database_spec import open_database
 from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
 from diffmoe.check.report import Finding, Oracles, Report
 from diffmoe.fuzz.bounds import FieldBounds
-from diffmoe.fuzz.descent import DESCENT_SECONDS, descend
+from diffmoe.fuzz import descent as descent_limits
+from diffmoe.fuzz.descent import descend
 from diffmoe.fuzz.pairs import PairForcing, floors_hold, forced_note
 from diffmoe.fuzz.strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
 from diffmoe.fuzz.waivers import Waiver, Waivers, finding_key, report_keys
@@ -456,7 +457,7 @@ def fuzz(
             return smallest[0], True, None
         if floors_hold(drawn):
             outcome.notes.append(forced_note(forcing.pinned[0]))
-        cut = f"the descent below the forced floors' {DESCENT_SECONDS:.0f}-second limit" if cut else None
+        cut = f"the descent below the forced floors' {descent_limits.DESCENT_SECONDS:.0f}-second limit" if cut else None
         return FailingReport(report, drawn=judged_config(drawn, implementation)), False, cut
 
     shrinking = [Phase.shrink] if shrink else []
