@@ -597,7 +597,7 @@ class UnfusedActivationTruncates(TritonFP8MoE):
             self.traits = traits
 
 
-_ZOO_ZERO, _ZOO_LOAD_ADD_STORE, _ZOO_PREFIX_EXCHANGE, _ZOO_FINITE_ONLY = 0, 1, 2, 3
+_ZOO_ZERO, _ZOO_LOAD_ADD_STORE, _ZOO_PREFIX_EXCHANGE, _ZOO_FINITE_ONLY, _ZOO_FINITE_OR_KEPT = 0, 1, 2, 3, 4
 
 
 @triton.jit
@@ -617,7 +617,7 @@ def _zoo_reduce_kernel(
     REORDER: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """Grid: (rows * num_h_blocks,), rows = T for _ZOO_ZERO and _ZOO_FINITE_ONLY, TK otherwise;
+    """Grid: (rows * num_h_blocks,), rows = T for _ZOO_ZERO and the _ZOO_FINITE modes, TK otherwise;
     each program owns one row and BLOCK_H columns. The broken reduces of the bug zoo, which
     all sum in float32 in k order and round once, as the real one does:
 
@@ -628,6 +628,8 @@ def _zoo_reduce_kernel(
         sum with an atomic exchange, trusting programs to finish in launch order.
     _ZOO_FINITE_ONLY: token t sums its K rows and stores only the finite sums (a NaN sum is
         left unwritten: whatever the output held before stays there).
+    _ZOO_FINITE_OR_KEPT: token t stores every element, a NaN sum replaced by the value the output
+        held, read back (every byte stored: what it stores is stale).
     """
     pid = tl.program_id(0)
     if REORDER:
@@ -662,7 +664,11 @@ def _zoo_reduce_kernel(
         acc = bf16_to_f32(tl.load(down_ptr + row * TOPK * stride_dm + cols, mask=mask, other=0.0), True)
         for k in range(1, TOPK):
             acc += bf16_to_f32(tl.load(down_ptr + (row * TOPK + k) * stride_dm + cols, mask=mask, other=0.0), True)
-        tl.store(out_ptr + row * stride_om + cols, to_bf16(acc, True), mask=mask & (acc == acc))
+        if MODE == 3:
+            tl.store(out_ptr + row * stride_om + cols, to_bf16(acc, True), mask=mask & (acc == acc))
+        else:
+            kept = bf16_to_f32(tl.load(out_ptr + row * stride_om + cols, mask=mask, other=0.0), True)
+            tl.store(out_ptr + row * stride_om + cols, to_bf16(tl.where(acc == acc, acc, kept), True), mask=mask)
 
 
 class _ZooReduce(TritonFP8MoE):
@@ -676,7 +682,7 @@ class _ZooReduce(TritonFP8MoE):
         block_h = 256
         num_h_blocks = triton.cdiv(h, block_h)
         for mode in self.MODES:
-            rows = t if mode in (_ZOO_ZERO, _ZOO_FINITE_ONLY) else t * self.config.topk
+            rows = t if mode in (_ZOO_ZERO, _ZOO_FINITE_ONLY, _ZOO_FINITE_OR_KEPT) else t * self.config.topk
             launch(ctx, _zoo_reduce_kernel, rows * num_h_blocks, stage=stage, reads={down_name: down_t},
                    writes={out_name: out_t}, down_ptr=down_t, out_ptr=out_t, H=h, TOPK=self.config.topk,
                    num_h_blocks=num_h_blocks, stride_dm=down_t.stride(0), stride_om=out_t.stride(0), MODE=mode,
@@ -706,6 +712,14 @@ class ReduceSkipsNonFiniteSums(_ZooReduce):
     so the values agree; under any other fill the row is garbage."""
 
     MODES = (_ZOO_FINITE_ONLY,)
+
+
+class ReduceKeepsNonFiniteRows(_ZooReduce):
+    """The reduce stores every element, but a NaN sum is replaced by the value the output held
+    (read back): each byte is stored by the launch, so the store watch is satisfied, and the row is
+    whatever the caller's tensor held, NaN under a NaN poison, garbage under any other fill."""
+
+    MODES = (_ZOO_FINITE_OR_KEPT,)
 
 
 @triton.jit
@@ -933,6 +947,10 @@ def make_reduce_skips_non_finite_sums(config: MoEConfig) -> TritonFP8MoE:
     return ReduceSkipsNonFiniteSums(config)
 
 
+def make_reduce_keeps_non_finite_rows(config: MoEConfig) -> TritonFP8MoE:
+    return ReduceKeepsNonFiniteRows(config)
+
+
 def make_fused_tile_not_power_of_two(config: MoEConfig) -> TritonFP8MoE:
     return FusedTileNotPowerOfTwo(config)
 
@@ -1059,7 +1077,7 @@ MUTANTS: dict[str, Mutant] = {
                            "expert's rows are never written and the next stage reads stale workspace bytes",
             factory=make_grid_ignores_padding,
             config=_cfg(),
-            expected_oracles=frozenset({O.POISON, O.DIFFERENTIAL}),
+            expected_oracles=frozenset({O.POISON, O.DIFFERENTIAL, O.CONTRACT}),  # contract: the rows never stored
             expected_name=B.GATE_UP_OUTPUT,
         ),
         Mutant(
@@ -1266,6 +1284,17 @@ MUTANTS: dict[str, Mutant] = {
             what_it_breaks="reduce stores only finite sums: a NaN token's output row keeps what the caller's "
                            "tensor held (NaN under a NaN poison, so the values agree)",
             factory=make_reduce_skips_non_finite_sums,
+            config=_cfg(quant="bf16", fused=False, num_tokens=2, nan_rows=1),
+            # the row it leaves is a declared byte its Triton programs stored nowhere (issue 43)
+            expected_oracles=frozenset({O.POISON, O.CONTRACT}),
+            expected_name=B.OUTPUT,
+            unseen_without=_cfg(quant="bf16", fused=False, num_tokens=2),
+        ),
+        Mutant(
+            name="reduce-keeps-non-finite-rows",
+            what_it_breaks="reduce stores every element but replaces a NaN sum with the value the output held, "
+                           "read back (NaN under a NaN poison, so the values agree; every byte stored)",
+            factory=make_reduce_keeps_non_finite_rows,
             config=_cfg(quant="bf16", fused=False, num_tokens=2, nan_rows=1),
             expected_oracles=frozenset({O.POISON}),
             expected_name=B.OUTPUT,

@@ -16,6 +16,8 @@ import threading
 import time
 
 import torch
+import triton
+import triton.language as tl
 
 from diffmoe.adapters.contract import LaunchInfo, RunResult
 from diffmoe.problem.vocabulary import Buffers, buffer_spec, pipeline_stages
@@ -264,3 +266,100 @@ class OpensASocket(TritonFP8MoE):
         except OSError:
             pass
         return super().run(problem, workspaces, output=output, **kwargs)
+
+
+# ---- issue 43, item 3: launches that must do their work ---------------------------------------
+@triton.jit
+def _does_nothing(x_ptr):
+    pass
+
+
+@triton.jit
+def _copy_bytes(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offsets < n
+    tl.store(dst_ptr + offsets, tl.load(src_ptr + offsets, mask=live), mask=live)
+
+
+def _bytes(view: torch.Tensor) -> torch.Tensor:
+    assert view.is_contiguous(), "the shipped kernel's views are contiguous"
+    return view.reshape(-1).view(torch.uint8)
+
+
+class _Relay:
+    """Between the shipped kernel and the harness's recorder: each of the kernel's launches runs
+    unreported (its bytes computed outside any launch the harness sees), then is reported as a
+    Triton launch of its own kernel name, inside which `how` redoes its writes (see the classes)."""
+
+    def __init__(self, recorder, how):
+        self.recorder, self.how = recorder, how
+        self.before: dict[str, torch.Tensor] = {}
+
+    def before_launch(self, info):
+        self.before = {n: v.detach().clone() for n, v in info.writes.items()}
+
+    def after_launch(self, info):
+        done = {n: v.detach().clone() for n, v in info.writes.items()}
+        self.how(info, self.before, done, self.recorder)
+
+
+def _reported(info, recorder, inside):
+    if recorder is not None:
+        recorder.before_launch(info)
+    inside()
+    if recorder is not None:
+        recorder.after_launch(info)
+
+
+class _RelaysItsLaunches(TritonFP8MoE):
+    def run(self, problem, workspaces, *, output=None, recorder=None, **kwargs):
+        return super().run(problem, workspaces, output=output, recorder=_Relay(recorder, self.relay), **kwargs)
+
+
+def _one_program(info):
+    _does_nothing[(1,)](next(iter(info.writes.values())))
+
+
+class RunsADoNothingKernel(_RelaysItsLaunches):
+    """Reports each launch as a Triton kernel that runs one program doing nothing; the bytes it
+    declares were computed before it by code no launch reports (on a GPU: torch on the host).
+    Counted, its launches ran a Triton program each, which is all that was asked before."""
+
+    @staticmethod
+    def relay(info, before, done, recorder):
+        _reported(info, recorder, lambda: _one_program(info))
+
+
+class WritesItsViewsFromTheHost(_RelaysItsLaunches):
+    """Puts each launch's views back as they were, then reports the launch: a one-program kernel
+    that does nothing, while torch writes the computed bytes into the views inside the launch."""
+
+    @staticmethod
+    def relay(info, before, done, recorder):
+        for name, view in info.writes.items():
+            view.copy_(before[name])
+
+        def inside():
+            _one_program(info)
+            for name, view in info.writes.items():
+                view.copy_(done[name])
+
+        _reported(info, recorder, inside)
+
+
+class StoresHalfItsViews(_RelaysItsLaunches):
+    """Each reported launch's Triton kernel stores the first half of every view it declares; the
+    other half holds what code no launch reports computed before it."""
+
+    @staticmethod
+    def relay(info, before, done, recorder):
+        for name, view in info.writes.items():
+            half = _bytes(view).numel() // 2
+            _bytes(view)[:half].copy_(_bytes(before[name])[:half])
+
+        def inside():
+            for name, view in info.writes.items():
+                n = max(1, _bytes(view).numel() // 2)
+                _copy_bytes[(triton.cdiv(n, 256),)](_bytes(done[name]), _bytes(view), n, BLOCK=256)
+
+        _reported(info, recorder, inside)

@@ -335,7 +335,10 @@ class Candidate:
                 output.poison(poison)
         elif poison_workspaces is not None:
             guarded.poison(poison_workspaces)
-        log = LaunchLog(snapshot=True)
+        # the first order's run (attribute_input_writes: the run the contract oracle judges) watches which
+        # declared bytes each Triton launch stores (diffmoe/interpreter/store_coverage.py, issue 43)
+        stores = self._store_watch() if attribute_input_writes else None
+        log = LaunchLog(snapshot=True, stores=stores)
         tracker = StageTracker(self.stage)
         watch = RedZoneWatch(guarded, output)
         run = self.method(impl, "run", what)
@@ -346,8 +349,8 @@ class Candidate:
         guard = None
         try:
             # the call's own allocations poisoned, so a tensor nobody wrote is told from one written;
-            # the guard innermost: a race recorder entered around this call records only what it let through
-            with numpy_quiet(), exits_intercepted(), allocations_poisoned(), order, \
+            # the guard innermost: a race recorder or store watch entered around it records only what it let through
+            with numpy_quiet(), exits_intercepted(), allocations_poisoned(), order, stores or nullcontext(), \
                     self.memory_guarded(named, skipped) as guard:
                 recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, unwritten,
                                            guard, extra_recorder)
@@ -360,6 +363,7 @@ class Candidate:
             self.refused += guard.events if guard else []
             raise Crash(crash_finding(exc, tracker.stage, what)) from exc
         self.pending += self.inputs.finish(what, log)
+        log.stores = None  # its record is in the launches; the watch stays in this process
         refused = guard.events if guard else []  # delivered with the run (its objects: the bounds oracle tells runs apart by them)
         returned = getattr(result, "output", None)
         intermediates = getattr(result, "intermediates", {})
@@ -388,6 +392,14 @@ class Candidate:
         storages = {t.untyped_storage().data_ptr(): name for name, t in named.items()}
         return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates),
                    out_of_bounds=refused, unwritten_reads=unwritten.found, storages=storages)
+
+    @staticmethod
+    def _store_watch():
+        if "triton" not in sys.modules and not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")  # as the bounds guard assumes (guard_for_call)
+        from diffmoe.interpreter.store_coverage import watch_for_call
+
+        return watch_for_call()
 
     def program_order(self, impl, schedule: Schedule, skipped: dict[str, str]):
         """The control `run` is called in: diffmoe.interpreter.grid_order's, which reorders the programs of every

@@ -6,7 +6,9 @@ buffer right after the launch that wrote it: intermediates in shared workspaces 
 overwritten by later stages, so the copy is the only way to compare them with the reference.
 It also keeps whether a launch was reported as a Triton kernel and, under the interpreter, how
 many Triton programs ran during it (diffmoe.interpreter.program_count; the contract oracle judges
-a Triton launch that ran none).
+a Triton launch that ran none), and, where the call gives it a store watch
+(diffmoe.interpreter.store_coverage: the first order's run), which declared bytes of each Triton
+launch its programs did not store (`RecordedLaunch.unstored`, `host_written`).
 
 Owns the launch log and the snapshots. Must not judge what it records: the oracles do.
 """
@@ -14,8 +16,9 @@ Owns the launch log and the snapshots. Must not judge what it records: the oracl
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
+import numpy as np
 import torch
 
 from diffmoe.adapters.contract import LaunchInfo, LaunchRecorder
@@ -64,6 +67,33 @@ def region_of(name: str, tensor: torch.Tensor) -> TensorRegion:
 
 
 @dataclass(frozen=True)
+class StoreGap:
+    """Bytes of one declared write view of a Triton launch that no store of its Triton programs
+    touched (diffmoe.interpreter.store_coverage): `nbytes` of the view's `declared` bytes, the
+    first run of them at byte offsets [first[0], first[1]) from the view's first byte, and per
+    row of the view's first dimension that has any (`rows`), how many (`row_bytes`)."""
+
+    buffer: str
+    nbytes: int
+    declared: int
+    first: tuple[int, int]
+    rows: tuple[int, ...] = ()
+    row_bytes: tuple[int, ...] = ()
+    row_count: int = 0  # rows of the view (its first dimension; 1 for a scalar)
+
+    @classmethod
+    def of(cls, buffer: str, mask: np.ndarray, declared: int, per_row: np.ndarray) -> StoreGap:
+        at = np.flatnonzero(mask)
+        if not at.size:
+            return cls(buffer, 0, declared, (0, 0), row_count=per_row.size)
+        breaks = np.flatnonzero(np.diff(at) > 1)
+        end = int(at[breaks[0]]) + 1 if breaks.size else int(at[-1]) + 1
+        rows = np.flatnonzero(per_row)
+        return cls(buffer, int(at.size), declared, (int(at[0]), end), tuple(int(r) for r in rows),
+                   tuple(int(n) for n in per_row[rows]), per_row.size)
+
+
+@dataclass(frozen=True)
 class RecordedLaunch:
     index: int  # position in the run, from 0
     stage: str
@@ -75,6 +105,12 @@ class RecordedLaunch:
     # Triton programs the interpreter ran between before_launch and after_launch; None where they are
     # not counted (compiled launches: diffmoe.interpreter.program_count) or the launch did not finish
     programs: int | None = None
+    # Under the interpreter, on the first order's run, for a Triton launch whose write views are in
+    # host memory (diffmoe.interpreter.store_coverage): its declared bytes no store of the launch
+    # touched, unchanged (`unstored`) or changed by other code inside its window (`host_written`);
+    # None where stores were not watched
+    unstored: tuple[StoreGap, ...] | None = None
+    host_written: tuple[StoreGap, ...] | None = None
 
 
 def _regions(views: Mapping[str, torch.Tensor]) -> list[TensorRegion]:
@@ -90,10 +126,12 @@ class LaunchLog:
     """
 
     snapshot: bool = False
+    stores: Any = None  # a diffmoe.interpreter.store_coverage.StoreWatch, entered around the run, or None
     launches: list[RecordedLaunch] = field(default_factory=list)
     snapshots: dict[str, torch.Tensor] = field(default_factory=dict)
     snapshot_launch: dict[str, int] = field(default_factory=dict)
-    _open: list[tuple[int, int | None]] = field(default_factory=list)  # launches begun: (index, programs run then)
+    # launches begun: (index, programs run then, the store watch's views of it or None)
+    _open: list[tuple[int, int | None, Any]] = field(default_factory=list)
 
     def before_launch(self, launch: LaunchInfo) -> None:
         self.launches.append(
@@ -107,14 +145,18 @@ class LaunchLog:
                 triton=bool(getattr(launch, "triton", False)),
             )
         )
-        self._open.append((len(self.launches) - 1, programs_run()))
+        views = self.stores.begin(launch.writes) if self.stores is not None and self.launches[-1].triton else None
+        self._open.append((len(self.launches) - 1, programs_run(), views))
 
     def after_launch(self, launch: LaunchInfo) -> None:
         if self._open:
-            index, before = self._open.pop()
+            index, before, views = self._open.pop()
             after = programs_run()
             if before is not None and after is not None:
                 self.launches[index] = replace(self.launches[index], programs=after - before)
+            if views is not None:
+                unstored, host = self.stores.end(views)
+                self.launches[index] = replace(self.launches[index], unstored=unstored, host_written=host)
         if not self.snapshot:
             return
         for name, view in launch.writes.items():

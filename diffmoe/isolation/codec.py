@@ -36,6 +36,7 @@ _CLASSES = (
     ("diffmoe.check.candidate", "Run"), ("diffmoe.check.candidate", "Executed"),
     ("diffmoe.check.candidate", "TensorIdentity"), ("diffmoe.check.recording", "LaunchLog"),
     ("diffmoe.check.recording", "RecordedLaunch"), ("diffmoe.check.recording", "TensorRegion"),
+    ("diffmoe.check.recording", "StoreGap"),
     ("diffmoe.interpreter.bounds_guard", "OutOfBounds"), ("diffmoe.interpreter.bounds_guard", "Allocation"),
     ("diffmoe.isolation.messages", "Handle"), ("diffmoe.isolation.messages", "RemoteWorkspaces"),
     ("diffmoe.isolation.messages", "RemoteOutput"), ("diffmoe.isolation.messages", "AddressVerdicts"),

@@ -3,8 +3,11 @@
 Owns the checks of the first order's run: the output's shape, dtype and device, the caller's
 output tensor used, every written buffer declared, every materialised buffer written, and, under
 the interpreter, every launch reported as a Triton kernel (LaunchInfo.triton) having run at least
-one Triton program (diffmoe.interpreter.program_count counts them; compiled launches are not
-counted, so nothing is judged there). Input
+one Triton program (diffmoe.interpreter.program_count counts them) and having stored from its
+Triton programs the bytes of the views it declares it writes, none of them written by other code
+during it (diffmoe.interpreter.store_coverage records the first order's run; `_unperformed_writes`
+says which bytes must be stored). Compiled launches are neither counted nor watched, so none of
+this is judged there. Input
 writes and results that are no RunResult are found by the check itself (diffmoe/check/execution.py)
 and reported under this oracle's name whatever the selection: they make the rest unjudgeable.
 
@@ -19,11 +22,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from diffmoe.check.report import Finding, Oracles
+from diffmoe.problem.inputs import ROUTED_ROW_BUFFERS
 from diffmoe.problem.vocabulary import Buffers, Stages, materialised_buffers, producer_stage
 from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:
     from diffmoe.check.execution import Check, Run
+    from diffmoe.check.recording import RecordedLaunch, StoreGap
 
 # Implementation-private buffers a launch may write besides the declared pipeline buffers: these,
 # and any name under Buffers.PRIVATE_PREFIX (an implementation's own scratch, Buffers.private).
@@ -38,7 +43,9 @@ class Contract(Oracle):
     name = Oracles.CONTRACT
     checks = "the plug-in contract"
     how = ("output shape/dtype/device, undeclared buffers written, a plan that does not fit the workspaces (reported "
-           "before any launch), a launch reported as a Triton kernel that ran no Triton program (interpreter only)")
+           "before any launch), a launch reported as a Triton kernel that ran no Triton program, left bytes of a view it "
+           "declares it writes unstored by its Triton programs, or had them written by host code during it "
+           "(interpreter only)")
     rank = 30
 
     def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]:
@@ -75,6 +82,7 @@ class Contract(Oracle):
                             "what it wrote was computed by other code",
                     figures={"grid": list(launch.grid), "programs_run": 0},
                 ))
+        found += _unperformed_writes(check, run)
         for launch in run.log:
             for region in launch.writes:
                 if region.name in inputs:
@@ -104,3 +112,62 @@ class Contract(Oracle):
                             "return it among its intermediates), so the bytes compared were never computed",
                 ))
         return found
+
+
+def _unperformed_writes(check: Check, run: Run) -> list[Finding]:
+    """A Triton launch's declared writes its Triton programs did not store (issue 43, item 3), from
+    the store watch's record (diffmoe/interpreter/store_coverage.py; interpreter, first run only).
+
+    Which bytes must be stored: every byte of every declared view but two kinds, the strictest rule
+    measured quiet on the shipped kernel (fp8-token/-tensor/-block fused and unfused, bf16, expert
+    maps, zero-token and smaller calls), the cached peers and the bug zoo's controls (2026-12-06):
+    * an implementation's private buffers (is_private): scratch the reference gives no value; lmdeploy
+      0.18's `_sorted_idx_phase1_kernel` adds to the counts of the experts a call routes to and leaves
+      a pre-zeroed count alone (4 of 16 bytes of private:Counts at T=2, E=4);
+    * the rows of routed slots a call does not compute (Problem.computed_slots: remote under an
+      expert map, unrouted) in the per-routed-row buffers: vLLM 0.33's fused_moe_kernel never stores
+      the rows its alignment dropped as remote (7 of 10 rows of gate_up_output and down_output with
+      expert map [0, -1, 1, -1] at T=5, K=2), and the reference gives them no value either
+      (settle_uncomputed_rows).
+    Bytes that changed during the launch with no store of it touching them are written by other code
+    inside its window: reported whatever the buffer, no honest kernel measured does it."""
+    skipped = ~check.problem.computed_slots()
+    found: list[Finding] = []
+    for launch in run.log:
+        for gap in launch.host_written or ():
+            found.append(_gap_finding(launch, gap, gap.nbytes, gap.first, host=True))
+        host = {gap.buffer for gap in launch.host_written or ()}
+        for gap in launch.unstored or ():
+            if is_private(gap.buffer) or gap.buffer in host:  # one finding a view: its host write
+                continue
+            nbytes, first = gap.nbytes, gap.first
+            if gap.buffer in ROUTED_ROW_BUFFERS and gap.row_count == skipped.numel() and bool(skipped.any()):
+                kept = [(r, n) for r, n in zip(gap.rows, gap.row_bytes) if not bool(skipped[r])]
+                nbytes = sum(n for _, n in kept)
+                if kept and kept[0][0] != gap.rows[0]:
+                    first = None  # the first run lies in a row that carries no value: name the row instead
+                row = kept[0][0] if kept else None
+            else:
+                row = gap.rows[0] if gap.rows else None
+            if nbytes:
+                found.append(_gap_finding(launch, gap, nbytes, first, host=False, row=row))
+    return found
+
+
+def _gap_finding(launch: RecordedLaunch, gap: StoreGap, nbytes: int, first: tuple[int, int] | None, host: bool,
+                 row: int | None = None) -> Finding:
+    where = (f"first bytes [{first[0]}, {first[1]}) of the view" if first is not None else f"first in row {row}")
+    if host:
+        message = (f"{nbytes} of the {gap.declared} bytes of {gap.buffer} that launch {launch.index} ({launch.kernel}, "
+                   f"stage {launch.stage}) declares it writes changed during it, but no store of its Triton programs "
+                   f"touched them ({where}): written by host code during launch {launch.kernel}")
+    else:
+        message = (f"launch {launch.index} ({launch.kernel}, stage {launch.stage}) is reported as a Triton kernel that "
+                   f"writes {gap.buffer}, but its Triton programs stored {nbytes} of its {gap.declared} declared bytes "
+                   f"nowhere ({where}): what they hold was not computed by the launch")
+    return Finding(
+        oracle=Oracles.CONTRACT, stage=launch.stage, buffers=[gap.buffer], message=message,
+        figures={"launch": launch.index, "kernel": launch.kernel, "buffer": gap.buffer,
+                 "host_written_bytes" if host else "unstored_bytes": nbytes, "declared_bytes": gap.declared,
+                 **({"first_bytes": list(first)} if first is not None else {"first_row": row})},
+    )
