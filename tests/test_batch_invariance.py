@@ -25,6 +25,7 @@ from diffmoe.check.runner import run_differential
 from diffmoe.fuzz.tiers import CHEAP_ORACLES
 from diffmoe.oracles.registry import ALL_ORACLES, DEFAULT_ORACLES, resolve_oracles
 from diffmoe.problem.config import MoEConfig
+from hang_bounds import SUBPROCESS_HANG_S
 
 BI = Oracles.BATCH_INVARIANCE
 TILE_BUG = bug_zoo.MUTANTS["tile-from-batch-size"]
@@ -65,7 +66,7 @@ def test_quiet_on_the_edge_cases_under_openblas_haswell_kernels():
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENBLAS_")}
     env.update(HASWELL)
     probe = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "batch_invariance_probe.py"),
-                            *PROBED_SCHEMES], env=env, capture_output=True, text=True, timeout=240)
+                            *PROBED_SCHEMES], env=env, capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
     assert probe.returncode == 0, probe.stderr
     result = json.loads(probe.stdout.strip().splitlines()[-1])
     assert result["OPENBLAS_CORETYPE"] == "Haswell" and result["checks"] > 0, result

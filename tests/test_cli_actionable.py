@@ -22,6 +22,7 @@ from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES
 from diffmoe.check.report import Report, check_command, is_factory_spec
 from diffmoe.frontends import cli
 from diffmoe.problem.config import MoEConfig
+from hang_bounds import SUBPROCESS_HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor"]
@@ -243,7 +244,7 @@ def test_an_adapter_importing_triton_first_runs_under_the_interpreter_on_a_cpu(t
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run([sys.executable, "-m", "diffmoe", "plan", "--impl", f"{tmp_path / 'tri_adapter.py'}:make"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=SUBPROCESS_HANG_S)
     assert "the kernel ran: [1.0, 1.0, 1.0, 1.0]" in done.stderr, done.stderr
 
 

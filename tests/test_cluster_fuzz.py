@@ -34,6 +34,7 @@ from ray_standins import runtime_env
 from redis_server import RedisServer, unused_port
 from signal_dispositions import sigint_as
 from test_fuzzing import cli_runner, fake_runner  # noqa: F401 - the stand-in runner fixtures, shared
+from hang_bounds import SUBPROCESS_HANG_S
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
 
@@ -249,7 +250,7 @@ def test_cli_local_cluster_finds_the_legacy_planner_with_the_real_kernels_and_le
         [sys.executable, "-m", "diffmoe", "fuzz", "--workers", "2", "--cluster", "local", "--seed", "1",
          "--planner", "legacy", "--max-examples", "10", "--max-tokens", "8", "--max-experts", "4",
          "--oracles", "static-aliasing", "--isolation", "none", "--plan-examples", "0"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
     assert done.returncode == 1, done.stderr[-2000:]
     assert LEGACY_MINIMAL.short() in done.stdout and "found by worker" in done.stdout
     assert processes_left(mark) == []  # the local runtime stopped with the command

@@ -23,6 +23,7 @@ import torch
 
 from diffmoe.backend import compile_gate as gate
 from diffmoe.problem.config import QUANT_SCHEMES
+from hang_bounds import SUBPROCESS_HANG_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "diffmoe.frontends.cli"]
@@ -140,7 +141,7 @@ def test_per_tensor_quant_does_not_recompile_as_the_batch_grows():
         print(json.dumps(out))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=300)
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=SUBPROCESS_HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     by_t = json.loads(proc.stdout.strip().splitlines()[-1])
     assert by_t["8"] == by_t["96"] == by_t["4096"]

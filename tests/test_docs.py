@@ -16,6 +16,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from hang_bounds import SUBPROCESS_HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -135,7 +136,7 @@ def test_the_site_builds_strictly(tmp_path):
         pytest.importorskip(module, reason=f"the docs extra is not installed ({module}): "
                                            "pip install -e '.[docs]' to build the site here")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          cwd=ROOT, capture_output=True, text=True, timeout=SUBPROCESS_HANG_S,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -16,6 +16,7 @@ from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.inputs import make_problem
 from diffmoe.check.runner import load_factory, run_differential
 from diffmoe.problem.vocabulary import Buffers
+from hang_bounds import SUBPROCESS_HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "torch_moe.py"
@@ -90,7 +91,7 @@ def test_overlapping_carve_is_caught(monkeypatch):
 def test_plugin_example_suite_passes():
     env = {**os.environ, "CI": "true"}
     done = subprocess.run([sys.executable, "-m", "pytest", "examples/test_my_moe.py", "-q", "-p", "no:cacheprovider"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout
 
@@ -118,7 +119,7 @@ def test_impl_module_resolves_from_the_current_directory(tmp_path):
     for command in ([sys.executable, "-m", "diffmoe", *args], [str(Path(sys.executable).with_name("diffmoe")), *args]):
         if not Path(command[0]).exists():
             continue
-        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "PASS" in done.stdout
 

@@ -19,6 +19,7 @@ import pytest
 
 from diffmoe.interpreter import dot_rows, fixes
 from optimized.backend import interpreter_enabled
+from hang_bounds import SUBPROCESS_HANG_S
 
 pytestmark = pytest.mark.skipif(not interpreter_enabled(), reason="hooks the Triton interpreter (TRITON_INTERPRET=1)")
 
@@ -32,7 +33,7 @@ def probe(configuration: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENBLAS_")}
     env.update(BLAS_CONFIGURATIONS[configuration])
     run = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "dot_rows_probe.py")],
-                         env=env, capture_output=True, text=True, timeout=240)
+                         env=env, capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1])
 

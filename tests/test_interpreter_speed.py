@@ -16,6 +16,7 @@ from diffmoe.interpreter import fast_path as interpreter_speed
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.inputs import make_problem
 from diffmoe.interpreter.triton_pin import triton_release
+from hang_bounds import SUBPROCESS_HANG_S
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter only")
 
@@ -188,7 +189,7 @@ def test_the_fast_paths_bits_do_not_depend_on_the_blas_thread_count(configuratio
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENBLAS_")}
     env.update(BLAS_CONFIGURATIONS[configuration])
     probe = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "blas_threads_probe.py")],
-                           env=env, capture_output=True, text=True, timeout=240)
+                           env=env, capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
     assert probe.returncode == 0, probe.stderr
     counts = json.loads(probe.stdout.strip().splitlines()[-1])
     if not counts["openblas"]:

@@ -23,6 +23,7 @@ from diffmoe.check.runner import run_differential
 from diffmoe.isolation.import_guard import refused
 from diffmoe.problem.config import MoEConfig
 from isolated_kernels import ReportsWhatItsProcessHolds, SleepsForever
+from hang_bounds import SUBPROCESS_HANG_S
 
 TINY = MoEConfig(num_tokens=2, num_experts=2, topk=1, hidden=16, inter=16, quant="fp8-tensor", fused=True)
 SMALL = MoEConfig(num_tokens=4, num_experts=2, topk=2, hidden=128, inter=128, quant="fp8-token", fused=False)
@@ -171,7 +172,7 @@ def test_the_cli_never_imports_an_impl_module_in_its_own_process(tmp_path):
                             "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor", "--fused", "--impl",
                             f"{path}:factory"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env=dict(os.environ, DIFFMOE_CANDIDATE_WRITABLE=str(tmp_path)))  # where it leaves its mark
-    out, err = cli.communicate(timeout=300)
+    out, err = cli.communicate(timeout=SUBPROCESS_HANG_S)
     assert cli.returncode == 0, out + err
     importers = set(marks.read_text().split())
     assert importers and str(cli.pid) not in importers

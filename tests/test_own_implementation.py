@@ -26,6 +26,7 @@ from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTA
 from diffmoe.check.report import Oracles, Report, check_command
 from diffmoe.check.runner import factory_name, load_factory, run_differential
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
+from hang_bounds import SUBPROCESS_HANG_S
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor", "--fused"]
@@ -127,7 +128,7 @@ def test_the_pytest_plugin_shows_a_replay_with_the_implementation(tmp_path):
     env["TRITON_INTERPRET"] = "1"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "test_probe_impl.py", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=SUBPROCESS_HANG_S,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (line,) = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("replay: ")]
@@ -136,7 +137,7 @@ def test_the_pytest_plugin_shows_a_replay_with_the_implementation(tmp_path):
     # and the line replays the probe's factory (with the test's folder importable)
     replay = subprocess.run(
         [sys.executable, "-m", "diffmoe", *shlex.split(line.removeprefix("replay: "))[1:], "--json"],
-        capture_output=True, text=True, env=dict(env, PYTHONPATH=str(tmp_path)), cwd=tmp_path, timeout=300,
+        capture_output=True, text=True, env=dict(env, PYTHONPATH=str(tmp_path)), cwd=tmp_path, timeout=SUBPROCESS_HANG_S,
     )
     data = json.loads(replay.stdout)
     assert replay.returncode == 1 and data["findings"][0]["oracle"] == Oracles.CRASH, replay.stderr
@@ -192,7 +193,7 @@ def run_noisy_cli(folder, *argv, stdout=subprocess.PIPE):
 def test_json_stays_one_object_when_the_implementation_prints_in_a_worker(noisy):
     # without --time-limit the interpreter's default limit applies: the check runs in a worker
     proc = run_noisy_cli(noisy, "check", *SMALL, "--impl", "noisy_impl:make", "--oracles", "static-aliasing", "--json")
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=SUBPROCESS_HANG_S)
     assert proc.returncode == 0, err
     assert json.loads(out)["passed"] is True and out.count("\n") == 1
     assert "NOISE from print" in err and "NOISE on fd 1" in err
@@ -209,7 +210,7 @@ def test_a_closed_stdout_exits_141_without_a_traceback(noisy, argv):
     proc = run_noisy_cli(noisy, *argv)
     proc.stdout.close()  # the reader is gone before the first byte is written: every write is EPIPE
     err = proc.stderr.read()
-    proc.wait(timeout=300)
+    proc.wait(timeout=SUBPROCESS_HANG_S)
     assert proc.returncode == cli.EXIT_BROKEN_PIPE == 141, err
     assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err
 
@@ -217,7 +218,7 @@ def test_a_closed_stdout_exits_141_without_a_traceback(noisy, argv):
 def test_doctor_json_into_head_is_quiet():
     proc = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {shlex.quote(sys.executable)} -m diffmoe doctor --json | head -c 10"],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"),
+        capture_output=True, text=True, timeout=SUBPROCESS_HANG_S, env=dict(os.environ, TRITON_INTERPRET="1"),
     )
     assert proc.stdout == '{"backend"' and proc.returncode in (0, 141)  # 0 when the whole object fit the pipe
     assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr

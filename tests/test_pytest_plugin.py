@@ -11,6 +11,7 @@ import torch
 from diffmoe.fuzz.profiles import CI_MAX_EXAMPLES, DEV_MAX_EXAMPLES, PROFILES, ci_requested, load_profile
 from diffmoe.check.report import Finding, Oracles, Report
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
+from hang_bounds import SUBPROCESS_HANG_S
 
 PROBE = textwrap.dedent(
     """
@@ -30,7 +31,7 @@ def run_probe(tmp_path, *args, env_ci=None):
         env["CI"] = env_ci
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(path), "-q", "-s", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), *args],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=SUBPROCESS_HANG_S,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROFILE")]

@@ -37,6 +37,7 @@ import torch
 
 from diffmoe.adapters.contract import RunResult
 from optimized.moe import TritonFP8MoE
+from hang_bounds import SUBPROCESS_HANG_S
 
 
 class HangsOnWideHidden(TritonFP8MoE):
@@ -228,7 +229,7 @@ def test_a_ctrl_c_to_the_group_stops_a_two_worker_fuzz_and_its_local_ray_runtime
     traceback, and no process it started outlives it."""
     (tmp_path / "hangs.py").write_text(HANGS_ON_WIDE_HIDDEN)
     fuzz = Fuzz(tmp_path, tmp_path / "db", "--workers", "2")
-    fuzz.wait_for(SHRINKING, timeout=240)
+    fuzz.wait_for(SHRINKING, timeout=SUBPROCESS_HANG_S)
     _, code, data = fuzz.interrupt(signal.SIGINT, group=True)
     assert code == 1 and data["interrupted"] is True
     assert MoEConfig.from_dict(data["config"]).hidden > 256

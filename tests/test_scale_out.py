@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from hang_bounds import SUBPROCESS_HANG_S
 
 pytest.importorskip("xdist")
 
@@ -40,7 +41,7 @@ def _run(tmp_path, db, upper):
     env.pop("CI", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
            "--hypothesis-profile", "dev", "--rootdir", str(tmp_path), str(tmp_path / "test_prop.py")]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
 
 
 @pytest.mark.slow  # 20 s on 2 cores (issue 30)

@@ -24,6 +24,7 @@ SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--
 
 MARKS_ITS_IMPORT = '''
 import pathlib
+from hang_bounds import SUBPROCESS_HANG_S
 
 pathlib.Path({marker!r}).write_text("imported")
 
@@ -97,7 +98,7 @@ def test_a_refused_fuzz_imports_neither_ray_nor_a_kernel(tmp_path):
     code = ("import sys\nfrom diffmoe.frontends import cli\n"
             f"status = cli.main(['fuzz', '--workers', '2', '--seed', '1', '--database', {str(tmp_path / 'db')!r}])\n"
             f"print(status, sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
     assert done.stdout.split(" ", 1) == [str(cli.EXIT_USAGE), "[]\n"], (done.stdout, done.stderr[-2000:])
     assert done.stderr.strip().splitlines() == [
         "diffmoe: error: --seed and --database cannot be combined: a seeded run is reproducible and replays no stored failure"]

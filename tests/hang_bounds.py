@@ -1,0 +1,9 @@
+"""How long a test waits on a process it started before calling it hung: a hang bound, never a
+speed goal (tests/test_no_timed_asserts.py). 240 to 300 s was too close: beside a second full
+suite (load 7 to 10, 2026-12-06) a two-worker local-cluster fuzz took over 280 s. It stays under
+pytest-timeout's 900 s (pyproject.toml), so a hung child is named by the test that started it.
+
+Owns the bound only.
+"""
+
+SUBPROCESS_HANG_S = 840
