@@ -29,6 +29,7 @@ import pytest
 from diffmoe.problem.config import MoEConfig
 from ray_cluster import processes_left
 from signal_dispositions import sigint_as
+from hang_bounds import SUBPROCESS_HANG_S
 
 HANGS_ON_WIDE_HIDDEN = '''
 import time
@@ -37,7 +38,6 @@ import torch
 
 from diffmoe.adapters.contract import RunResult
 from optimized.moe import TritonFP8MoE
-from hang_bounds import SUBPROCESS_HANG_S
 
 
 class HangsOnWideHidden(TritonFP8MoE):

@@ -19,12 +19,12 @@ import uuid
 import pytest
 
 from diffmoe.frontends import cli
+from hang_bounds import SUBPROCESS_HANG_S
 
 SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor"]
 
 MARKS_ITS_IMPORT = '''
 import pathlib
-from hang_bounds import SUBPROCESS_HANG_S
 
 pathlib.Path({marker!r}).write_text("imported")
 
