@@ -106,10 +106,28 @@ def notice() -> str | None:
             "the reference's source")
 
 
-def wrap(command: list[str]) -> tuple[list[str], dict[str, str]]:
-    """`command` inside the boundary, and the environment entries it needs; `command` as it is
-    (and the audit hook's folder only) without it."""
-    writable = tempfile.mkdtemp(prefix="diffmoe-candidate-")
+# The longest path of the candidate's folder: the zygote's socket in it (SOCKET_NAME) must stay
+# within the 107 bytes of a Unix socket's name (under pytest's tmp_path as TMPDIR, multiprocessing's
+# own socket path inside the folder was 126 bytes and the zygote ended at its start).
+_FOLDER_MAX_BYTES = 96
+SOCKET_NAME = "zygote"
+
+
+def candidate_folder() -> str:
+    """A new folder for a zygote and its candidates (their TMPDIR, the zygote's socket): under
+    the temporary folder, or under /tmp where that path is too long for a socket. The judge that
+    made it removes it when the zygote stops (zygote.py)."""
+    folder = tempfile.mkdtemp(prefix="diffmoe-candidate-")
+    if len(os.fsencode(folder)) <= _FOLDER_MAX_BYTES or not os.path.isdir("/tmp"):
+        return folder
+    os.rmdir(folder)
+    return tempfile.mkdtemp(prefix="diffmoe-candidate-", dir="/tmp")
+
+
+def wrap(command: list[str], writable: str) -> tuple[list[str], dict[str, str]]:
+    """`command` inside the boundary, with `writable` (candidate_folder) its one writable folder,
+    and the environment entries it needs; `command` as it is (and the audit hook's folder only)
+    without it."""
     env = {WRITABLE_ENV: writable, "TMPDIR": writable, "PYTHONDONTWRITEBYTECODE": "1"}
     if available() is not None:
         return command, {**env, ENV: "0"}

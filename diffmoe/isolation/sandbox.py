@@ -29,6 +29,7 @@ import gc
 import importlib
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -98,6 +99,9 @@ def _stop_children(signum=None, frame=None) -> None:
             except ProcessLookupError:
                 _CHILDREN.discard(pid)
         time.sleep(0.01)
+    folder = os.environ.get(boundary.WRITABLE_ENV)
+    if folder:  # its judge removes it too, unless the judge was killed (inside the boundary the
+        shutil.rmtree(folder, ignore_errors=True)  # folder itself is a mount point: its contents go)
     os._exit(0)
 
 
@@ -425,11 +429,13 @@ def zygote_main(preload: list[str]) -> None:
     _zygote(authkey, preload, lambda address: (sys.stdout.write(address + "\n"), sys.stdout.flush()), parent)
 
 
-def forked_zygote(authkey: bytes, preload: list[str], announce_fd: int, parent: int) -> None:
+def forked_zygote(authkey: bytes, preload: list[str], announce_fd: int, parent: int, folder: str) -> None:
     """A zygote forked from a judge that holds no reference yet (client.zygote says when): the
-    address to `announce_fd`. Never returns."""
+    address to `announce_fd`, `folder` its candidates' own (their TMPDIR, its socket). Never returns."""
     code = 1
     try:
+        os.environ.update({boundary.WRITABLE_ENV: folder, "TMPDIR": folder})
+        tempfile.tempdir = None
         sys.meta_path.insert(0, _GUARD)
         os.setsid()  # its own session, as the spawned zygote's: a terminal's signals are the judge's
         if hasattr(signal, "pthread_sigmask"):
@@ -452,7 +458,11 @@ def _zygote(authkey: bytes, preload: list[str], announce, parent: int) -> None:
     from multiprocessing.connection import Listener
 
     _die_with_parent(parent)
-    listener = Listener(family="AF_UNIX", authkey=authkey)
+    folder = os.environ.get(boundary.WRITABLE_ENV)
+    # its socket in its candidates' folder, which its judge removes when it stops (multiprocessing's
+    # default, a pymp-* folder of its own, outlived every zygote: one ends by os._exit)
+    address = os.path.join(folder, boundary.SOCKET_NAME) if folder else None
+    listener = Listener(address, family="AF_UNIX", authkey=authkey)
     # announced before the imports and the warm-up: the judge builds its problem and reference
     # meanwhile, and its first connection waits in the listener's backlog until they are done
     announce(listener.address)

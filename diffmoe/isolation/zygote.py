@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ class _Zygote:
     authkey: bytes
     owner: int  # the pid that started it: only that process stops it
     bounded: bool = False  # started inside the OS boundary (boundary.py): its pids are its namespace's
+    folder: str | None = None  # the candidates' folder (boundary.candidate_folder), removed at its stop
 
 
 _ZYGOTES: dict[tuple, _Zygote] = {}
@@ -62,13 +64,16 @@ def zygote(preload: tuple[str, ...] = ()) -> _Zygote:
         found = _ZYGOTES.get(key)
         if found is not None and _alive(found):
             return found
+        if found is not None:
+            _remove_folder(found)
         authkey = secrets.token_bytes(32)
+        folder = boundary.candidate_folder()
         if _may_fork():
-            found = _ZYGOTES[key] = _fork_zygote(preload, authkey)
+            found = _ZYGOTES[key] = _fork_zygote(preload, authkey, folder)
             return found
         command, bounded = boundary.wrap(
             [sys.executable, "-c", "import sys; from diffmoe.isolation.sandbox import zygote_main; zygote_main(sys.argv[1:])",
-             *preload])
+             *preload], folder)
         env = dict(os.environ, PYTHONPATH=_search_path(), DIFFMOE_ZYGOTE_PARENT=str(os.getpid()), **bounded)
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
         proc.stdin.write(authkey)
@@ -76,8 +81,10 @@ def zygote(preload: tuple[str, ...] = ()) -> _Zygote:
         address = proc.stdout.readline().decode().strip()
         if not address:
             proc.wait()
+            shutil.rmtree(folder, ignore_errors=True)
             raise RuntimeError(f"the candidate's zygote process ended at its start (exit code {proc.returncode})")
-        _ZYGOTES[key] = found = _Zygote(proc, address, authkey, os.getpid(), bounded["DIFFMOE_BOUNDARY"] == "1")
+        _ZYGOTES[key] = found = _Zygote(proc, address, authkey, os.getpid(), bounded["DIFFMOE_BOUNDARY"] == "1",
+                                        folder)
         return found
 
 
@@ -124,9 +131,10 @@ class _ForkedZygote:
         return self.returncode
 
 
-def _fork_zygote(preload: tuple[str, ...], authkey: bytes) -> _Zygote:
+def _fork_zygote(preload: tuple[str, ...], authkey: bytes, folder: str) -> _Zygote:
     """A zygote forked from this process (about as quick as a fork: torch and diffmoe are already
-    imported here), which holds no reference (_may_fork) and installs the import guard first."""
+    imported here), which holds no reference (_may_fork) and installs the import guard first;
+    `folder` is its candidates' own."""
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
     pid = os.fork()
@@ -134,15 +142,16 @@ def _fork_zygote(preload: tuple[str, ...], authkey: bytes) -> _Zygote:
         os.close(read_fd)
         from diffmoe.isolation.sandbox import forked_zygote
 
-        forked_zygote(authkey, list(preload), write_fd, parent)  # never returns
+        forked_zygote(authkey, list(preload), write_fd, parent, folder)  # never returns
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as announced:
         address = announced.readline().decode().strip()
     proc = _ForkedZygote(pid)
     if not address:
         proc.wait(5)
+        shutil.rmtree(folder, ignore_errors=True)
         raise RuntimeError(f"the candidate's zygote process ended at its start (exit code {proc.returncode})")
-    return _Zygote(proc, address, authkey, os.getpid())
+    return _Zygote(proc, address, authkey, os.getpid(), folder=folder)
 
 
 def zygote_pids() -> set[int]:
@@ -174,3 +183,11 @@ def stop_zygotes() -> None:
             except subprocess.TimeoutExpired:
                 z.proc.kill()
                 z.proc.wait()
+        _remove_folder(z)
+
+
+def _remove_folder(z: _Zygote) -> None:
+    """The stopped zygote's folder, by the process that made it (tests/test_no_residue.py: a
+    day of test runs had left 991 of them in /tmp)."""
+    if z.folder is not None and z.owner == os.getpid():
+        shutil.rmtree(z.folder, ignore_errors=True)
