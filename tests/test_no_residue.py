@@ -53,3 +53,27 @@ def test_a_python_programs_checks_leave_nothing_when_it_exits(tmp_path):
                           timeout=SUBPROCESS_HANG_S)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(os.listdir(scratch)) == []
+
+
+def test_a_killed_judges_folder_is_removed_by_the_next_judge(tmp_path, monkeypatch):
+    """A judge killed with SIGKILL cannot remove its folder (inside the boundary its zygote dies
+    with it): the next folder made in the same temporary folder removes it, and nothing of a live
+    judge or of another pid namespace."""
+    monkeypatch.setattr(boundary.tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    namespace = boundary._pid_namespace()
+    if not namespace:
+        pytest.skip("no /proc/self/ns/pid here: nothing is swept")
+    dead = tmp_path / f"diffmoe-candidate-{namespace}-{dead_pid}-abc"
+    live = tmp_path / f"diffmoe-candidate-{namespace}-{os.getpid()}-def"
+    other = tmp_path / f"diffmoe-candidate-{namespace + 1}-{dead_pid}-ghi"
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "zygote").write_text("")
+    made = boundary.candidate_folder()
+    try:
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert dead.name not in left and live.name in left and other.name in left, left
+    finally:
+        os.rmdir(made)

@@ -116,12 +116,58 @@ SOCKET_NAME = "zygote"
 def candidate_folder() -> str:
     """A new folder for a zygote and its candidates (their TMPDIR, the zygote's socket): under
     the temporary folder, or under /tmp where that path is too long for a socket. The judge that
-    made it removes it when the zygote stops (zygote.py)."""
-    folder = tempfile.mkdtemp(prefix="diffmoe-candidate-")
+    made it removes it when the zygote stops (zygote.py); a judge killed with SIGKILL cannot, so
+    the folders of dead judges are removed here first (_sweep)."""
+    prefix = f"{_FOLDER_PREFIX}{_pid_namespace()}-{os.getpid()}-"
+    _sweep(tempfile.gettempdir())
+    folder = tempfile.mkdtemp(prefix=prefix)
     if len(os.fsencode(folder)) <= _FOLDER_MAX_BYTES or not os.path.isdir("/tmp"):
         return folder
     os.rmdir(folder)
-    return tempfile.mkdtemp(prefix="diffmoe-candidate-", dir="/tmp")
+    _sweep("/tmp")
+    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+
+
+_FOLDER_PREFIX = "diffmoe-candidate-"
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode; 0 where /proc does not say): a folder's judge pid
+    is asked about only in the namespace that pid belongs to (a /tmp shared between containers)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _sweep(parent: str) -> None:
+    """Remove the candidates' folders under `parent` whose judge, in this pid namespace, is gone
+    (measured: a SIGKILLed `diffmoe check` left its folder and the zygote's socket; a full test
+    suite, which kills judges on purpose, left two). A folder of another namespace, of a live pid
+    or of a name this release does not write is left alone."""
+    namespace = _pid_namespace()
+    if not namespace:
+        return
+    mine = f"{_FOLDER_PREFIX}{namespace}-"
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(mine)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(mine):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def wrap(command: list[str], writable: str) -> tuple[list[str], dict[str, str]]:
