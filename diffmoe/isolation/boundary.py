@@ -155,12 +155,13 @@ def _sweep(parent: str) -> None:
         return
     for name in names:
         pid = name[len(mine):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists in this pid namespace (one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -376,16 +376,6 @@ def _print_to(fd: int) -> None:
     os.close(fd)
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 # The config of the zygote's warm-up call: small, fp8 (the quantisation kernels and both GEMMs).
 _WARM_CONFIG = dict(num_tokens=4, num_experts=2, topk=2, hidden=128, inter=128, quant="fp8-token", fused=False)
 
@@ -510,6 +500,6 @@ def _zygote(authkey: bytes, preload: list[str], announce, parent: int) -> None:
                 os._exit(code)
         conn.close()
         _CHILDREN.add(pid)
-        for done in [p for p in _CHILDREN if not _exists(p)]:
+        for done in [p for p in _CHILDREN if not boundary.pid_alive(p)]:
             _CHILDREN.discard(done)
 
