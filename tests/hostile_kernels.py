@@ -247,12 +247,17 @@ class DropsAPthIntoTheVenv(TritonFP8MoE):
     def run(self, problem, workspaces, *, output=None, **kwargs):
         import site
 
-        try:
-            with open(f"{site.getsitepackages()[0]}/diffmoe_hostile.pth", "w") as f:
-                f.write("import os\n")
-        except OSError:
-            pass
+        _write(f"{site.getsitepackages()[0]}/diffmoe_hostile.pth")
         return super().run(problem, workspaces, output=output, **kwargs)
+
+
+def _write(path) -> None:
+    """One line of Python into `path`, a refusal ignored (the judge is told of it all the same)."""
+    try:
+        with open(path, "w") as f:
+            f.write("import os\n")
+    except OSError:
+        pass
 
 
 class OpensASocket(TritonFP8MoE):
@@ -363,3 +368,60 @@ class StoresHalfItsViews(_RelaysItsLaunches):
                 _copy_bytes[(triton.cdiv(n, 256),)](_bytes(done[name]), _bytes(view), n, BLOCK=256)
 
         _reported(info, recorder, inside)
+
+
+class WritesIntoThePeerCache(TritonFP8MoE):
+    """Drops a file into the peer cache ($DIFFMOE_PEER_CACHE, a peer's wheels that later checks
+    import), from run: the boundary refuses the write and the judge names the path."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        from diffmoe.adapters import peer_wheels
+
+        _write(peer_wheels.cache_dir() / "diffmoe_hostile.py")
+        return super().run(problem, workspaces, output=output, **kwargs)
+
+
+def _judging_sources() -> list[str]:
+    """What a candidate finds of diffmoe's oracles and tolerance by looking where they lie."""
+    import os
+
+    import diffmoe
+
+    found = []
+    for folder in ("oracles", "tolerance"):
+        path = os.path.join(os.path.dirname(diffmoe.__file__), folder)
+        try:
+            names = os.listdir(path)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(path, name)) as f:
+                    found.append(f"{folder}/{name}:{len(f.read())}")
+            except OSError:
+                pass
+    return found
+
+
+class ReadsTheJudgingCode(TritonFP8MoE):
+    """Lists and reads diffmoe/oracles/*.py and diffmoe/tolerance/*.py where they lie (to learn the
+    bounds it is judged by) and tells the judge whether it found any: zeros when it did (a test
+    then sees its check fail), the shipped kernel's result when it found nothing."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        result = super().run(problem, workspaces, output=output, **kwargs)
+        if _judging_sources():
+            result.output.zero_()
+        return result
+
+
+class ImportsTheOracles(TritonFP8MoE):
+    """Imports diffmoe's oracles and tolerance from run (to patch what judges it): refused, named."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        for name in ("diffmoe.oracles", "diffmoe.tolerance.compare"):
+            try:
+                __import__(name)
+            except ImportError:
+                pass
+        return super().run(problem, workspaces, output=output, **kwargs)

@@ -53,3 +53,18 @@ class SleepsForever(TritonFP8MoE):
             fh.write(str(os.getpid()))
         while True:
             time.sleep(0.05)
+
+
+class FindsThePeerCache(TritonFP8MoE):
+    """The shipped kernel, whose result is zeroed unless the peer cache it finds in its process is
+    the one the judge named in $EXPECTED (a peer's wheels are looked up there)."""
+
+    EXPECTED = "DIFFMOE_TEST_PEER_CACHE"
+
+    def run(self, problem, workspaces, **kwargs):
+        from diffmoe.adapters import peer_wheels
+
+        result = super().run(problem, workspaces, **kwargs)
+        if str(peer_wheels.cache_dir()) != os.environ.get(self.EXPECTED):
+            result.output.zero_()
+        return result

@@ -103,11 +103,27 @@ def _modules(root: Path, packages) -> dict[str, Path]:
     return found
 
 
-def import_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
+def _imports_run_at_import(tree: ast.Module):
+    """The import statements that run when the module is imported: outside function bodies, not
+    under `if TYPE_CHECKING`."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(root: Path, packages=PACKAGES, lazy: bool = True) -> dict[str, set[str]]:
     """Module -> the modules of `packages` it imports anywhere in its text: at the top, inside
     a function (a lazy import is still an arrow) or under TYPE_CHECKING; relative imports
     resolved, `from package import module` counted as an import of the module. A module's
-    own parent packages are left out (importing a submodule runs them anyway)."""
+    own parent packages are left out (importing a submodule runs them anyway). lazy=False:
+    only the imports that run when the module is imported (_imports_run_at_import)."""
     modules = _modules(root, packages)
 
     def known(name: str) -> str | None:
@@ -119,7 +135,8 @@ def import_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree) if lazy else _imports_run_at_import(tree):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -312,3 +329,85 @@ def test_a_factory_without_the_attribute_is_built_and_asked():
     assert contract.factory_plan(Impl, MoEConfig()) == "the plan" and asked == [MoEConfig().num_tokens]
     with pytest.raises(ValueError, match="no optional factory attribute"):
         contract.factory_attribute(Impl, "workspace_plan")
+
+
+# ---- the candidate's process needs none of the judging code (issue 43) ---------------------
+
+# Not in the candidate's view (diffmoe/isolation/boundary.py masks their folders) and refused by
+# its import guard (diffmoe/isolation/import_guard.py)
+JUDGE_ONLY = ("reference", "diffmoe.oracles", "diffmoe.tolerance")
+# What the candidate's process runs: every import counts, lazy ones too (it runs them)
+CANDIDATE_PROCESS = ("diffmoe.isolation.sandbox",)
+# What a module that defines a factory imports (the faces, the contract's helpers, the kernels'
+# packages): only the imports that run at its import count (run_differential's lazy imports of
+# the oracles run in the judge, when it is called)
+FACTORY_PACKAGES = ("diffmoe.adapters", "diffmoe.problem", "diffmoe.interpreter", "diffmoe.isolation", "diffmoe.frontends",
+                    "optimized", "peers")
+
+
+def _judge_only(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in JUDGE_ONLY)
+
+
+def judge_reached(root: Path, packages=PACKAGES) -> list[str]:
+    """Each import chain from the candidate's side into the judge's code, 'a -> b -> judge'."""
+    lazy, eager = import_graph(root, packages), import_graph(root, packages, lazy=False)
+    faces = {"diffmoe", *FACES, *FACES.values()}
+    starts = [(m, lazy) for m in CANDIDATE_PROCESS if m in lazy]
+    starts += [(m, eager) for m in eager if not _judge_only(m) and (m in faces or m.startswith(FACTORY_PACKAGES))]
+    chains = set()
+    for start, graph in starts:
+        via: dict[str, str] = {start: ""}
+        todo = [start]
+        while todo:
+            module = todo.pop()
+            for target in sorted(graph.get(module, ())):
+                if target in via:
+                    continue
+                via[target] = module
+                if _judge_only(target):
+                    chain = [target]
+                    while via[chain[-1]]:
+                        chain.append(via[chain[-1]])
+                    chains.add(" -> ".join(reversed(chain)))
+                else:
+                    todo.append(target)
+    return sorted(chains)
+
+
+def test_the_candidates_side_imports_no_judging_code():
+    """Neither the candidate's process nor a factory's module (through the faces, `from
+    diffmoe.runner import run_differential` included) needs diffmoe/oracles/, diffmoe/tolerance/
+    or the reference: inside the boundary they are not there."""
+    reached = judge_reached(REPO)
+    assert not reached, "the candidate's side imports the judge's code:\n" + "\n".join(reached)
+
+
+@pytest.mark.parametrize("planted, found", [
+    ("diffmoe/check/candidate.py", "diffmoe.isolation.sandbox -> diffmoe.check.candidate -> diffmoe.tolerance.compare"),
+    ("diffmoe/check/runner.py", "diffmoe.check.runner -> diffmoe.tolerance.compare"),
+    ("diffmoe/adapters/contract.py", "diffmoe.adapters.contract -> diffmoe.tolerance.compare"),
+    (None, None),
+])
+def test_the_judge_reach_checker_sees_a_planted_import(tmp_path, planted, found):
+    """The rule above can fail: the candidate's process importing the tolerance in a function
+    (it runs it), a face or a contract module importing it at its top; and a face's lazy import
+    (run_differential's own) is no arrow."""
+    pkg = tmp_path / "diffmoe"
+    files = {
+        "__init__.py": "", "runner.py": "from diffmoe.check import runner\n",
+        "isolation/__init__.py": "", "isolation/sandbox.py": "def serve():\n    from diffmoe.check import candidate\n",
+        "check/__init__.py": "", "check/candidate.py": "import torch\n",
+        "check/runner.py": "def run_differential():\n    from diffmoe.tolerance import compare\n",
+        "adapters/__init__.py": "", "adapters/contract.py": "",
+        "tolerance/__init__.py": "", "tolerance/compare.py": "",
+    }
+    for path, text in files.items():
+        (pkg / path).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / path).write_text(text, encoding="utf-8")
+    if planted == "diffmoe/check/candidate.py":
+        (tmp_path / planted).write_text("def run():\n    from diffmoe.tolerance.compare import compare\n")
+    elif planted is not None:
+        (tmp_path / planted).write_text("from diffmoe.tolerance.compare import compare\n")
+    reached = judge_reached(tmp_path, packages=("diffmoe",))
+    assert (found in reached) if found else not reached, reached

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from diffmoe.oracles.guards import CANARY, POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
+from diffmoe.check.guards import CANARY, POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
 from diffmoe.check.report import ByteRange, Oracles
 from diffmoe.problem.vocabulary import FP8_DTYPE
 

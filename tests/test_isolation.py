@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,26 +23,47 @@ from diffmoe.check.report import Oracles
 from diffmoe.check.runner import run_differential
 from diffmoe.isolation.import_guard import refused
 from diffmoe.problem.config import MoEConfig
-from isolated_kernels import ReportsWhatItsProcessHolds, SleepsForever
+from isolated_kernels import FindsThePeerCache, ReportsWhatItsProcessHolds, SleepsForever
 from hang_bounds import SUBPROCESS_HANG_S
 
 TINY = MoEConfig(num_tokens=2, num_experts=2, topk=1, hidden=16, inter=16, quant="fp8-tensor", fused=True)
 SMALL = MoEConfig(num_tokens=4, num_experts=2, topk=2, hidden=128, inter=128, quant="fp8-token", fused=False)
 
 
-def test_the_import_guard_refuses_the_reference_and_nothing_else():
-    for name in ("reference", "reference.moe", "reference.rounding.quant"):
+def test_the_import_guard_refuses_the_reference_and_the_judging_code_and_nothing_else():
+    for name in ("reference", "reference.moe", "reference.rounding.quant", "diffmoe.oracles", "diffmoe.oracles.registry",
+                 "diffmoe.tolerance", "diffmoe.tolerance.compare"):
         assert refused(name), name
-    for name in ("diffmoe", "diffmoe.check.candidate", "diffmoe.check.runner", "diffmoe.tolerance.compare",
-                 "diffmoe.frontends.cli", "optimized", "peers", "referenced", "torch"):
+    for name in ("diffmoe", "diffmoe.check.candidate", "diffmoe.check.runner", "diffmoe.check.guards",
+                 "diffmoe.frontends.cli", "diffmoe.oraclesque", "optimized", "peers", "referenced", "torch"):
         assert not refused(name), name
 
 
-def test_a_module_that_imports_diffmoes_api_loads_in_the_candidates_process():
-    """A test module that defines its factory beside run_differential calls: importing the judge's
-    modules is not the reference (they judge nothing there), so it loads and passes."""
-    report = run_differential(TINY, _spec_only("test_isolation:honest"), implementation_name="test_isolation:honest",
-                              isolation="process")
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# A test module that defines its factory beside its tests, as README's quick start writes it
+README_MODULE = """
+    from diffmoe import MoEConfig
+    from diffmoe.pytest_plugin import report_failure_message
+    from diffmoe.runner import load_factory, run_differential
+    from diffmoe.check.runner import run_differential as same
+
+
+    def honest(config):
+        from optimized.moe import TritonFP8MoE
+
+        return TritonFP8MoE(config)
+"""
+
+
+@pytest.mark.parametrize("module", ["readme", "examples", "this-test-module"])
+def test_a_module_that_imports_diffmoes_api_loads_in_the_candidates_process(module, tmp_path):
+    """A test module that imports run_differential (and the plugin, the strategies) at its top and
+    defines its factory beside its tests: in the candidate's process those faces need no oracle
+    and no tolerance (they are not there, issue 43), so it loads and passes."""
+    spec = {"readme": lambda: f"{_module(tmp_path, 'readme_suite', README_MODULE)}:honest",
+            "examples": lambda: f"{EXAMPLES / 'test_my_moe.py'}:make",
+            "this-test-module": lambda: "test_isolation:honest"}[module]()
+    report = run_differential(TINY, _spec_only(spec), implementation_name=spec, isolation="process")
     assert report.passed, report.render()
 
 
@@ -53,13 +75,43 @@ def honest(config):
 
 def test_the_candidates_side_imports_under_the_guard():
     """What the candidate's process imports (the candidate's side, the loader, the shipped kernel,
-    the peers' package), and the API a test module imports beside its factory, need no reference."""
-    code = ("import sys; from diffmoe.isolation.import_guard import ImportGuard; sys.meta_path.insert(0, ImportGuard()); "
-            "import diffmoe.check.candidate, diffmoe.adapters.loading, diffmoe.isolation.sandbox, optimized, peers, "
-            "diffmoe.check.runner, diffmoe.frontends.cli, diffmoe.fuzz.driver; "
-            "from diffmoe.oracles.registry import ALL_ORACLES, active_oracles; active_oracles(ALL_ORACLES)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    the peers' package), and the API a test module imports beside its factory, need no reference,
+    no oracle and no tolerance; the judge's own modules need no reference when imported."""
+    guard = "import sys; from diffmoe.isolation import import_guard; sys.meta_path.insert(0, import_guard.ImportGuard()); "
+    candidate = (guard + "import diffmoe.check.candidate, diffmoe.adapters.loading, diffmoe.isolation.sandbox, optimized, "
+                 "peers, diffmoe, diffmoe.runner, diffmoe.check.runner, diffmoe.pytest_plugin, diffmoe.strategies; "
+                 "from diffmoe.runner import load_factory, run_differential")
+    judge = ("from diffmoe.isolation import import_guard; import_guard.REFUSED_PACKAGES = ('reference',); " + guard
+             + "import diffmoe.check.runner, diffmoe.frontends.cli, diffmoe.fuzz.driver, diffmoe.check.differential_run; "
+             "from diffmoe.oracles.registry import ALL_ORACLES, active_oracles; active_oracles(ALL_ORACLES)")
+    for code in (candidate, judge):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
+        assert done.returncode == 0, done.stderr
+
+
+def test_a_zygote_forked_from_a_judge_that_imported_its_oracles_imports_them_through_the_guard():
+    """A fork keeps the judge's module table: the refused modules are dropped from it first, so
+    the candidate's import of them is refused (and named) rather than served from the table."""
+    code = ("import sys; from diffmoe.isolation import import_guard; import diffmoe.oracles.registry, "
+            "diffmoe.tolerance.compare; guard = import_guard.install(); import_guard.forget_refused(); "
+            "assert not [n for n in sys.modules if import_guard.refused(n)]\n"
+            "try:\n    from diffmoe.oracles import registry\nexcept ImportError:\n    pass\n"
+            "else:\n    raise SystemExit('served from the module table')\n"
+            "assert [a.module for a in guard.take()] == ['diffmoe.oracles'], 'not named'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_candidate_finds_the_peer_cache_where_the_judge_does(monkeypatch):
+    """Inside the boundary HOME is the candidate's own folder: the default peer cache is still the
+    judge's (~/.cache/diffmoe/peers, read-only), so a peer's wheels are found there."""
+    from diffmoe.adapters import peer_wheels
+
+    monkeypatch.delenv(peer_wheels.CACHE_ENV, raising=False)
+    monkeypatch.setenv(FindsThePeerCache.EXPECTED, str(peer_wheels.cache_dir()))
+    report = run_differential(TINY, FindsThePeerCache, isolation="process", oracles=("differential",),
+                              schedules=("identity",))
+    assert report.passed, report.render()
 
 
 def test_the_candidates_process_holds_no_refused_module():

@@ -16,7 +16,7 @@ from diffmoe.tolerance.compare import Rule, compare
 from diffmoe.problem.config import MoEConfig
 from diffmoe.adapters.contract import Schedule
 from diffmoe.problem.edge_cases import edge_cases
-from diffmoe.oracles.guards import GuardedWorkspaces
+from diffmoe.check.guards import GuardedWorkspaces
 from diffmoe.problem.inputs import make_problem
 from diffmoe.check.recording import LaunchLog
 from diffmoe.tolerance.gemm_interval import compare_stage

@@ -52,7 +52,7 @@ from diffmoe.check.recording import ChainedRecorder, LaunchLog
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.check.watchers import InputWatch, RedZoneWatch, StageTracker, UnwrittenReads
 from diffmoe.interpreter import grid_order
-from diffmoe.oracles.guards import GuardedTensor, GuardedWorkspaces
+from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces
 from diffmoe.problem.config import MoEConfig, quoted
 from diffmoe.problem.inputs import Problem
 from diffmoe.problem.vocabulary import Buffers

@@ -27,7 +27,7 @@ from diffmoe.adapters.contract import (  # noqa: F401 - default_device, interpre
 from diffmoe.check.candidate import (  # noqa: F401 - Crash, crash_finding, implementation_failed, Run: the oracles' names
     REQUIRED_METHODS, Candidate, Crash, Run, crash_finding, implementation_failed,
 )
-from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
+from diffmoe.check.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
 from diffmoe.problem.inputs import Problem, make_problem, settle_uncomputed_rows, tokens_of
 from diffmoe.check.report import Finding, Oracles
 

@@ -53,15 +53,11 @@ from diffmoe.adapters.contract import (
     DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ConfigRefused, ImplementationFactory, Schedule,
     judged_config, unsupported,
 )
+from diffmoe.adapters.contract import default_device, interpreter_enabled  # noqa: F401 - this module's API
 from diffmoe.adapters.loading import load_factory
-from diffmoe.check.execution import Check, Crash, ProgressCallback, default_device, interpreter_enabled
+from diffmoe.check.candidate import Crash
 from diffmoe.isolation import boundary, integrity
 from diffmoe.isolation.client import RemoteCandidate, check_isolation, factory_reference, zygote
-from diffmoe.oracles.call_sequence import SMALL_CALL_DIVISOR, makes_last_order_run
-from diffmoe.oracles.differential import DERIVED_OUTPUT_REASON
-from diffmoe.oracles.guards import POISON_PATTERNS
-from diffmoe.oracles.registry import ALL_ORACLES, active_oracles, resolve_oracles
-from diffmoe.oracles.static_aliasing import check_workspace_fit
 from diffmoe.problem.inputs import Problem
 from diffmoe.check.report import Finding, Report, is_factory_spec
 from diffmoe.check.worker import (  # noqa: F401 - part of this module's API since before worker.py existed
@@ -80,6 +76,23 @@ __all__ = [
     "default_time_limit", "factory_name", "interpreter_enabled", "load_factory", "resolve_oracles", "resolve_schedules",
     "run_differential",
 ]
+
+# The judge's names this module offers (its API since before the oracles were out of the candidate's
+# view), resolved when first read (PEP 562): a module that imports this one beside its factory (a test
+# file, a user's plug-in) loads in the candidate's process, where diffmoe.oracles and
+# diffmoe.tolerance are refused (issue 43, diffmoe/isolation/import_guard.py).
+_LAZY = {
+    "ALL_ORACLES": "diffmoe.oracles.registry", "resolve_oracles": "diffmoe.oracles.registry",
+    "SMALL_CALL_DIVISOR": "diffmoe.oracles.call_sequence", "DERIVED_OUTPUT_REASON": "diffmoe.oracles.differential",
+    "DifferentialRun": "diffmoe.check.differential_run", "ProgressCallback": "diffmoe.check.execution",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 FIXED_SCHEDULES = ("identity", "reversed")
 
@@ -137,50 +150,6 @@ def resolve_schedules(schedules: Sequence[Schedule | str] | None, config: MoECon
     if not parsed:
         raise ValueError("schedules must name at least one schedule")
     return parsed
-
-
-class DifferentialRun(Check):
-    """One check: the phases of the module docstring, each oracle's hooks called in turn."""
-
-    def __init__(self, config: MoEConfig, factory: ImplementationFactory, oracles: list[str],
-                 schedules: list[Schedule], device: torch.device, name: str,
-                 problem: Problem | None = None, progress: ProgressCallback | None = None, candidate=None):
-        super().__init__(config, factory, oracles, schedules, device, name, problem, progress,
-                         active=active_oracles(oracles), candidate=candidate)
-
-    def run(self) -> None:
-        cfg = self.config
-        impl = self.impl = self.build(cfg)
-        t = self.problem.num_tokens
-        plan = self.plan = self.workspace_plan(impl, t)
-        # workspaces are allocated once for the largest batch, as an engine does; the plan is the call's
-        shapes = self.shapes = self.workspace_shapes(impl, cfg.num_tokens)
-        for oracle in self.active:
-            self.findings += oracle.judge_plan(self, plan)
-        fit = check_workspace_fit(plan, shapes)
-        if fit:
-            self.findings += fit  # an undersized workspace is reported before any launch
-            return
-        guarded = self.guarded = self.allocate(shapes, f"workspace_shapes({cfg.num_tokens})")
-        output = None
-        if cfg.output == "separate":
-            output = self.output = self.new_output(t)
-        # With call-sequence running, the last order's run is made by that oracle, on a fresh
-        # instance right after a smaller call (oracles/call_sequence.py): one run serves both.
-        self.sequenced = makes_last_order_run(self)
-        merged = self.sequenced and len(self.schedules) >= 2
-        for index, schedule in enumerate(self.schedules[:-1] if merged else self.schedules):
-            # every order after the first on a fresh instance: state the first run left in a
-            # private buffer must not mask a wrong order in the next
-            instance = impl if index == 0 else self.build(cfg)
-            run = self.execute(instance, guarded, output, schedule, POISON_PATTERNS[0],
-                               attribute_input_writes=index == 0, record_addresses=index == 0)
-            self.runs.append(run)
-            self.findings += self.judge_run(run, first=index == 0)
-        for oracle in self.active:
-            self.findings += oracle.finish(self)
-        for oracle in self.active:
-            self.findings += oracle.after_finish(self)
 
 
 def _check_problem_argument(problem: object, config: MoEConfig) -> Problem:
@@ -247,6 +216,8 @@ def run_differential(
         raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}")
     config.validate()
     limit = check_time_limit(time_limit)
+    from diffmoe.oracles.registry import resolve_oracles
+
     chosen = resolve_oracles(oracles)
     parsed = resolve_schedules(schedules, config)
     if problem is not None:
@@ -316,6 +287,8 @@ class _Job:
         candidate = None
         if self.isolated is not None:
             candidate = functools.partial(RemoteCandidate, factory_ref=self.isolated[0], preload=self.isolated[1])
+        from diffmoe.check.differential_run import DifferentialRun
+
         state = DifferentialRun(self.config, factory, self.oracles, self.schedules, self.device,
                                 self.implementation_name, self.problem, progress, candidate)
         try:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection
 import torch
 
 from diffmoe.adapters.contract import LaunchInfo
-from diffmoe.oracles.guards import GuardedTensor, GuardedWorkspaces
+from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces
 from diffmoe.check.recording import LaunchLog, region_of
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.problem.vocabulary import Buffers

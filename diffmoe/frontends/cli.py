@@ -106,7 +106,6 @@ from diffmoe.adapters.contract import (
     CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ConfigRefused, Schedule, WorkspacePlan,
     factory_attribute, factory_plan,
 )
-from diffmoe.oracles import registry
 from diffmoe.check.report import Oracles, Report, check_command
 
 PROG = "diffmoe"
@@ -163,9 +162,16 @@ CONFIG_FLAGS = {
 # by the strategies (diffmoe.fuzz.strategies) and pinned per check only.
 UNBOUNDED_FUZZ_FLAGS = ("weight_scales", "act_scales", "routed_scaling_factor")
 
-# The one table of oracles (diffmoe/oracles/registry.py; its names cost no torch import).
-# crash and timeout are outcomes, not checks one can select.
-KNOWN_ORACLES = registry.ALL_ORACLES
+
+
+def _oracle_registry():
+    """The one table of oracles (diffmoe/oracles/registry.py; its names cost no torch import), read
+    when a command line is parsed: a module beside a factory that imports this one loads in the
+    candidate's process, where diffmoe.oracles is refused (issue 43). crash and timeout are
+    outcomes, not checks one can select."""
+    from diffmoe.oracles import registry
+
+    return registry
 
 # The demo: small enough for the interpreter, with more routed rows (T*K = 48) than one
 # row block, so the legacy alias is visible to the race and schedule oracles as well as
@@ -269,7 +275,7 @@ def parse_oracles(text: str | None) -> list[str] | None:
     if text is None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
-    known = registry.names()
+    known = _oracle_registry().names()
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise UsageError(f"--oracles must be a comma-separated list from {known}, got {text!r}")
@@ -1428,7 +1434,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_impl_option(check)
     check.add_argument("--schedule", action="append", metavar="identity|reversed|random:SEED", help="program order (repeatable; default identity, reversed and --random-orders random ones)")
     check.add_argument("--oracles", metavar="A,B", help="oracles to run (default every one): "
-                            f"{', '.join(KNOWN_ORACLES)}")
+                            f"{', '.join(_oracle_registry().ALL_ORACLES)}")
     check.add_argument("--device", help="torch device (default: the implementation's)")
     check.add_argument("--time-limit", type=_time_limit, metavar="S",
                        help="stop the check with a timeout finding when it makes no progress (no launch) for S seconds (0: no limit; default 120 on the interpreter, none on CUDA)")

@@ -66,7 +66,7 @@ def moe_reference() -> Callable:
 @pytest.fixture(scope="session")
 def guarded_workspaces() -> Callable:
     """Factory of GuardedWorkspaces: make((ws1_bytes, ws2_bytes), device="cpu", **options)."""
-    from diffmoe.oracles.guards import GuardedWorkspaces
+    from diffmoe.check.guards import GuardedWorkspaces
 
     def make(nbytes, device="cpu", **options):
         return GuardedWorkspaces(tuple(nbytes), device, **options)

@@ -46,7 +46,7 @@ import numpy as np
 
 from diffmoe.adapters.contract import LaunchInfo
 from diffmoe.interpreter.triton_pin import pinned_interpreter_problem, triton_release
-from diffmoe.oracles.address_analysis import _access_intervals, _element_bytes, _view_extent
+from diffmoe.interpreter.address_analysis import _access_intervals, _element_bytes, _view_extent
 
 SUPPORTED_TRITON = (3, 9)
 # method: (access kind, pointer parameter, mask parameter), a parameter as (position after self,

@@ -135,7 +135,7 @@ def _addresses(ptrs: Any, mask: Any) -> np.ndarray:
 
 
 def _hooked(original: Any, ptr: tuple[int, str], mask: tuple[int, str] | None) -> Any:
-    from diffmoe.oracles.address_analysis import _element_bytes
+    from diffmoe.interpreter.address_analysis import _element_bytes
 
     def argument(spec: tuple[int, str], args: tuple, kwargs: dict) -> Any:
         return args[spec[0]] if len(args) > spec[0] else kwargs.get(spec[1])

@@ -8,7 +8,8 @@ the path or the address.
 
 Inside the boundary (bubblewrap, `apt-get install -y bubblewrap`): its own mount, network and
 IPC namespaces; the whole file system read-only (the checkout, the venv, the peer cache); the
-reference package not present at all (an empty folder over it); one writable folder of its own
+reference package, diffmoe/oracles/ and diffmoe/tolerance/ not present at all (an empty
+read-only folder over each); one writable folder of its own
 (its TMPDIR, also where the zygote's socket lives, so the judge reaches it); no network; and,
 its own user and pid namespaces (uid 65534 inside, no capability outside; the judge's pid is not
 in its view, so it can neither signal nor trace it).
@@ -31,6 +32,8 @@ WRITABLE_ENV = "DIFFMOE_CANDIDATE_TMP"  # the candidate's own writable folder
 # Folders the user grants the candidate besides its own (os.pathsep-separated; none by default):
 # a kernel's scratch or cache folder, a test's folder where its candidate leaves its pid.
 GRANT_ENV = "DIFFMOE_CANDIDATE_WRITABLE"
+# diffmoe's folders of judging code, masked like the reference (import_guard.REFUSED_PACKAGES)
+JUDGE_FOLDERS = ("oracles", "tolerance")
 
 
 def granted() -> list[str]:
@@ -55,15 +58,17 @@ def _base(writable: str, hidden: list[str]) -> list[str]:
 
 def hidden_paths() -> list[str]:
     """The folders not present in the candidate's view: the reference package (found without
-    importing it)."""
+    importing it), and diffmoe's oracles and tolerance (the code that judges; issue 43)."""
     import importlib.util
 
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    found = [os.path.join(package, name) for name in JUDGE_FOLDERS]
     try:
         spec = importlib.util.find_spec("reference")
     except (ImportError, ValueError):
-        return []
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    return [os.path.realpath(p) for p in locations if os.path.isdir(p)]
+        spec = None
+    found += list(spec.submodule_search_locations or []) if spec is not None else []
+    return [os.path.realpath(p) for p in found if os.path.isdir(p)]
 
 
 OFF_ENV = "DIFFMOE_NO_BOUNDARY"  # "1": isolation without the boundary (a benchmark's baseline, a debugger)
@@ -103,7 +108,7 @@ def notice() -> str | None:
         return None
     return (f"isolation without the OS boundary ({why}): the candidate's process runs as this user, may write the "
             "checkout and the venv and open sockets (only what Python's audit hook sees is refused), and may read "
-            "the reference's source")
+            "the reference's, the oracles' and the tolerance's sources")
 
 
 # The longest path of the candidate's folder: the zygote's socket in it (SOCKET_NAME) must stay

@@ -80,10 +80,11 @@ def _send_stderr(conn) -> None:
 
 
 def refused_import_finding(module: str, importer: str) -> Finding:
+    what = "diffmoe's reference" if module.split(".")[0] == "reference" else "diffmoe's judging code"
     return Finding(
         oracle=Oracles.CONTRACT,
-        message=f"the implementation imported {module} ({importer}), diffmoe's reference; the candidate's process "
-                "refuses it (isolation: the candidate holds neither the reference nor its results)",
+        message=f"the implementation imported {module} ({importer}), {what}; the candidate's process refuses it "
+                "(isolation: the candidate holds neither the reference, its results, nor the code that judges it)",
         figures={"module": module, "importer": importer},
     )
 

@@ -1,18 +1,18 @@
-"""The import hook of the candidate's process: diffmoe's reference is refused.
+"""The import hook of the candidate's process: diffmoe's reference, oracles and tolerance are refused.
 
 Owns: the refused module names, the meta-path finder that refuses them, and the record of every
 attempt (module name and the importer's file), which the candidate's process reports as a
 `contract` finding naming the module. An implementation that imports `reference` to copy its
-result fails that import there, and is named.
+result, or the oracles or the tolerance to read or patch what it is judged by, fails that import
+there, and is named.
 
 Refused: the reference package (`reference` and below), the one place expected values are
-computed. The judge's modules (the comparison, the oracles, the runner) may be imported there:
-a test module that defines a factory beside its tests imports them, and refusing it would be a
-false alarm on a correct kernel (every such module in tests/ was one). They judge nothing there:
-every verdict is made in the judge's process, on the bytes the candidate returned, so patching
-them in the candidate's process changes nothing (tests/test_exploits.py's PatchesTheComparison).
-None of them imports the reference at import time (diffmoe/check/execution.py imports it where
-it runs), and tests/test_isolation.py holds that the candidate's process holds no reference.
+computed; the oracles (`diffmoe.oracles`) and the tolerance (`diffmoe.tolerance`), the code that
+judges (issue 43: inside the OS boundary their folders are not in the candidate's view at all,
+boundary.py). A test module that defines a factory beside its tests imports the public faces
+(`diffmoe.runner`, `diffmoe.check.runner`, `diffmoe.frontends.cli`, `diffmoe.pytest_plugin`):
+those read the judge's names when first used (PEP 562), so importing them here needs none of the
+refused packages (tests/test_architecture.py holds the candidate's modules to it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-REFUSED_PACKAGES = ("reference",)
+REFUSED_PACKAGES = ("reference", "diffmoe.oracles", "diffmoe.tolerance")
 
 
 def refused(name: str) -> bool:
@@ -63,13 +63,26 @@ class ImportGuard:
         with self._lock:
             self.attempts.append(Attempt(name, _importer()))
         raise RefusedImport(
-            f"{name} is diffmoe's reference, which the candidate's process refuses to import "
+            f"{name} is diffmoe's reference or judging code, which the candidate's process refuses to import "
             "(diffmoe/isolation/import_guard.py)", name=name)
 
     def take(self) -> list[Attempt]:
         with self._lock:
             found, self.attempts = self.attempts, []
         return found
+
+
+def forget_refused() -> None:
+    """Drop the refused modules a forked process inherited (a zygote forked from a judge that
+    imported its oracles): a later import of them then goes through the guard."""
+    for name in [n for n in sys.modules if refused(n)]:
+        parent, _, child = name.rpartition(".")
+        del sys.modules[name]
+        if parent in sys.modules and getattr(sys.modules[parent], child, None) is not None:
+            try:
+                delattr(sys.modules[parent], child)
+            except AttributeError:
+                pass
 
 
 def install() -> ImportGuard:

@@ -394,7 +394,7 @@ def _warm_interpreter() -> None:
         from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, Schedule
         from diffmoe.adapters.loading import load_factory
         from diffmoe.check.candidate import Candidate
-        from diffmoe.oracles.guards import POISON_PATTERNS
+        from diffmoe.check.guards import POISON_PATTERNS
         from diffmoe.problem.config import MoEConfig
         from diffmoe.problem.inputs import make_problem
 
@@ -427,6 +427,7 @@ def forked_zygote(authkey: bytes, preload: list[str], announce_fd: int, parent: 
         os.environ.update({boundary.WRITABLE_ENV: folder, "TMPDIR": folder})
         tempfile.tempdir = None
         sys.meta_path.insert(0, _GUARD)
+        import_guard.forget_refused()  # the judge's oracles and tolerance, imported before the fork
         os.setsid()  # its own session, as the spawned zygote's: a terminal's signals are the judge's
         if hasattr(signal, "pthread_sigmask"):
             signal.pthread_sigmask(signal.SIG_SETMASK, set())

@@ -35,7 +35,7 @@ import torch
 
 from diffmoe.adapters.contract import Schedule
 from diffmoe.check.execution import Check, Crash
-from diffmoe.oracles.guards import POISON_PATTERNS
+from diffmoe.check.guards import POISON_PATTERNS
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.numerics import MENUS, POINT, Profile
 from diffmoe.problem.vocabulary import Stages, pipeline_stages

@@ -23,7 +23,7 @@ from diffmoe.problem.vocabulary import Buffers, Stages, producer_stage
 from diffmoe.tolerance.compare import Rule, compare
 from diffmoe.tolerance.table import END_TO_END, rule_for
 from diffmoe.oracles.base import Oracle
-from diffmoe.oracles.guards import POISON_PATTERNS, GuardedTensor
+from diffmoe.check.guards import POISON_PATTERNS, GuardedTensor
 from diffmoe.oracles.poison import poison_findings
 
 if TYPE_CHECKING:

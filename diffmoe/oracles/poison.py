@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.problem.vocabulary import producer_stage
 from diffmoe.oracles.base import Oracle
-from diffmoe.oracles.guards import POISON_PATTERNS
+from diffmoe.check.guards import POISON_PATTERNS
 
 if TYPE_CHECKING:
     from diffmoe.check.execution import Check, Run
