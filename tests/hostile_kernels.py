@@ -425,3 +425,71 @@ class ImportsTheOracles(TritonFP8MoE):
             except ImportError:
                 pass
         return super().run(problem, workspaces, output=output, **kwargs)
+# ---- issue 43 item 4: doors a check with a few calls per instance, on the main thread, left open
+
+
+class TurnsWrongAfterItsEighthCall(TritonFP8MoE):
+    """Right for its first eight calls, then its output is off by a quarter (an autotuner that
+    switches to a wrong config once it has timed enough calls, a cache that fills up)."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        self.calls = getattr(self, "calls", 0) + 1
+        result = super().run(problem, workspaces, output=output, **kwargs)
+        if self.calls > 8:
+            result.output.mul_(1.25)
+        return result
+
+
+class WrongOffTheMainThread(TritonFP8MoE):
+    """Right when called from the process's main thread; off by a quarter from any other thread."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        result = super().run(problem, workspaces, output=output, **kwargs)
+        if threading.current_thread() is not threading.main_thread():
+            result.output.mul_(1.25)
+        return result
+
+
+LATE_SECONDS = 0.2  # after returning: within a small check's remaining calls (a 1 s delay outlived a T=2 H=16 fuzz example)
+
+
+def _later(seconds: float, change) -> None:
+    def late():
+        time.sleep(seconds)
+        change()
+
+    threading.Thread(target=late, daemon=True).start()
+
+
+class CorruptsItsOutputLate(TritonFP8MoE):
+    """Returns a right output, then changes it LATE_SECONDS later (a stream or thread still writing)."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        result = super().run(problem, workspaces, output=output, **kwargs)
+        returned = result.output
+        _later(LATE_SECONDS, lambda: returned.mul_(1.25))
+        return result
+
+
+class CorruptsItsInputsLate(TritonFP8MoE):
+    """Right, and writes nothing of its inputs during a call; LATE_SECONDS after a call of fewer
+    tokens than the config's (a decode step), it overwrites that call's hidden states."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        result = super().run(problem, workspaces, output=output, **kwargs)
+        if problem.num_tokens < self.config.num_tokens:
+            hidden = problem.hidden_states
+            _later(LATE_SECONDS, lambda: hidden.mul_(-1))
+        return result
+
+
+class WritesItsInputsAfterItsEighthCall(TritonFP8MoE):
+    """Right, and from its 9th call on it negates the hidden states it was given after computing
+    (only a series of many calls on one instance sees it; its outputs stay right)."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        self.calls = getattr(self, "calls", 0) + 1
+        result = super().run(problem, workspaces, output=output, **kwargs)
+        if self.calls > 8:
+            problem.hidden_states.mul_(-1)
+        return result

@@ -3,8 +3,9 @@
 Owns: building instances (with poisoned private buffers), calling the implementation's methods
 so that any exception becomes a finding, allocating guarded workspaces and outputs, and one
 guarded call (`Candidate.execute`: poison, launch recording, red-zone and input watchers, the
-program order, the interpreter's address recorder), and a teacher-forced stage
-(`Candidate.run_stage`). It returns what it saw (a `Run`, findings of the watchers); the judge
+program order, the interpreter's address recorder), a teacher-forced stage
+(`Candidate.run_stage`), the call-sequence series' lightly watched calls (`Candidate.series`),
+and what changed after a call returned (`Candidate.late_findings`). It returns what it saw (a `Run`, findings of the watchers); the judge
 (diffmoe/check/execution.py and the oracles) decides what it means.
 
 Longer than 400 lines because one watched call composes every watch (poison, the recorders, the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from collections.abc import Iterator
@@ -50,11 +52,11 @@ from diffmoe.adapters.contract import ImplementationFactory, Schedule, Workspace
 from diffmoe.check.call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet
 from diffmoe.check.recording import ChainedRecorder, LaunchLog
 from diffmoe.check.report import Finding, Oracles
-from diffmoe.check.watchers import InputWatch, RedZoneWatch, StageTracker, UnwrittenReads
+from diffmoe.check.watchers import InputWatch, LateWatch, RedZoneWatch, StageTracker, UnwrittenReads
 from diffmoe.interpreter import grid_order
 from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces
 from diffmoe.problem.config import MoEConfig, quoted
-from diffmoe.problem.inputs import Problem
+from diffmoe.problem.inputs import TOKEN_FIELDS, Problem
 from diffmoe.problem.vocabulary import Buffers
 
 CandidateProgress = Callable[["str | None", "str | None"], None]
@@ -177,6 +179,8 @@ class Candidate:
         self._progress = progress
         self.pending: list[Finding] = []  # the watchers' findings of a call that then crashed
         self.refused: list = []  # every access the bounds guard refused, every call, not yet taken
+        self.late = LateWatch()  # what every call returned and was given, compared again at the end
+        self.late.given(self.inputs.inputs, "the check's own calls", pristine=self.inputs.pristine)
 
     def take_pending(self) -> list[Finding]:
         found, self.pending = self.pending, []
@@ -329,6 +333,8 @@ class Candidate:
     def _execute(self, impl, guarded, output, schedule, poison, problem, what, attribute_input_writes,
                  poison_workspaces, order, extra_recorder, skipped) -> Run:
         self.enter(what)
+        # the harness rewrites these now: what an earlier call returned in them is no longer the caller's
+        self.late.forget([*guarded.workspaces, *([output.tensor] if output is not None else [])])
         if poison is not None:
             guarded.poison(poison)
             if output is not None:
@@ -390,8 +396,83 @@ class Candidate:
         buffers[Buffers.OUTPUT] = out
         watch.check()  # writes made outside any reported launch
         storages = {t.untyped_storage().data_ptr(): name for name, t in named.items()}
+        self.late.returned(returned, what)
+        if problem is not None and problem is not self.problem:
+            # its per-token inputs: its weights are the check's (in this process) or a copy made
+            # for this call alone (sent to the candidate's process), which no later call reads
+            self.late.given({n: t for n, t in problem.inputs().items() if n in TOKEN_FIELDS}, what,
+                            covered=self.problem.inputs().values())
         return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates),
                    out_of_bounds=refused, unwritten_reads=unwritten.found, storages=storages)
+
+    def series(self, config: MoEConfig, problems: dict[int, Problem], calls: Sequence[tuple[int, bool]],
+               schedule: Schedule, whats: Sequence[str],
+               pattern: int) -> tuple[list[tuple[dict[str, torch.Tensor], list]], list[Finding]]:
+        """The call-sequence series (diffmoe/oracles/call_series.py) in one go: a fresh instance of
+        `config` and one pair of workspaces (poisoned with `pattern` once, before the first call),
+        then `calls` (T, from another thread) on them, each with a fresh output poisoned with
+        `pattern` where the config has one. The lightest watch: each call under the bounds guard,
+        exits intercepted and its allocations poisoned, its launches only named for the time limit;
+        no launch log, snapshot, address record or per-launch watcher (the check's own calls have
+        them). Per call: (its output and the intermediates it returned, copied; the accesses the
+        bounds guard refused); and the `contract` findings of inputs a call wrote (each restored
+        before the next call, so a later divergence is not the input's). Every answer and the
+        problems' inputs are kept for the late compare."""
+        impl = self.build(config)
+        guarded = self.allocate(self.workspace_shapes(impl, config.num_tokens), f"workspace_shapes({config.num_tokens})")
+        guarded.poison(pattern)
+        run = self.method(impl, "run", whats[0])
+        given: set[int] = set()
+        for t, problem in problems.items():  # weights shared by the sizes: kept once
+            fresh = {n: v for n, v in problem.inputs().items() if v.untyped_storage().data_ptr() not in given}
+            given.update(v.untyped_storage().data_ptr() for v in fresh.values())
+            self.late.given(fresh, f"the series' calls of T={t}")
+        watches = {t: InputWatch(problem.inputs()) for t, problem in problems.items()}
+        answers, written = [], {}
+        for (t, on_thread), what in zip(calls, whats):
+            output = self.new_output(t, config.hidden, pattern) if config.output == "separate" else None
+
+            def call(problem=problems[t], output=output, what=what):
+                return self._light_call(run, problem, guarded, output, schedule, what, impl)
+
+            answers.append(_on_a_thread(call) if on_thread else call())
+            for finding in watches[t].finish(what):  # restored: the next call sees the caller's inputs
+                written.setdefault(finding.buffers[0], finding)
+        return answers, list(written.values())
+
+    def _light_call(self, run, problem: Problem, guarded: GuardedWorkspaces, output: GuardedTensor | None,
+                    schedule: Schedule, what: str, impl) -> tuple[dict[str, torch.Tensor], list]:
+        self.enter(what)
+        tracker = StageTracker(self.stage)
+        named = {**problem.inputs(), **dict(zip(("ws1", "ws2"), guarded.workspaces)),
+                 **({Buffers.OUTPUT: output.tensor} if output is not None else {})}
+        guard = None
+        try:
+            with numpy_quiet(), exits_intercepted(), allocations_poisoned(), self.program_order(impl, schedule, {}), \
+                    self.memory_guarded(named, {}) as guard:
+                result = run(problem, guarded.workspaces, output=output.tensor if output else None, schedule=schedule,
+                             recorder=ChainedRecorder(tracker, guard))
+        except BaseException as exc:  # noqa: BLE001 - as in _execute
+            if not implementation_failed(exc):
+                raise
+            self.refused += guard.events if guard else []
+            raise Crash(crash_finding(exc, tracker.stage, what)) from exc
+        returned = getattr(result, "output", None)
+        if not isinstance(returned, torch.Tensor):
+            raise Crash(Finding(oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=[Buffers.OUTPUT],
+                                message=f"{what} returned {type(result).__name__}; run() must return a RunResult "
+                                        "whose output is a tensor"))
+        self.late.returned(returned, what)
+        intermediates = getattr(result, "intermediates", None)
+        buffers = {n: v.detach().clone() for n, v in (intermediates if isinstance(intermediates, dict) else {}).items()
+                   if isinstance(v, torch.Tensor)}
+        buffers[Buffers.OUTPUT] = returned.detach().clone()
+        return buffers, guard.events if guard else []
+
+    def late_findings(self) -> list[Finding]:
+        """What changed after its call returned, compared once more now (the check's end, before the
+        candidate's process closes): every call's output, the check's inputs and every other call's."""
+        return self.late.findings()
 
     @staticmethod
     def _store_watch():
@@ -452,3 +533,22 @@ class Candidate:
             raise Crash(crash_finding(exc, stage, what)) from exc
         self.refused += guard.events if guard else []
         return outputs, self.inputs.finish(what)
+
+
+def _on_a_thread(call: Callable[[], Any]) -> Any:
+    """call() on a thread of its own, waited for; what it raised is raised here."""
+    result: list = []
+
+    def target() -> None:
+        try:
+            result.append((True, call()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it was raised
+            result.append((False, exc))
+
+    thread = threading.Thread(target=target, name="diffmoe-other-thread", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value

@@ -179,6 +179,30 @@ class Check:
         self.settle_uncomputed_rows(executed.run.buffers, problem)
         return executed.run
 
+    def series(self, config: MoEConfig, problems: dict[int, Problem], calls: Sequence[tuple[int, bool]],
+               whats: Sequence[str]) -> list[dict[str, torch.Tensor]]:
+        """The call-sequence series' calls in one request (Candidate.series), under the first
+        schedule: each call's output and returned intermediates; the accesses the bounds guard
+        refused and the inputs a call wrote join the check's."""
+        try:
+            answers, written = self.candidate.series(config, problems, calls, self.schedules[0], whats, POISON_PATTERNS[0])
+        except Crash:
+            self.findings += self.candidate.take_pending()
+            self.out_of_bounds += self.candidate.take_refused()
+            raise
+        self.findings += written
+        for _, refused in answers:
+            self.out_of_bounds += refused
+        return [buffers for buffers, _ in answers]
+
+    def late_findings(self) -> list[Finding]:
+        """Every call's output and inputs compared once more, at the check's end (Candidate.late_findings):
+        what changed after its call returned."""
+        try:
+            return self.candidate.late_findings()
+        except Crash as crash:  # the candidate's process ended meanwhile: that is the finding
+            return [*self.candidate.take_pending(), crash.finding]
+
     def run_stage(self, impl, stage: str, inputs: dict[str, torch.Tensor], what: str) -> tuple[object, list[Finding]]:
         """The implementation's run_stage on `inputs` (Candidate.run_stage): (its outputs, the input
         watch's findings); a failure raises Crash, whose watch findings join the check's."""

@@ -292,12 +292,15 @@ class _Job:
         state = DifferentialRun(self.config, factory, self.oracles, self.schedules, self.device,
                                 self.implementation_name, self.problem, progress, candidate)
         try:
-            state.run()
-        except Crash as crash:
-            state.findings += state.candidate.take_pending()
-            for oracle in state.active:
-                state.findings += oracle.after_crash(state)
-            state.findings.append(crash.finding)
+            try:
+                state.run()
+            except Crash as crash:
+                state.findings += state.candidate.take_pending()
+                for oracle in state.active:
+                    state.findings += oracle.after_crash(state)
+                state.findings.append(crash.finding)
+            # every output and input compared once more, just before the candidate's process closes
+            state.findings += state.late_findings()
         finally:
             if hasattr(state.candidate, "close"):
                 state.candidate.close()

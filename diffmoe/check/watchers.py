@@ -4,9 +4,11 @@ Owns: the stage in flight (so a crash or a timeout can name it), bitwise copies 
 problem's inputs (which input a run wrote, when, and restoring it), the guard bytes
 checked after every launch, and the reads of the implementation's own tensors that nothing wrote
 (`UnwrittenReads`, which the poison oracle words). Each is a `LaunchRecorder` (diffmoe/adapters/contract.py) chained into the
-call by `Check.execute`; none judges anything beyond what it watches.
+call by `Check.execute`; none judges anything beyond what it watches. Beside them, `LateWatch`:
+what every call returned and was given, compared again at the check's end (writes made after
+run() returned).
 
-Must not report under an oracle's name other than the contract's (input writes).
+Must not report under an oracle's name other than the contract's (input writes, late writes).
 """
 
 from __future__ import annotations
@@ -202,3 +204,73 @@ class UnwrittenReads:
             if isinstance(view, torch.Tensor) and view.numel():
                 region = region_of(name, view)
                 self.written.setdefault(region.storage_ptr, []).append((region.start_byte, region.end_byte))
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+class LateWatch:
+    """What every call returned and was given, kept with a copy taken when it returned, to be
+    compared once more at the end of the check, just before the candidate's process is closed:
+    an output or an input written after run() returned (by a thread, a stream still running, a
+    timer) is seen only there, since each call's output is copied at its return (issue 43).
+
+    One record per output storage: a later call writing into the same storage (the next call on
+    the same output or workspaces) replaces it, and the harness's own rewrite of a workspace or
+    output before a call drops it (`forget`). Inputs: the check's own (compared against the input
+    watch's copies) and the per-call inputs of every other call's problem, except tensors the
+    check's own problem holds too.
+    """
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor, str]] = {}
+        self.inputs: list[tuple[str, torch.Tensor, torch.Tensor, str]] = []
+
+    def forget(self, tensors: Collection[torch.Tensor]) -> None:
+        for tensor in tensors:
+            self.outputs.pop(_storage(tensor), None)
+
+    def returned(self, tensor: torch.Tensor, what: str) -> None:
+        key = _storage(tensor)
+        self.outputs.pop(key, None)  # re-inserted last: the records stay in call order
+        self.outputs[key] = (tensor, tensor.detach().clone(), what)
+
+    def given(self, inputs: dict[str, torch.Tensor], what: str, pristine: dict[str, torch.Tensor] | None = None,
+              covered: Collection[torch.Tensor] = ()) -> None:
+        """Keep `inputs` of the call `what` (with their copies `pristine`, else fresh ones), leaving
+        out tensors in the storages of `covered` (watched already)."""
+        skip = {_storage(t) for t in covered}
+        for name, tensor in inputs.items():
+            if _storage(tensor) not in skip:
+                copy = pristine[name] if pristine is not None else tensor.detach().clone()
+                self.inputs.append((name, tensor, copy, what))
+
+    def findings(self) -> list[Finding]:
+        found: list[Finding] = []
+        changed = [(what, t, c) for t, c, what in self.outputs.values() if not _same_bytes(t, c)]
+        if changed:
+            what, tensor, copy = changed[0]
+            differing = int((_byte_view(tensor) != _byte_view(copy)).sum())
+            found.append(Finding(
+                oracle=Oracles.CONTRACT, buffers=[Buffers.OUTPUT],
+                message=f"the output {what} returned changed after run() returned: {differing} of "
+                        f"{copy.numel() * copy.element_size()} bytes differ when compared again at the check's end "
+                        f"({len(changed)} of {len(self.outputs)} calls' outputs changed); a result must be complete "
+                        "and final when run() returns (a thread or stream still writing, or a late corruption)",
+                figures={"changed_bytes": differing, "calls_changed": len(changed), "calls_compared": len(self.outputs)},
+            ))
+        reported: set[str] = set()
+        for name, tensor, copy, what in self.inputs:
+            if name in reported or _same_bytes(tensor, copy):
+                continue
+            reported.add(name)
+            differing = int((_byte_view(tensor) != _byte_view(copy)).sum())
+            found.append(Finding(
+                oracle=Oracles.CONTRACT, buffers=[name],
+                message=f"input {name} of {what} changed after run() returned: {differing} of "
+                        f"{copy.numel() * copy.element_size()} bytes differ when compared again at the check's end "
+                        "(inputs belong to the caller and must not be written, during the call or after it)",
+                figures={"changed_bytes": differing},
+            ))
+        return found

@@ -209,6 +209,12 @@ def host_pid(inner: int, ancestor: int) -> int | None:
     return None
 
 
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `pid` is a process below `ancestor` (the zygote, or the boundary that runs it): the
+    candidate names its own pid, and the judge kills that group only when it is the zygote's."""
+    return _below(pid, ancestor) if os.path.isdir("/proc") else True  # no /proc to ask: as before
+
+
 def _below(pid: int, ancestor: int, depth: int = 4) -> bool:
     for _ in range(depth):
         try:

@@ -21,7 +21,10 @@ import torch
 from diffmoe.check.candidate import Crash, Executed
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.isolation import boundary
-from diffmoe.isolation.messages import AddressVerdicts, Handle, MessageError, RemoteOutput, RemoteWorkspaces, Unsendable, dumps, recv, send
+from diffmoe.isolation.messages import (
+    AddressVerdicts, Handle, MessageError, RemoteOutput, RemoteWorkspaces, Unsendable, dumps, recv, send, series_answer,
+    triples_of_str,
+)
 from diffmoe.isolation.zygote import (  # noqa: F401 - candidate_cpu_seconds, stop_zygotes, zygote_pids: this module's API too
     _CANDIDATE_CPU, _CLOSE_REPLY_SECONDS, candidate_cpu_seconds, stop_zygotes, zygote, zygote_pids,
 )
@@ -152,7 +155,7 @@ class RemoteCandidate:
                 self._progress(phase, stage)
 
     def _note_attempts(self, attempts) -> None:
-        if not _triples_of_str(attempts):
+        if not triples_of_str(attempts):
             self._gone = True
             raise Crash(not_data(self.phase, MessageError("the refused attempts are not (what, subject, detail) strings")))
         for what, subject, detail in attempts:
@@ -209,7 +212,7 @@ class RemoteCandidate:
         except (OSError, EOFError, MessageError, TypeError, IndexError):
             pass
         self.conn.close()
-        if self.pid and _descends_from(self.pid, self._zygote_pid):
+        if self.pid and boundary.descends_from(self.pid, self._zygote_pid):
             try:  # whatever it left running (a thread writing late, a process it started) ends with the check
                 os.killpg(self.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -242,6 +245,24 @@ class RemoteCandidate:
         executed.findings = self.take_pending() + executed.findings
         return executed
 
+    def series(self, config, problems, calls, schedule, whats, pattern):
+        answer = self._request("series", config, dict(problems), list(calls), schedule, list(whats), pattern)
+        if not series_answer(answer, len(calls)):
+            self._gone = True
+            raise Crash(not_data("series", MessageError("series answered other than (tensors by name, refused accesses) "
+                                                        "per call and findings")))
+        return answer
+
+    def late_findings(self) -> list[Finding]:
+        """Candidate.late_findings, asked before the process is closed; none once it has ended."""
+        if self._crash is not None or self._gone:
+            return []
+        found = self._request("late_findings")
+        if not all(isinstance(f, Finding) for f in found):
+            self._gone = True
+            raise Crash(not_data("late_findings", MessageError("late_findings answered other than findings")))
+        return found
+
     def run_stage(self, impl, stage: str, inputs, what: str):
         answer = self._request("run_stage", impl, stage, inputs, what)
         if len(answer) != 2 or not isinstance(answer[0], (dict, Unsendable)) or not isinstance(answer[1], list):
@@ -257,18 +278,7 @@ class RemoteCandidate:
 # op's result must be: anything else is a `contract` finding, and the connection is not read again.
 _REPLIES = {"result": (str, object, list), "crash": (str, Finding, list, list), "error": (str, str, str, list)}
 _RESULTS = {"build": Handle, "has_run_stage": bool, "allocate": RemoteWorkspaces, "new_output": RemoteOutput,
-            "execute": Executed, "run_stage": tuple, "take_refused": list}
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    """Whether `pid` is a process below `ancestor` (the zygote, or the boundary that runs it): the
-    candidate names its own pid, and the judge kills that group only when it is the zygote's."""
-    return boundary._below(pid, ancestor) if os.path.isdir("/proc") else True  # no /proc to ask: as before
-
-
-def _triples_of_str(attempts) -> bool:
-    return isinstance(attempts, list) and all(
-        isinstance(a, tuple) and len(a) == 3 and all(isinstance(x, str) for x in a) for a in attempts)
+            "execute": Executed, "run_stage": tuple, "take_refused": list, "series": tuple, "late_findings": list}
 
 
 def refused_access_finding(what: str, subject: str) -> Finding:

@@ -79,3 +79,28 @@ class Unsendable:
     contract finding names it)."""
 
     type_name: str
+
+
+# ---- checks of what the candidate's process answered (the judge's side reads nothing else) ---
+def triples_of_str(attempts) -> bool:
+    """The refused attempts a reply ends with: (what, subject, detail) strings."""
+    return isinstance(attempts, list) and all(
+        isinstance(a, tuple) and len(a) == 3 and all(isinstance(x, str) for x in a) for a in attempts)
+
+
+def series_answer(answer, calls: int) -> bool:
+    """Candidate.series's answer: per call (its tensors by name, the bounds guard's refused
+    accesses), and findings."""
+    import torch
+
+    from diffmoe.check.report import Finding
+    from diffmoe.interpreter.bounds_guard import OutOfBounds
+
+    def one(a) -> bool:
+        return (isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], dict)
+                and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in a[0].items())
+                and isinstance(a[1], list) and all(isinstance(e, OutOfBounds) for e in a[1]))
+
+    return (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], list) and len(answer[0]) == calls
+            and all(one(a) for a in answer[0]) and isinstance(answer[1], list)
+            and all(isinstance(f, Finding) for f in answer[1]))

@@ -193,6 +193,12 @@ class _Service:
             run.addresses = AddressVerdicts(run.addresses.findings(), run.addresses.store_extent_findings())
         return executed
 
+    def op_series(self, config, problems, calls, schedule, whats, pattern):
+        return self.candidate.series(config, problems, calls, schedule, whats, pattern)
+
+    def op_late_findings(self):
+        return self.candidate.late_findings()
+
     def op_take_refused(self):
         return self.candidate.take_refused()
 

@@ -1,7 +1,8 @@
 """The call-sequence oracle: a call must not depend on the calls made before it.
 
 Owns the small call after the T call, the T call after the small one, the call of other values
-of the small call's shape after both, and the diagnostic runs a divergence buys. Its T call after the small one also serves two other oracles, so a
+of the small call's shape after both, and the diagnostic runs a divergence buys; then it runs the
+series of call_series.py (many small calls on one instance, one from another thread). Its T call after the small one also serves two other oracles, so a
 passing check pays for no extra T run: it is the last program order's run (appended to
 `check.runs` and judged like every order's run, then by the schedule oracle) and, with the
 poison oracle selected, that oracle's second run (`check.sequenced`; poison.py's
@@ -23,6 +24,7 @@ from diffmoe.problem.vocabulary import Buffers, Stages, producer_stage
 from diffmoe.tolerance.compare import Rule, compare
 from diffmoe.tolerance.table import END_TO_END, rule_for
 from diffmoe.oracles.base import Oracle
+from diffmoe.oracles.call_series import series_findings
 from diffmoe.check.guards import POISON_PATTERNS, GuardedTensor
 from diffmoe.oracles.poison import poison_findings
 
@@ -50,7 +52,10 @@ class CallSequence(Oracle):
            "then, on that fresh pair, the T call right after the small one (under the last program order, which the "
            "schedule oracle then judges), bitwise against the T call on its own (stale rows, scales cached in private "
            "buffers, reductions over the workspace capacity); then on that pair a call of the small call's shape with "
-           "other values (the last T // 16 tokens), judged against its own reference (a result kept by shape); T >= 2")
+           "other values (the last T // 16 tokens), judged against its own reference (a result kept by shape), those on "
+           "T >= 2; then a series of 32 calls of T = 1..4 on one more instance of the config cut to E, K <= 2, H, I <= 128, and one "
+           "from another thread, each bitwise against the first call of its size (a kernel that turns wrong after some "
+           "calls, or off the main thread)")
     rank = 60
 
     def finish(self, check: Check) -> list[Finding]:
@@ -81,8 +86,9 @@ class CallSequence(Oracle):
 
         Findings are added to check.findings as they are made, so a crash in a later call keeps them."""
         if not makes_last_order_run(check):
+            # a call of T < 2 tokens has no smaller call: only the series, on a config of its own
             if check.selected(self.name):
-                check.skipped[self.name] = "a call of T < 2 tokens has no smaller call"
+                check.findings += series_findings(check)
             return []
         poison = check.selected(Oracles.POISON)
         merged_order = check.schedules[-1] if len(check.schedules) >= 2 else None
@@ -190,6 +196,8 @@ class CallSequence(Oracle):
                             what=f"the T={t_small} call of the last {t_small} tokens right after calls of the first "
                                  f"{t_small} (same workspaces)")
         check.findings += other_values_findings(check, small, small_alone, other, run)
+        # (4): SERIES_CALLS small calls on one more instance, one from another thread
+        check.findings += series_findings(check)
         return []
 
 

@@ -45,7 +45,7 @@ class Contract(Oracle):
     how = ("output shape/dtype/device, undeclared buffers written, a plan that does not fit the workspaces (reported "
            "before any launch), a launch reported as a Triton kernel that ran no Triton program, left bytes of a view it "
            "declares it writes unstored by its Triton programs, or had them written by host code during it "
-           "(interpreter only)")
+           "(interpreter only); outputs and inputs written after run() returned (compared again at the check's end)")
     rank = 30
 
     def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]:

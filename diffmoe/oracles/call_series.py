@@ -1,0 +1,128 @@
+"""The call-sequence oracle's long series: one instance called SERIES_CALLS times, once from another thread.
+
+The call-sequence oracle's other calls make at most three calls per instance, all on the main
+thread: a kernel that turns wrong after its 8th call (an autotuner switching configs once it has
+timed enough, a cache filling up) or only when called from a thread other than the main one passed
+them (issue 43). Here one fresh instance and one pair of workspaces take SERIES_CALLS calls of
+1..SERIES_MAX_TOKENS tokens, every call after the first of its size judged bitwise against that
+first one (same inputs, same instance: exactness holds), and one more call made from a thread of
+its own. The instance's first call is of T = 1, and every other call is T = 1 again: a kernel that
+turns wrong after its n-th call (1 <= n < SERIES_CALLS) diverges from that first answer, whatever
+n, without a reference (one wrong from its first call is wrong on the check's own call, which the
+differential judges).
+
+As cheap as the interpreter allows: the calls are made on `series_config`, the check's config with
+T, E, K, H and I cut to SERIES_MAX_TOKENS, SERIES_EXPERTS, SERIES_TOPK, SERIES_WIDTH (the rest kept:
+quantisation, fusion, routing, numerics), since under the interpreter a call's cost is mostly per
+launch and per program; and all of them are one request to the candidate's process
+(`Check.series`, `Candidate.series`: the lightest watch), whose answers this module compares
+(docs/oracles.md has the measured cost).
+
+Owns the series: its config, its sizes, its calls and their verdicts. Must not touch the other
+calls of the call-sequence oracle (call_sequence.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from diffmoe.adapters.contract import unsupported
+from diffmoe.check.report import Finding, Oracles
+from diffmoe.problem.config import MoEConfig
+from diffmoe.problem.inputs import Problem, make_problem
+from diffmoe.problem.vocabulary import Buffers, producer_stage
+from diffmoe.tolerance.compare import Rule, compare
+
+if TYPE_CHECKING:
+    from diffmoe.check.execution import Check
+
+# Issue 43: at least 32 calls on one instance, the horizon of an autotuner or a cache that changes
+# its answer after some calls; T = 1 every other call, so one size alone is called 16 times (a
+# counter kept per shape passes 8 calls too).
+SERIES_CALLS = 32
+SERIES_MAX_TOKENS = 4
+# H and I of the series' config: the floor of every quantisation scheme's sizes (fp8-block's
+# 128-wide blocks); measured on the shipped kernels (E=4 K=2 fp8-token, this 2-core machine), a
+# T=1..4 call costs 0.07 s at H=I=128, 0.10 s at the default H=I=256.
+SERIES_WIDTH = 128
+# E and K of the series' config: its grouped GEMMs' programs grow with the experts a call routes to;
+# measured 2026-12-06 (shipped kernels, fp8-token H=I=128 K=2, process CPU seconds, this 2-core
+# machine): a T=1..4 call costs 30 ms at E=4, 23 ms at E=2, and 23 ms at H=I=32 too (one block
+# either way), so the width stays the floor every scheme accepts.
+SERIES_EXPERTS = 2
+SERIES_TOPK = 2
+
+
+def series_sizes(largest: int) -> list[int]:
+    """The T of each call, in order: every size once (each judged against its reference), then
+    T = 1 every other call and the other sizes in turn between."""
+    sizes = list(range(1, min(SERIES_MAX_TOKENS, largest) + 1))
+    if not sizes:
+        return []
+    others = sizes[1:] or sizes
+    sequence = list(sizes)
+    while len(sequence) < SERIES_CALLS:
+        n = len(sequence) - len(sizes)
+        sequence.append(1 if n % 2 == 0 else others[(n // 2) % len(others)])
+    return sequence
+
+
+def series_config(check: Check) -> tuple[MoEConfig, Problem]:
+    """The series' config and problem: the check's config cut to T <= SERIES_MAX_TOKENS,
+    E <= SERIES_EXPERTS, K <= SERIES_TOPK and H, I <= SERIES_WIDTH with no special rows, when it is
+    valid and the implementation runs it; else that cut keeping E and K (an expert map, shared
+    experts tied to E); else the check's own config and problem (its first tokens)."""
+    cfg = check.config
+    topk = min(cfg.topk, SERIES_TOPK)
+    cut = dict(num_tokens=min(cfg.num_tokens, SERIES_MAX_TOKENS), call_tokens=None, hidden=min(cfg.hidden, SERIES_WIDTH),
+               inter=min(cfg.inter, SERIES_WIDTH), zero_rows=0, nan_rows=0, inf_rows=0)
+    for fields in ({**cut, "num_experts": max(min(cfg.num_experts, SERIES_EXPERTS), topk), "topk": topk}, cut):
+        try:
+            small = dataclasses.replace(cfg, **fields)
+            small.validate()
+            if unsupported(check.factory, small) is None:
+                return small, make_problem(small, check.device)
+        except (ValueError, TypeError):
+            pass  # a field tied to the sizes: a larger cut, or the check's own config
+    return cfg, check.problem
+
+
+def series_findings(check: Check) -> list[Finding]:
+    """The series (module docstring); at most one finding: the first call that diverges."""
+    from diffmoe.check.execution import first_tokens
+
+    config, source = series_config(check)
+    sequence = series_sizes(source.num_tokens)
+    if not sequence:
+        return []
+    problems = {t: first_tokens(source, t) for t in sorted(set(sequence))}
+    # the call from another thread right after the first call of every size: those are its
+    # comparison, and a divergence after it is the main thread's calls' own
+    calls = [(t, False) for t in sequence]
+    calls.insert(len(problems), (max(problems), True))
+    whats = [f"call {n} of {len(calls)} (T={t}, from {'a thread other than the main one' if on_thread else 'the main thread'}) "
+             f"on one instance and workspaces of {config.short()}" for n, (t, on_thread) in enumerate(calls, 1)]
+    answers = check.series(config, problems, calls, whats)
+    firsts: dict[int, int] = {}  # T -> the index of its first call
+    for n, ((t, on_thread), what, buffers) in enumerate(zip(calls, whats, answers), 1):
+        if t not in firsts:
+            firsts[t] = n - 1
+            continue
+        first = answers[firsts[t]]
+        for name in [Buffers.OUTPUT, *sorted(set(buffers) - {Buffers.OUTPUT})]:
+            if name not in first:
+                continue
+            c = compare(name, first[name], buffers[name], Rule.bitwise("the same call on the same instance"))
+            if c.ok:
+                continue
+            why = ("that one made from the main thread: a kernel right only on the main thread" if on_thread else
+                   "a kernel whose answer depends on the calls before it: bytes an earlier call left in the "
+                   "workspaces or a private buffer, an autotuner switching configs, a cache filling up")
+            return [Finding(
+                oracle=Oracles.CALL_SEQUENCE, stage=producer_stage(config, name), buffers=[name],
+                message=f"{name} of {what} differs from the first T={t} call of the same inputs on that instance "
+                        f"(call {firsts[t] + 1}): {c.differing} of {c.total} elements differ ({why})",
+                figures={"call": n, "calls": len(calls), "tokens": t, "on_thread": on_thread, **c.figures()},
+            )]
+    return []
