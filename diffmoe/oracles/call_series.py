@@ -70,14 +70,17 @@ def series_sizes(largest: int) -> list[int]:
 
 
 def series_config(check: Check) -> tuple[MoEConfig, Problem]:
-    """The series' config and problem: the check's config cut to T <= SERIES_MAX_TOKENS,
-    E <= SERIES_EXPERTS, K <= SERIES_TOPK and H, I <= SERIES_WIDTH with no special rows, when it is
+    """The series' config and problem: the check's config with T = SERIES_MAX_TOKENS, E <=
+    SERIES_EXPERTS, K <= SERIES_TOPK, H, I <= SERIES_WIDTH, seed 0 and no special rows, when it is
     valid and the implementation runs it; else that cut keeping E and K (an expert map, shared
-    experts tied to E); else the check's own config and problem (its first tokens)."""
+    experts tied to E); else the check's own config and problem (its first tokens). The series
+    judges a kernel's path (its scheme, fusion, placements, routing layout), not its data: checks
+    that differ only in sizes, seed or special rows share one series config, and a process runs
+    the series once for them (_PASSED)."""
     cfg = check.config
     topk = min(cfg.topk, SERIES_TOPK)
-    cut = dict(num_tokens=min(cfg.num_tokens, SERIES_MAX_TOKENS), call_tokens=None, hidden=min(cfg.hidden, SERIES_WIDTH),
-               inter=min(cfg.inter, SERIES_WIDTH), zero_rows=0, nan_rows=0, inf_rows=0)
+    cut = dict(num_tokens=SERIES_MAX_TOKENS, call_tokens=None, hidden=min(cfg.hidden, SERIES_WIDTH),
+               inter=min(cfg.inter, SERIES_WIDTH), zero_rows=0, nan_rows=0, inf_rows=0, seed=0)
     for fields in ({**cut, "num_experts": max(min(cfg.num_experts, SERIES_EXPERTS), topk), "topk": topk}, cut):
         try:
             small = dataclasses.replace(cfg, **fields)
