@@ -503,3 +503,52 @@ class CountsItsCalls(TritonFP8MoE):
     def run(self, problem, workspaces, *, output=None, **kwargs):
         type(self).calls += 1
         return super().run(problem, workspaces, output=output, **kwargs)
+
+
+class WrongAndCountsItsCalls(TritonFP8MoE):
+    """Off by a quarter on every call, and counts them (a check that has failed runs no series)."""
+
+    calls = 0
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        type(self).calls += 1
+        result = super().run(problem, workspaces, output=output, **kwargs)
+        result.output.mul_(1.25)
+        return result
+
+
+class CrashesBelowAWidthOf256(TritonFP8MoE):
+    """Right at H >= 256 and raises below (a kernel with a tile no narrower config fits): a check at
+    H = 256 passes, and the series, whose config is cut to H = 128, has no first call to judge by."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        if problem.hidden_states.shape[-1] < 256:
+            raise ValueError("hidden size below 256")
+        return super().run(problem, workspaces, output=output, **kwargs)
+
+
+class CrashesAfterItsEighthCall(TritonFP8MoE):
+    """Right for its first eight calls, then raises (a cache that overflows): the series' crash is
+    the check's, since its calls before succeeded on that config."""
+
+    def run(self, problem, workspaces, *, output=None, **kwargs):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls > 8:
+            raise RuntimeError("cache full")
+        return super().run(problem, workspaces, output=output, **kwargs)
+
+
+class StoresPastItsOutputAfterItsEighthCall(TritonFP8MoE):
+    """Right, and from its 9th call on a Triton launch copies its output onto itself 4 KiB past
+    the end (a grid sized from a stale batch): the bounds guard refuses those accesses."""
+
+    def run(self, problem, workspaces, *, output=None, recorder=None, **kwargs):
+        self.calls = getattr(self, "calls", 0) + 1
+        result = super().run(problem, workspaces, output=output, recorder=recorder, **kwargs)
+        if self.calls > 8:
+            flat = _bytes(result.output)
+            n = flat.numel() + 4096  # past the 256 guard bytes after it
+            info = LaunchInfo(stage=pipeline_stages(self.config)[-1], kernel="_copy_bytes", grid=(1,),
+                              reads={Buffers.OUTPUT: result.output}, writes={Buffers.OUTPUT: result.output}, triton=True)
+            _reported(info, recorder, lambda: _copy_bytes[(1,)](flat, flat, n, BLOCK=triton.next_power_of_2(n)))
+        return result

@@ -415,8 +415,10 @@ class Candidate:
         exits intercepted and its allocations poisoned, its launches only named for the time limit;
         no launch log, snapshot, address record or per-launch watcher (the check's own calls have
         them). Per call: (its output and the intermediates it returned, copied; the accesses the
-        bounds guard refused); and the `contract` findings of inputs a call wrote (each restored
-        before the next call, so a later divergence is not the input's). Every answer and the
+        bounds guard refused; the series stops after a call with refused accesses, a first call's
+        refusals leaving nothing to judge and a later call's being its finding); and the
+        `contract` findings of inputs a call wrote (each restored before the next call, so a
+        later divergence is not the input's). Every answer and the
         problems' inputs are kept for the late compare."""
         impl = self.build(config)
         guarded = self.allocate(self.workspace_shapes(impl, config.num_tokens), f"workspace_shapes({config.num_tokens})")
@@ -438,6 +440,8 @@ class Candidate:
             answers.append(_on_a_thread(call) if on_thread else call())
             for finding in watches[t].finish(what):  # restored: the next call sees the caller's inputs
                 written.setdefault(finding.buffers[0], finding)
+            if answers[-1][1]:
+                break  # accesses the bounds guard refused: that call is what the judge is told of
         return answers, list(written.values())
 
     def _light_call(self, run, problem: Problem, guarded: GuardedWorkspaces, output: GuardedTensor | None,

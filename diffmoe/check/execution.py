@@ -180,20 +180,19 @@ class Check:
         return executed.run
 
     def series(self, config: MoEConfig, problems: dict[int, Problem], calls: Sequence[tuple[int, bool]],
-               whats: Sequence[str]) -> list[dict[str, torch.Tensor]]:
+               whats: Sequence[str]) -> list[tuple[dict[str, torch.Tensor], list]]:
         """The call-sequence series' calls in one request (Candidate.series), under the first
-        schedule: each call's output and returned intermediates; the accesses the bounds guard
-        refused and the inputs a call wrote join the check's."""
-        try:
-            answers, written = self.candidate.series(config, problems, calls, self.schedules[0], whats, POISON_PATTERNS[0])
-        except Crash:
-            self.findings += self.candidate.take_pending()
-            self.out_of_bounds += self.candidate.take_refused()
-            raise
+        schedule: per call, its output and returned intermediates, and the accesses the bounds
+        guard refused (the caller decides which join the check's); the inputs a call wrote join
+        the check's findings. A crash raises Crash, its call's watch findings and refused accesses
+        taken from the candidate (`series_crash_findings`)."""
+        answers, written = self.candidate.series(config, problems, calls, self.schedules[0], whats, POISON_PATTERNS[0])
         self.findings += written
-        for _, refused in answers:
-            self.out_of_bounds += refused
-        return [buffers for buffers, _ in answers]
+        return answers
+
+    def series_crash_findings(self) -> tuple[list[Finding], list]:
+        """After a crash in the series: the crashed call's watch findings and refused accesses."""
+        return self.candidate.take_pending(), self.candidate.take_refused()
 
     def late_findings(self) -> list[Finding]:
         """Every call's output and inputs compared once more, at the check's end (Candidate.late_findings):

@@ -18,6 +18,11 @@ launch and per program; and all of them are one request to the candidate's proce
 (`Check.series`, `Candidate.series`: the lightest watch), whose answers this module compares
 (docs/oracles.md has the measured cost).
 
+The series judges the calls' history, not a config: it is not run on a check that has already
+failed (it would change no verdict), and where the first call of a size fails on its own (a crash,
+an access the bounds guard refuses) it has nothing to judge the later calls against, and the report
+says so under `skipped` (SERIES_SKIP_KEY) rather than fail the check for a config it did not ask for.
+
 Owns the series: its config, its sizes, its calls and their verdicts. Must not touch the other
 calls of the call-sequence oracle (call_sequence.py).
 """
@@ -29,6 +34,7 @@ import os
 from typing import TYPE_CHECKING
 
 from diffmoe.adapters.contract import unsupported
+from diffmoe.check.candidate import Crash
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.inputs import Problem, make_problem
@@ -57,6 +63,8 @@ SERIES_TOPK = 2
 # draws them all the same way, so checks that differ in them share one series (measured: the 203
 # checks of tests/test_oracles_quiet.py drew 147 distinct series configs with these kept, 1.55 s of
 # a 2-core machine's time each).
+# The report's `skipped` entry of a series not run or not judged (the rest of call-sequence ran).
+SERIES_SKIP_KEY = "call-sequence series"
 SERIES_DATA = dict(zero_rows=0, nan_rows=0, inf_rows=0, skew="uniform", router="random-k", renormalize=False,
                    expert_scale_spread=0, tie_heavy=False, random_orders=0, dropped_slots=0)
 
@@ -106,6 +114,11 @@ def series_findings(check: Check) -> list[Finding]:
     sequence = series_sizes(source.num_tokens)
     if not sequence:
         return []
+    if check.findings or (check.out_of_bounds and check.selected(Oracles.BOUNDS)):
+        # the check has failed already (refused accesses are worded by the bounds oracle at its end): the series' 33 calls would change no verdict (a kernel
+        # found only by the series is found on a check that passed everything else)
+        check.skipped.setdefault(SERIES_SKIP_KEY, "not run: the check had already failed")
+        return []
     key = _passed_key(check, config)
     if key is not None and key in _PASSED:
         return []
@@ -116,7 +129,24 @@ def series_findings(check: Check) -> list[Finding]:
     calls.insert(len(problems), (max(problems), True))
     whats = [f"call {n} of {len(calls)} (T={t}, from {'a thread other than the main one' if on_thread else 'the main thread'}) "
              f"on one instance and workspaces of {config.short()}" for n, (t, on_thread) in enumerate(calls, 1)]
-    answers = check.series(config, problems, calls, whats)
+    baseline = len(problems)  # the first call of every size: each later call is judged against one
+    try:
+        answered = check.series(config, problems, calls, whats)
+    except Crash as crash:
+        pending, refused = check.series_crash_findings()
+        if crash.finding.figures.get("phase") not in whats[:baseline]:
+            check.findings += pending
+            check.out_of_bounds += refused
+            raise
+        # a first call failed on its own: a fault of the series' config, not of the calls before it
+        # (the check's own calls judge its config; the fuzz draws the series' too)
+        return _no_baseline(check, crash.finding.message)
+    if any(refused for _, refused in answered[:baseline]):
+        n = next(n for n, (_, refused) in enumerate(answered[:baseline], 1) if refused)
+        return _no_baseline(check, f"{whats[n - 1]} made {len(answered[n - 1][1])} accesses the bounds guard refused")
+    later_refused = [event for _, refused in answered[baseline:] for event in refused]
+    check.out_of_bounds += later_refused  # the bounds oracle words them (its after_finish)
+    answers = [buffers for buffers, _ in answered]
     firsts: dict[int, int] = {}  # T -> the index of its first call
     for n, ((t, on_thread), what, buffers) in enumerate(zip(calls, whats, answers), 1):
         if t not in firsts:
@@ -138,8 +168,14 @@ def series_findings(check: Check) -> list[Finding]:
                         f"(call {firsts[t] + 1}): {c.differing} of {c.total} elements differ ({why})",
                 figures={"call": n, "calls": len(calls), "tokens": t, "on_thread": on_thread, **c.figures()},
             )]
-    if key is not None:
+    if key is not None and not later_refused:
         _PASSED.add(key)
+    return []
+
+
+def _no_baseline(check: Check, why: str) -> list[Finding]:
+    check.skipped.setdefault(SERIES_SKIP_KEY, f"not judged: {why} (the first call of a size is what the later ones are "
+                                              "judged against; the series judges the calls' history, not its config)")
     return []
 
 
