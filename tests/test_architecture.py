@@ -342,7 +342,7 @@ CANDIDATE_PROCESS = ("diffmoe.isolation.sandbox",)
 # packages): only the imports that run at its import count (run_differential's lazy imports of
 # the oracles run in the judge, when it is called)
 FACTORY_PACKAGES = ("diffmoe.adapters", "diffmoe.problem", "diffmoe.interpreter", "diffmoe.isolation", "diffmoe.frontends",
-                    "optimized", "peers")
+                    "diffmoe.fuzz", "optimized", "peers")
 
 
 def _judge_only(name: str) -> bool:

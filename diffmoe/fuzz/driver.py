@@ -87,7 +87,7 @@ PHASE_GENERATE = "generate"
 PHASE_SHRINK = "shrink"
 MAX_EXAMPLES_LIMIT = 1_000_000
 # --keep-going's bound: one failure per oracle@stage key; 15 oracles (crash and timeout
-# included, waivers.WAIVABLE_ORACLES) at 8 stages each is 120 keys, so 1000 never cuts a search short.
+# included, waivers.waivable_oracles()) at 8 stages each is 120 keys, so 1000 never cuts a search short.
 MAX_KEEP_GOING = 1000
 
 ProgressCallback = Callable[[int, str, float, str], None]

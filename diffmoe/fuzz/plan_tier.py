@@ -55,7 +55,6 @@ from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTA
 from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.fuzz.driver import FuzzOutcome
 from diffmoe.fuzz.waivers import Waivers
-from diffmoe.oracles.static_aliasing import check_static_aliasing, check_workspace_fit
 from diffmoe.check.report import Finding, Oracles, Report
 from diffmoe.fuzz.strategies import MIN_SIZE, QUANT_ORDER
 
@@ -194,6 +193,10 @@ def plan_function(factory: Callable) -> PlanFn:
 
 def judge_config(plan: PlanFn, config: MoEConfig) -> list[Finding]:
     """Static aliasing of the call's plan, and its fit in the workspaces declared for max T."""
+    # imported here: a module that defines a factory may import this one, and loads in the
+    # candidate's process, where diffmoe.oracles is refused (issue 43)
+    from diffmoe.oracles.static_aliasing import check_static_aliasing, check_workspace_fit
+
     full = plan(config, config.num_tokens)
     if full is None:  # a config the implementation refuses (contract.SUPPORTS): nothing to judge
         return []

@@ -20,14 +20,27 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from diffmoe.check.report import Finding, Oracles
-from diffmoe.oracles import registry
 
 ANY_STAGE = "*"
 COMMENT = "#"
 # A waiver file is a short list of known findings; past this it is not one (read cap, as the config file's).
 MAX_WAIVER_FILE_CHARS = 2**20
-# crash and timeout are outcomes, not oracles one can select, but findings name them all the same.
-WAIVABLE_ORACLES = (*registry.ALL_ORACLES, Oracles.CRASH, Oracles.TIMEOUT)
+
+
+def waivable_oracles() -> tuple[str, ...]:
+    """Every oracle's name (diffmoe/oracles/registry.py), and crash and timeout: outcomes, not
+    oracles one can select, but findings name them all the same. Read when used: a module that
+    defines a factory may import this one, and loads in the candidate's process, where
+    diffmoe.oracles is refused (issue 43)."""
+    from diffmoe.oracles import registry
+
+    return (*registry.ALL_ORACLES, Oracles.CRASH, Oracles.TIMEOUT)
+
+
+def __getattr__(name: str):  # PEP 562: WAIVABLE_ORACLES, the name this module offered before
+    if name == "WAIVABLE_ORACLES":
+        return waivable_oracles()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def finding_key(finding: Finding) -> str:
@@ -57,8 +70,9 @@ def parse_waiver(text: str, where: str = "--waive") -> Waiver:
     if not isinstance(text, str):
         raise TypeError(f"{where} must be a string ORACLE@STAGE, got {type(text).__name__}")
     oracle, sep, stage = text.strip().partition("@")
-    if oracle not in WAIVABLE_ORACLES:
-        raise ValueError(f"{where} must be ORACLE@STAGE or ORACLE with ORACLE one of {list(WAIVABLE_ORACLES)}, "
+    known = waivable_oracles()
+    if oracle not in known:
+        raise ValueError(f"{where} must be ORACLE@STAGE or ORACLE with ORACLE one of {list(known)}, "
                          f"got {text.strip()[:60]!r}")
     if sep and (not stage or any(c.isspace() for c in stage)):
         raise ValueError(f"{where}: the stage after '@' must be a stage name (as findings show it) or '*', got {text.strip()[:60]!r}")
