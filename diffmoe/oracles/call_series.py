@@ -59,12 +59,12 @@ SERIES_WIDTH = 128
 # either way), so the width stays the floor every scheme accepts.
 SERIES_EXPERTS = 2
 SERIES_TOPK = 2
+# The report's `skipped` entry of a series not run or not judged (the rest of call-sequence ran).
+SERIES_SKIP_KEY = "call-sequence series"
 # The fields that shape the inputs' values only, never which code path a kernel takes: the series
 # draws them all the same way, so checks that differ in them share one series (measured: the 203
 # checks of tests/test_oracles_quiet.py drew 147 distinct series configs with these kept, 1.55 s of
 # a 2-core machine's time each).
-# The report's `skipped` entry of a series not run or not judged (the rest of call-sequence ran).
-SERIES_SKIP_KEY = "call-sequence series"
 SERIES_DATA = dict(zero_rows=0, nan_rows=0, inf_rows=0, skew="uniform", router="random-k", renormalize=False,
                    expert_scale_spread=0, tie_heavy=False, random_orders=0, dropped_slots=0)
 
