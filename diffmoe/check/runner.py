@@ -281,6 +281,19 @@ class _Job:
             skipped=dict(skipped or {}),
         )
 
+    def learned(self) -> list:
+        """What a worker process's check learned that the next checks of its parent may reuse
+        (diffmoe/check/worker.py sends it back): the call-sequence series that passed there."""
+        from diffmoe.oracles import call_series
+
+        return call_series.passed_keys()
+
+    def learn(self, learned: object) -> None:
+        """In the parent: take what a worker's check learned (learned()); forked workers inherit it."""
+        from diffmoe.oracles import call_series
+
+        call_series.learn(learned)
+
     def run(self, progress: ProgressCallback | None = None) -> Report:
         start = time.perf_counter()
         factory = self.implementation or load_factory(DEFAULT_IMPLEMENTATION)

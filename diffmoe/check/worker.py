@@ -4,7 +4,9 @@ Owns: validating and defaulting the time limit, starting the worker (fork on a C
 where the platform has it, spawn otherwise), streaming its progress and findings back,
 stopping it with everything it started when the limit passes without progress, and turning a
 worker's death into a `crash` finding. It knows nothing of oracles or implementations: it runs
-a job (`job.run(progress)`, `job.report(findings, seconds)`, `job.device`) and moves Reports.
+a job (`job.run(progress)`, `job.report(findings, seconds)`, `job.device`) and moves Reports, and
+what a job learned in the worker (`job.learned()`) back to the parent (`job.learn(...)`), where the
+next forked worker inherits it.
 """
 
 from __future__ import annotations
@@ -142,6 +144,12 @@ def _worker_main(conn, job, env: dict[str, str], forked: bool) -> None:
         if isinstance(job, bytes):
             job = pickle.loads(job)
         report = job.run(progress)
+        learned = getattr(job, "learned", None)
+        if learned is not None:  # what the parent's later checks may reuse (runner._Job.learned)
+            try:
+                conn.send(("learned", learned()))
+            except Exception:  # noqa: BLE001 - a key that does not pickle: nothing is learned, the report still goes
+                pass
         conn.send(("report", report.to_json()))
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
         conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
@@ -235,6 +243,8 @@ def run_in_worker(job, limit: float) -> Report:
             if kind == "progress":
                 _, phase, stage, fresh = message
                 findings += [Finding.from_dict(f) for f in fresh]
+            elif kind == "learned":
+                job.learn(message[1])
             elif kind == "report":
                 report = Report.from_json(message[1])
                 report.seconds = time.perf_counter() - start

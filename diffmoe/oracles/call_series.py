@@ -182,13 +182,44 @@ def _no_baseline(check: Check, why: str) -> list[Finding]:
 # The series that passed in this process: (factory, series config, program order, device, interpreter
 # or not, where the candidate ran). One that passed is not run again for the same key: a pytest
 # session or a fuzz of one implementation pays it once per series config (its 33 calls cost more
-# than the rest of a small check, docs/oracles.md). One that found something runs again every time. The factory object itself is the key (a planted bug needs a factory of its
-# own: a module patched between two checks of one factory in one process is not seen by the series).
+# than the rest of a small check, docs/oracles.md). One that found something runs again every time.
+# The factory is its object, or its spec where the judge holds only that (a RemoteFactory: a
+# command line, each of whose checks makes its own): a planted bug needs a factory of its own (a
+# module patched between two checks of one factory in one process is not seen by the series).
 _PASSED: set[tuple] = set()
 
 
+def passed_keys() -> list[tuple]:
+    """The series that passed in this process, as keys that pickle (a check's worker process sends
+    them to its parent: diffmoe/check/worker.py; a factory that does not pickle is left out)."""
+    import pickle
+
+    keys = []
+    for key in _PASSED:
+        try:
+            pickle.dumps(key)
+        except Exception:  # noqa: BLE001 - a closure or a lambda factory: this process keeps it alone
+            continue
+        keys.append(key)
+    return keys
+
+
+def learn(keys: object) -> None:
+    """Take series that passed in a worker process (passed_keys()); anything else is ignored."""
+    if isinstance(keys, list):
+        for key in keys:
+            if isinstance(key, tuple):
+                try:
+                    _PASSED.add(key)
+                except TypeError:
+                    pass
+
+
 def _passed_key(check: Check, config: MoEConfig) -> tuple | None:
-    key = (check.factory, config, str(check.schedules[0]), str(check.device), os.environ.get("TRITON_INTERPRET", ""),
+    from diffmoe.isolation.client import RemoteFactory
+
+    factory = ("spec", check.factory.spec) if isinstance(check.factory, RemoteFactory) else check.factory
+    key = (factory, config, str(check.schedules[0]), str(check.device), os.environ.get("TRITON_INTERPRET", ""),
            type(check.candidate).__name__)
     try:
         hash(key)
