@@ -371,23 +371,7 @@ class Candidate:
         self.pending += self.inputs.finish(what, log)
         log.stores = None  # its record is in the launches; the watch stays in this process
         refused = guard.events if guard else []  # delivered with the run (its objects: the bounds oracle tells runs apart by them)
-        returned = getattr(result, "output", None)
-        intermediates = getattr(result, "intermediates", {})
-        if not isinstance(returned, torch.Tensor) or not isinstance(intermediates, dict):
-            raise Crash(Finding(
-                oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=[Buffers.OUTPUT],
-                message=f"{what} returned {type(result).__name__}; run() must return a RunResult whose output is a "
-                        "tensor and whose intermediates are a dict",
-            ))
-        elsewhere = [name for name, tensor in ((Buffers.OUTPUT, returned), *intermediates.items())
-                     if isinstance(tensor, torch.Tensor) and tensor.device.type != self.device.type]
-        if elsewhere:  # a meta or foreign-device tensor holds nothing the oracles could compare
-            devices = sorted({str((returned if n == Buffers.OUTPUT else intermediates[n]).device) for n in elsewhere})
-            raise Crash(Finding(
-                oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=elsewhere,
-                message=f"{what} returned {', '.join(elsewhere)} on {', '.join(devices)}, not on the check's device "
-                        f"{self.device}",
-            ))
+        returned, intermediates = self._returned(result, what, tracker.stage)
         out = returned.detach().clone()
         buffers = dict(log.snapshots)
         for name, tensor in intermediates.items():
@@ -461,17 +445,33 @@ class Candidate:
                 raise
             self.refused += guard.events if guard else []
             raise Crash(crash_finding(exc, tracker.stage, what)) from exc
-        returned = getattr(result, "output", None)
-        if not isinstance(returned, torch.Tensor):
-            raise Crash(Finding(oracle=Oracles.CONTRACT, stage=tracker.stage, buffers=[Buffers.OUTPUT],
-                                message=f"{what} returned {type(result).__name__}; run() must return a RunResult "
-                                        "whose output is a tensor"))
+        returned, intermediates = self._returned(result, what, tracker.stage)
         self.late.returned(returned, what)
-        intermediates = getattr(result, "intermediates", None)
-        buffers = {n: v.detach().clone() for n, v in (intermediates if isinstance(intermediates, dict) else {}).items()
-                   if isinstance(v, torch.Tensor)}
+        buffers = {n: v.detach().clone() for n, v in intermediates.items() if isinstance(v, torch.Tensor)}
         buffers[Buffers.OUTPUT] = returned.detach().clone()
         return buffers, guard.events if guard else []
+
+    def _returned(self, result, what: str, stage: str | None) -> tuple[torch.Tensor, dict]:
+        """What a call of `run` returned, (its output, its intermediates), or Crash with the
+        `contract` finding: not a RunResult of a tensor and a dict, or tensors off the check's device."""
+        returned = getattr(result, "output", None)
+        intermediates = getattr(result, "intermediates", {})
+        if not isinstance(returned, torch.Tensor) or not isinstance(intermediates, dict):
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT, stage=stage, buffers=[Buffers.OUTPUT],
+                message=f"{what} returned {type(result).__name__}; run() must return a RunResult whose output is a "
+                        "tensor and whose intermediates are a dict",
+            ))
+        elsewhere = [name for name, tensor in ((Buffers.OUTPUT, returned), *intermediates.items())
+                     if isinstance(tensor, torch.Tensor) and tensor.device.type != self.device.type]
+        if elsewhere:  # a meta or foreign-device tensor holds nothing the oracles could compare
+            devices = sorted({str((returned if n == Buffers.OUTPUT else intermediates[n]).device) for n in elsewhere})
+            raise Crash(Finding(
+                oracle=Oracles.CONTRACT, stage=stage, buffers=elsewhere,
+                message=f"{what} returned {', '.join(elsewhere)} on {', '.join(devices)}, not on the check's device "
+                        f"{self.device}",
+            ))
+        return returned, intermediates
 
     def late_findings(self) -> list[Finding]:
         """What changed after its call returned, compared once more now (the check's end, before the
