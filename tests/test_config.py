@@ -122,5 +122,6 @@ def test_the_replay_line_and_summary_name_numerics_only_when_set():
     assert "numerics" not in check_command(plain, "optimized") and "numerics" not in plain.short()
     for profile in ("diffmoe", "vllm"):
         c = MoEConfig(numerics=profile, zero_rows=1, nan_rows=1)  # the command line's padding and NaN tokens: not named
-        assert check_command(c, "optimized").endswith(f"--seed 0 --numerics {profile}")
+        # the spread and the outliers are named whatever their value (config.ALWAYS_NAMED, issue 42)
+        assert check_command(c, "optimized").endswith(f"--seed 0 --expert-scale-spread 2 --outlier-channels 4 --numerics {profile}")
         assert f"numerics={profile}" in c.short()

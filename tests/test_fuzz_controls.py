@@ -196,9 +196,9 @@ def wide(c):
 def test_a_waived_finding_does_not_stop_the_search(runner, capsys):
     """Waived: the search goes on and finds the other failure; unwaived (below), the waived one stops it."""
     runner((legacy_fused, ALIAS), (wide, DIVERGED))
-    # seed 2: seed 1 draws no wide unfused config in 60 examples since a seed's draws stopped depending
-    # on the modules a process has loaded (diffmoe/fuzz/draws.py); seed 2 meets one at example 68
-    code, out, _ = run_cli(capsys, "fuzz", "--max-examples", "60", "--seed", "2", "--planner", "legacy",
+    # seed 3: which seed meets a wide unfused config within 60 examples moves whenever the strategies'
+    # choices do (seed 2 did until the outlier channels were drawn, issue 42; seeds 1, 3, 4 and 5 do now)
+    code, out, _ = run_cli(capsys, "fuzz", "--max-examples", "60", "--seed", "3", "--planner", "legacy",
                            "--waive", "static-aliasing@act_quant", "--json")
     data = json.loads(out)
     assert code == 1

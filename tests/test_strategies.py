@@ -127,7 +127,9 @@ def test_inputs_off_draws_none_of_them():
     @MANY
     @given(moe_configs(inputs=False, special_rows=False))
     def plain(c):
-        assert (c.call_tokens, c.router, c.expert_scale_spread, c.tie_heavy, c.special_rows) == (None, "random-k", 0, False, 0)
+        assert (c.call_tokens, c.router, c.tie_heavy, c.special_rows) == (None, "random-k", False, 0)
+        # not drawn, so the defaults: the spread and outliers every config has (issue 42)
+        assert (c.expert_scale_spread, c.outlier_channels) == (MoEConfig().expert_scale_spread, MoEConfig().outlier_channels)
 
     plain()
 

@@ -142,8 +142,11 @@ def _gemm_with_bf16_partials(config: MoEConfig, inputs, problem) -> torch.Tensor
 
 @pytest.mark.parametrize("quant", [q for q in QUANT_SCHEMES if q != "bf16"])
 def test_one_extra_bf16_rounding_in_the_k_loop_is_caught_far_more_often_than_two_ulp_caught_it(quant):
-    # H = 256: two K blocks, so exactly one extra rounding (of the first block's partial sum)
-    config = MoEConfig(quant=quant, **{**ROW_CONFIG, "hidden": 256})
+    # H = 256: two K blocks, so exactly one extra rounding (of the first block's partial sum). The
+    # ratio below was measured without the spread and outlier channels default inputs have since
+    # issue 42; with them (larger gate-up values) the interval still flags 22 % of the elements at
+    # fp8-tensor, the 2-ulp rule 7.98x fewer, just under the 8x asserted: the inputs measured are pinned
+    config = MoEConfig(quant=quant, **{**ROW_CONFIG, "hidden": 256}, expert_scale_spread=0, outlier_channels=0)
     rule, ref, inputs, problem = _judged(config, B.GATE_UP_OUTPUT)
     bad = _gemm_with_bf16_partials(config, inputs, problem)
     new = _judge(rule, B.GATE_UP_OUTPUT, ref, bad, inputs, problem)
@@ -167,8 +170,11 @@ def test_liger_s_activation_of_the_float32_product_holds_what_the_campaign_found
     """Liger's SwiGLU of its own float32 gate/up product: 13 bf16 ulp from the reference's at a
     value near zero (-7.0e-6 against -7.4e-6; bench/false_alarm_campaign.py --impl liger, seed 0),
     inside the interval the product's float32 error allows; one ulp beyond its end is not."""
+    # the campaign's config as it was drawn, before issue 42's default outlier channels (which give the
+    # flagged element another value): outlier_channels=0 keeps the inputs it was found on
     config = MoEConfig(num_tokens=20, num_experts=5, topk=5, hidden=128, inter=256, quant="bf16", call_tokens=16,
-                       router="softmax-topk", expert_scale_spread=4, nan_rows=1, seed=349017297, numerics="liger")
+                       router="softmax-topk", expert_scale_spread=4, outlier_channels=0, nan_rows=1, seed=349017297,
+                       numerics="liger")
     rule, ref, inputs, problem = _judged(config, B.ACTIVATION_OUTPUT)
     assert rule.mode == DERIVED
     below, above = stage_bound(rule, B.ACTIVATION_OUTPUT, ref, inputs, problem)

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from diffmoe.problem.config import OPT_IN_FIELDS, MoEConfig
+from diffmoe.problem.config import ALWAYS_NAMED, OPT_IN_FIELDS, MoEConfig
 from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS
 
 
@@ -92,6 +92,8 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
     # that rebuild exactly this config (naming both always does)
     named = next(rows for rows in ((), ("nan_rows",), ("zero_rows",), _ROW_FLAGS) if c.with_flag_rows(rows) == c)
     shown = {name: value for name, value in c.opt_in_fields() if name not in _ROW_FLAGS}
+    # the fields whose default changed, whatever their value (config.ALWAYS_NAMED, issue 42)
+    shown.update((name, getattr(c, name)) for name in ALWAYS_NAMED)
     shown.update((name, getattr(c, name)) for name in named)
     for name in OPT_IN_FIELDS:  # declaration order
         if name in shown:

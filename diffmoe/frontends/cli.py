@@ -92,7 +92,7 @@ import warnings
 from typing import Any, Sequence, TextIO
 
 from diffmoe.problem.config import (
-    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS,
+    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_OUTLIER_CHANNELS, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS,
     OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
 )
 from diffmoe.problem.config import (
@@ -145,6 +145,7 @@ CONFIG_FLAGS = {
     "router": "router",
     "renormalize": "renormalize",
     "expert_scale_spread": "expert_scale_spread",
+    "outlier_channels": "outlier_channels",
     "zero_rows": "zero_rows",
     "nan_rows": "nan_rows",
     "inf_rows": "inf_rows",
@@ -309,11 +310,12 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--skew", choices=ALL_ROUTING_SKEWS, help=f"routing distribution (default {d.skew})")
     g.add_argument("--expert-map", metavar="A,B,...", help="global -> local expert map, -1 for remote (write --expert-map=0,-1,1)")
     g.add_argument("--seed", type=_non_negative_int, metavar="S", help=f"problem seed (default {d.seed})")
-    i = p.add_argument_group("inputs (opt-in; each changes only its own part of the problem)")
+    i = p.add_argument_group("inputs (each changes only its own part of the problem; the spread and the outliers are on by default)")
     i.add_argument("--call-tokens", type=_int, metavar="N", help="T of the call, 0..--tokens: workspaces are built for --tokens, the call carries N (default: --tokens)")
     i.add_argument("--router", choices=ROUTERS, help=f"how router weights are made (default {d.router}; softmax-topk: softmax over all E, then top-K)")
     i.add_argument("--renormalize", action="store_const", const=True, help="softmax-topk: divide the K weights by their sum")
-    i.add_argument("--expert-scale-spread", type=_int, metavar="OCTAVES", help=f"per-expert weight scale spread, 0..{MAX_EXPERT_SCALE_SPREAD} octaves (default 0)")
+    i.add_argument("--expert-scale-spread", type=_int, metavar="OCTAVES", help=f"per-expert weight scale spread, 0..{MAX_EXPERT_SCALE_SPREAD} octaves (default {d.expert_scale_spread}; 0 turns it off)")
+    i.add_argument("--outlier-channels", type=_int, metavar="N", help=f"input channels of each expert's weights scaled up 2x..8x, 0..{MAX_OUTLIER_CHANNELS} (default {d.outlier_channels}; 0 turns them off)")
     i.add_argument("--zero-rows", type=_int, metavar="N", help="all-zero (padding) tokens in the call (default 1 when the call keeps an ordinary token beside it, else 0)")
     i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 1 when the activations' scales are not per tensor and the call keeps an ordinary token beside it and the padding token, else 0)")
     i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diffmoe.problem.config import (
-    ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_RANDOM_ORDERS, MAX_ROUTED_ROWS, MAX_SEED, MAX_SHARED_EXPERTS, MAX_TOKENS,
+    ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_OUTLIER_CHANNELS, MAX_RANDOM_ORDERS, MAX_ROUTED_ROWS, MAX_SEED, MAX_SHARED_EXPERTS, MAX_TOKENS,
     OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS,
     MoEConfig,
 )
@@ -42,6 +42,7 @@ INT_FIELDS: dict[str, tuple[int, int]] = {
     "seed": (0, MAX_SEED),
     "call_tokens": (0, MAX_TOKENS),
     "expert_scale_spread": (0, MAX_EXPERT_SCALE_SPREAD),
+    "outlier_channels": (0, MAX_OUTLIER_CHANNELS),
     "zero_rows": (0, MAX_TOKENS),
     "nan_rows": (0, MAX_TOKENS),
     "inf_rows": (0, MAX_TOKENS),

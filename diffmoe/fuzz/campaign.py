@@ -28,6 +28,7 @@ Profile (`draw_config`, each field independent unless said; `rng` is a seeded
 * drawn last (issue 27 item 5): per-tensor weights (`weight_scales="tensor"`) on half the
   fp8-token draws, so every pair of config.SCALE_PAIRS runs; a routed_scaling_factor on a fifth
   of the draws, one of ROUTED_SCALING_FACTORS (DeepSeek-V3's 2.5, DeepSeek-V2's 16.0, 0.5).
+* drawn after them (issue 42): outlier_channels uniform in 0..MAX_OUTLIER_CHANNELS.
 
 The interpreter's cost of a config grows with its GEMM programs (row blocks times tiles
 times K-steps), so a draw whose `cost_units` exceed the cap is drawn again, and the corners
@@ -49,7 +50,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from diffmoe.problem.config import MAX_EXPERT_SCALE_SPREAD, QUANT_BLOCK, QUANT_SCHEMES, MoEConfig, check_int
+from diffmoe.problem.config import MAX_EXPERT_SCALE_SPREAD, MAX_OUTLIER_CHANNELS, QUANT_BLOCK, QUANT_SCHEMES, MoEConfig, check_int
 
 # The routed scaling factors the profile draws: DeepSeek-V3's, DeepSeek-V2's, and one below 1.
 ROUTED_SCALING_FACTORS = (2.5, 16.0, 0.5)
@@ -135,6 +136,7 @@ def draw_config(rng: random.Random) -> MoEConfig:
         fields["weight_scales"] = "tensor"
     if rng.random() < 0.2:
         fields["routed_scaling_factor"] = rng.choice(ROUTED_SCALING_FACTORS)
+    fields["outlier_channels"] = rng.randint(0, MAX_OUTLIER_CHANNELS)
     return MoEConfig(**fields)
 
 

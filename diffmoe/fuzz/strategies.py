@@ -35,6 +35,10 @@ The opt-in inputs (drawn after the seed, so they shrink away first; each shrinks
   (None when T = 1), the smaller batches an engine sends between its largest ones.
 * router: random-k or softmax-topk (``ROUTERS`` order); renormalize drawn for softmax-topk.
 * expert_scale_spread: 0..MAX_EXPERT_SCALE_SPREAD octaves of per-expert weight scale.
+* outlier_channels: 0..MAX_OUTLIER_CHANNELS outlier input channels per expert and weight, drawn
+  last (after the weight granularity), so every earlier choice is what it was before the field
+  existed (issue 42). Both shrink to 0, inputs that no longer tell experts apart; with
+  `inputs=False` a config has the defaults of both (config.DEFAULT_EXPERT_SCALE_SPREAD, ...).
 * tie_heavy: False/True.
 * zero_rows, nan_rows, inf_rows (on by default; `special_rows=False` never draws them): 1 or 2
   zero rows in about half the draws, one NaN and one Inf row in about an eighth each, cut to
@@ -80,7 +84,8 @@ sizes already drawn, so nothing is filtered out):
   generation and the reference's float32 dequantisation (16 MiB per weight at most).
 
 The minimal draw is ``MINIMAL_CONFIG`` (fp8-tensor, T=E=K=1, H=I=16, unfused, router weight
-on the down GEMM, no expert map, uniform skew, separate output, fixed planner, seed 0);
+on the down GEMM, no expert map, uniform skew, separate output, fixed planner, seed 0, no expert
+scale spread and no outlier channels);
 the minimal draw with the fused flag on is ``MINIMAL_FUSED_CONFIG``, the same config fused.
 
 Bounds (diffmoe.fuzz.bounds, `moe_configs(bounds=...)`, `diffmoe fuzz --topk 1..2`): every bounded
@@ -105,7 +110,7 @@ from hypothesis.strategies import SearchStrategy
 
 from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.problem.config import (
-    ACT_SCALES_OF_SCHEME, ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, MAX_TOKENS, PLANNERS, QUANT_BLOCK,
+    ACT_SCALES_OF_SCHEME, ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_OUTLIER_CHANNELS, MAX_SHARED_EXPERTS, MAX_TOKENS, PLANNERS, QUANT_BLOCK,
     QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS, SCALE_PAIRS, WEIGHT_SCALES_OF_SCHEME, MoEConfig, check_int,
 )
 from diffmoe.adapters.contract import SCHEDULE_KINDS, Schedule
@@ -175,6 +180,8 @@ MINIMAL_CONFIG = MoEConfig(
     expert_map=None,
     skew="uniform",
     seed=0,
+    expert_scale_spread=0,  # the drawn inputs shrink to off, below the defaults (issue 42)
+    outlier_channels=0,
 )
 MINIMAL_FUSED_CONFIG = MINIMAL_CONFIG.replace(fused=True)
 
@@ -280,7 +287,7 @@ def moe_configs(
     planner: "fixed"/"legacy" pins it; None draws either. quant: pins a scheme or a list of
     schemes (kept in QUANT_ORDER). fused: None draws it for FP8 schemes; True/False pins it.
     expert_map: False never draws a map. The budgets bound T*K*max(H, I) and E*2I*H.
-    inputs: False never draws the opt-in inputs (call_tokens, router, spread, tie_heavy).
+    inputs: False never draws the opt-in inputs (call_tokens, router, spread, outliers, tie_heavy): each keeps its default.
     special_rows: True (default) draws all-zero, NaN and Inf rows at the module's shares; False never.
     features: True also draws the MoE-model features (swiglu_limit, dropped_slots, shared_experts).
     bounds: pins and ranges of any field (diffmoe.fuzz.bounds; `diffmoe fuzz --topk 1..2`), drawn
@@ -371,6 +378,10 @@ def moe_configs(
         # 33 routed rows to 34); each shrinks to the scheme's own weights and no scaling factor
         if other_weight_scales(q) and draw(st.booleans()):
             extra["weight_scales"] = draw(st.sampled_from(other_weight_scales(q)))
+        if inputs:
+            extra["outlier_channels"] = draw(st.integers(0, MAX_OUTLIER_CHANNELS))
+        if b:
+            extra = draw(_within_bounds(b, extra, LAST_FIELDS))
         if features:
             scaled, factor = draw(st.tuples(st.tuples(st.booleans(), st.booleans()).map(all),
                                             st.sampled_from(ROUTED_SCALING_FACTORS)))
@@ -404,6 +415,7 @@ def moe_configs(
 # The opt-in fields a bound may override after the sizes are drawn: the inputs (before the special
 # rows, which are cut to the call's tokens), then the rest.
 INPUT_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "tie_heavy")
+LAST_FIELDS = ("outlier_channels",)
 LATER_FIELDS = ("zero_rows", "nan_rows", "inf_rows", "random_orders", "numerics", "swiglu_limit", "dropped_slots",
                 "shared_experts")
 _DEFAULTS = MoEConfig()

@@ -45,6 +45,26 @@ ROUTERS = ("random-k", "softmax-topk")
 # equal amaxes, using one expert's scale for all of them is invisible). 4 octaves keep every
 # intermediate far from bf16 overflow (weights at most 16x their unscaled bound).
 MAX_EXPERT_SCALE_SPREAD = 4
+# The spread every problem has unless turned off (issue 42): with none, at H, I >= 256 every
+# expert's weight amax is the 4-std clamp, so a kernel scaling every expert by expert 0's
+# per-tensor scale passed a default check (vLLM 0.28.0's defect did at seed 0). Two octaves: two
+# experts' scales then differ by 2^d, d the difference of two uniform draws in [-2, 2]
+# (triangular on [-4, 4]), under 5 % (|d| < 0.07) for about 3.5 % of expert pairs, against
+# about 1.8 % at 4 octaves; and the largest expert stays within 16x of the smallest (256x at
+# 4), so no expert's contribution to a token hides inside another's tolerance.
+DEFAULT_EXPERT_SCALE_SPREAD = 2
+# Outlier input channels per expert and weight (issue 42): each local expert's w1 and w2 have
+# this many input columns (of H for w1, of I for w2; at most the width) multiplied by 2^v, v
+# uniform in OUTLIER_OCTAVES, as real checkpoints' weights have a few channels far above the
+# rest. Each expert's largest outlier sets its per-tensor and per-channel amax, so scales differ
+# across experts even without a spread, and a block holding an outlier column has another scale
+# than its neighbours. Four: a few per expert (3 % of the columns at H = 128; the columns are
+# drawn uniformly, so at H = 512 about one 128-wide block in three of an expert holds none).
+DEFAULT_OUTLIER_CHANNELS = 4
+MAX_OUTLIER_CHANNELS = 16
+# 2x..8x the channel's values: with the spread, a weight stays within 32 * 4 = 128x its
+# unscaled 4-std bound, far from bf16 overflow (every FP8 scale is derived from the amax).
+OUTLIER_OCTAVES = (1.0, 3.0)
 # Random program orders a check runs beside identity and reversed (each one more run of the
 # implementation, judged bitwise against the first). Two by default: one random order found
 # every program-order mutant of the bug zoo, a second one is cheap insurance for races that
@@ -201,9 +221,18 @@ def _bounded_int(text: str) -> int:
 
 
 # Fields beyond the problem's core description, named in summaries and commands only when set.
-OPT_IN_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "zero_rows", "nan_rows", "inf_rows",
-                  "tie_heavy", "random_orders", "numerics", "swiglu_limit", "dropped_slots", "shared_experts",
-                  "weight_scales", "act_scales", "routed_scaling_factor")
+OPT_IN_FIELDS = ("call_tokens", "router", "renormalize", "expert_scale_spread", "outlier_channels", "zero_rows",
+                  "nan_rows", "inf_rows", "tie_heavy", "random_orders", "numerics", "swiglu_limit", "dropped_slots",
+                  "shared_experts", "weight_scales", "act_scales", "routed_scaling_factor")
+# Fields whose default changed (issue 42: 0 before, the spread and outliers every problem now
+# has), named in every replay command whatever their value, so a command means the same problem
+# under any later default. A command printed before the change that names neither rebuilt 0 and 0:
+# `--expert-scale-spread 0 --outlier-channels 0` replays it (docs/inputs.md).
+ALWAYS_NAMED = ("expert_scale_spread", "outlier_channels")
+# outlier_channels is omitted from a config's JSON when 0, so a config without outliers serialises
+# as every config did before the field existed (stored reproducers and their checksums unchanged);
+# a JSON that names expert_scale_spread but not outlier_channels is such a config (to_json writes
+# every other field) and means 0 outliers. A hand-written file naming neither gets the defaults.
 # Fields a config's JSON names only when they are set: a config without them serialises exactly as
 # it did before they existed, so stored reproducers and their checksums stay as they were.
 OMITTED_WHEN_DEFAULT = ("weight_scales", "act_scales", "routed_scaling_factor")
@@ -236,7 +265,11 @@ class MoEConfig:
             the first call_tokens tokens, as an engine's smaller batches do.
         router: one of ROUTERS (see there); renormalize divides softmax-topk's K weights by
             their sum (softmax-topk only).
-        expert_scale_spread: octaves of per-expert weight scale spread, 0..MAX_EXPERT_SCALE_SPREAD.
+        expert_scale_spread: octaves of per-expert weight scale spread, 0..MAX_EXPERT_SCALE_SPREAD
+            (default DEFAULT_EXPERT_SCALE_SPREAD; 0 before issue 42).
+        outlier_channels: input channels of each local expert's w1 and w2 scaled up as outliers,
+            0..MAX_OUTLIER_CHANNELS (default DEFAULT_OUTLIER_CHANNELS); a config JSON naming
+            expert_scale_spread but not this field means 0 (see to_dict).
         zero_rows, nan_rows, inf_rows: tokens of the call made all-zero, holding one NaN, or
             holding one +-Inf (distinct tokens, together at most the call's T); opt-in inputs
             whose propagation reference/moe.py specifies.
@@ -287,7 +320,8 @@ class MoEConfig:
     call_tokens: int | None = None
     router: str = "random-k"
     renormalize: bool = False
-    expert_scale_spread: int = 0
+    expert_scale_spread: int = DEFAULT_EXPERT_SCALE_SPREAD
+    outlier_channels: int = DEFAULT_OUTLIER_CHANNELS
     zero_rows: int = 0
     nan_rows: int = 0
     inf_rows: int = 0
@@ -472,6 +506,7 @@ class MoEConfig:
         if self.renormalize and self.router != "softmax-topk":
             raise ValueError(f"renormalize applies to router='softmax-topk' only, got router={quoted(self.router)}")
         check_int("expert_scale_spread", self.expert_scale_spread, 0, MAX_EXPERT_SCALE_SPREAD)
+        check_int("outlier_channels", self.outlier_channels, 0, MAX_OUTLIER_CHANNELS)
         check_int("random_orders", self.random_orders, 0, MAX_RANDOM_ORDERS)
         t = self.call_num_tokens
         for name in ("zero_rows", "nan_rows", "inf_rows"):
@@ -561,6 +596,8 @@ class MoEConfig:
         for name in OMITTED_WHEN_DEFAULT:
             if d[name] is None:
                 del d[name]
+        if d["outlier_channels"] == 0:
+            del d["outlier_channels"]
         return d
 
     def to_json(self) -> str:
@@ -576,6 +613,8 @@ class MoEConfig:
             shown = quoted(unknown, 200)
             raise ValueError(f"unknown config field(s) {shown}; allowed: {sorted(known)}")
         data = dict(data)
+        if "expert_scale_spread" in data and "outlier_channels" not in data:  # written before the field existed
+            data["outlier_channels"] = 0
         em = data.get("expert_map")
         if em is not None:
             if not isinstance(em, list):

@@ -12,10 +12,13 @@ same weights; `Problem.num_tokens` is the T of the call.
 Inputs a config opts into (each drawn from its own generator, seeded from `config.seed` and
 the input's name, so a config without them is bitwise the problem it always was):
 `router="softmax-topk"` (softmax over E logits, top-K, optional renormalisation),
-`expert_scale_spread` (per-expert weight scales), `tie_heavy` hidden states, the
+`expert_scale_spread` (per-expert weight scales), `outlier_channels` (a few input channels of
+each expert's weights scaled up), `tie_heavy` hidden states, the
 all-zero / NaN / Inf rows (`zero_rows`, `nan_rows`, `inf_rows`) among the call's tokens, and
 `dropped_slots` (-1 ids). `shared_experts` changes the routing itself (the router draws K-S
 slots among the first E-S experts; the shared experts fill the last S slots), so no stream.
+The spread and the outliers are on by default (config.DEFAULT_EXPERT_SCALE_SPREAD,
+DEFAULT_OUTLIER_CHANNELS; issue 42), so that default inputs tell experts apart; 0 turns each off.
 
 Value bounds (why quantisation never overflows): hidden states are standard normal clamped
 to [-4, 4]; weights are normal with std 1/sqrt(fan_in) clamped to 4 std. Every scale is
@@ -32,7 +35,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from diffmoe.problem.config import QUANT_BLOCK, SHARED_EXPERT_WEIGHT, MoEConfig
+from diffmoe.problem.config import OUTLIER_OCTAVES, QUANT_BLOCK, SHARED_EXPERT_WEIGHT, MoEConfig
 from diffmoe.problem.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, weight_scale_shape
 
 # Floor for a weight scale (an all-zero weight block would otherwise divide by zero).
@@ -132,7 +135,8 @@ def _route(config: MoEConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch
 
 
 # Streams of the opt-in inputs: each has its own generator, so turning one on changes nothing else.
-_STREAMS = {"router": 1, "expert_scale_spread": 2, "tie_heavy": 3, "special_rows": 4, "dropped_slots": 5}
+_STREAMS = {"router": 1, "expert_scale_spread": 2, "tie_heavy": 3, "special_rows": 4, "dropped_slots": 5,
+            "outlier_channels": 6}
 # Tie-heavy amax: 448 * 2^-7, so scale = amax / 448 is exactly 2^-7 and a code is x * 128 exactly.
 TIE_HEAVY_AMAX = 3.5
 # Significant bits of a tie-heavy value: e4m3 keeps 4 (1 + 3 mantissa bits), so with 5 about
@@ -183,6 +187,19 @@ def _spread_experts(config: MoEConfig, w: torch.Tensor, gen: torch.Generator) ->
     s = config.expert_scale_spread
     factors = torch.pow(2.0, torch.rand(w.shape[0], generator=gen) * 2 * s - s)  # [L]
     return (w.float() * factors[:, None, None]).to(torch.bfloat16)
+
+
+def _outlier_channels(config: MoEConfig, w: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """[L, N, C] bf16 -> each expert's min(outlier_channels, C) input columns, distinct and drawn
+    per expert, times 2^v, v uniform in OUTLIER_OCTAVES (per expert and column)."""
+    n_exp, _, c = w.shape
+    count = min(config.outlier_channels, c)
+    lo, hi = OUTLIER_OCTAVES
+    factors = torch.ones(n_exp, c)  # [L, C]
+    for e in range(n_exp):
+        cols = torch.randperm(c, generator=gen)[:count]
+        factors[e, cols] = torch.pow(2.0, lo + (hi - lo) * torch.rand(count, generator=gen))
+    return (w.float() * factors[:, None, :]).to(torch.bfloat16)
 
 
 def _tie_heavy(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -277,6 +294,9 @@ def make_problem(config: MoEConfig, device: torch.device | str = "cpu", *, num_t
     if config.expert_scale_spread:
         spread = _stream(config, "expert_scale_spread")
         w1_master, w2_master = _spread_experts(config, w1_master, spread), _spread_experts(config, w2_master, spread)
+    if config.outlier_channels:
+        outliers = _stream(config, "outlier_channels")
+        w1_master, w2_master = _outlier_channels(config, w1_master, outliers), _outlier_channels(config, w2_master, outliers)
     if config.tie_heavy:
         hidden = _tie_heavy(hidden, _stream(config, "tie_heavy"))
     if config.special_rows:
