@@ -66,7 +66,7 @@ SERIES_SKIP_KEY = "call-sequence series"
 # checks of tests/test_oracles_quiet.py drew 147 distinct series configs with these kept, 1.55 s of
 # a 2-core machine's time each).
 SERIES_DATA = dict(zero_rows=0, nan_rows=0, inf_rows=0, skew="uniform", router="random-k", renormalize=False,
-                   expert_scale_spread=0, tie_heavy=False, random_orders=0, dropped_slots=0)
+                   expert_scale_spread=0, outlier_channels=0, tie_heavy=False, random_orders=0, dropped_slots=0)
 
 
 def series_sizes(largest: int) -> list[int]:
