@@ -115,8 +115,9 @@ def series_findings(check: Check) -> list[Finding]:
     if not sequence:
         return []
     if check.findings or (check.out_of_bounds and check.selected(Oracles.BOUNDS)):
-        # the check has failed already (refused accesses are worded by the bounds oracle at its end): the series' 33 calls would change no verdict (a kernel
-        # found only by the series is found on a check that passed everything else)
+        # the check has failed already (refused accesses are worded by the bounds oracle at its
+        # end): the series' 33 calls would change no verdict (a kernel found only by the series is
+        # found on a check that passed everything else)
         check.skipped.setdefault(SERIES_SKIP_KEY, "not run: the check had already failed")
         return []
     key = _passed_key(check, config)
