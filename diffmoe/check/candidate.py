@@ -79,6 +79,7 @@ class Run:
     reported: set[str] = field(default_factory=set)  # intermediates run() returned itself
     addresses: Any = None  # the interpreter's per-program address record (RaceRecorder), first run only
     out_of_bounds: list = field(default_factory=list)  # accesses the bounds guard refused (bounds_guard.OutOfBounds)
+    wraps: list = field(default_factory=list)  # accesses through wrapped integer offsets (wrap_watch.AddressWrap)
     unwritten_reads: list = field(default_factory=list)  # reads of bytes nothing wrote (watchers.UnwrittenReads)
     storages: dict = field(default_factory=dict)  # first address of each named tensor of the call -> its name
 
@@ -301,12 +302,14 @@ class Candidate:
                        stage: str | None = None) -> Iterator[Any]:
         """One call under the bounds guard (diffmoe/interpreter/bounds_guard.py: on under the interpreter
         whatever the selection); yields the guard (a LaunchRecorder, its refused accesses in `events`)
-        or None where it cannot hook (the reason in `skipped` under the bounds oracle's name)."""
+        or None where it cannot hook (the reason in `skipped` under the bounds and overflow oracles'
+        names: the overflow watch runs inside the guard, diffmoe/interpreter/wrap_watch.py)."""
         from diffmoe.interpreter.bounds_guard import guard_for_call  # imports triton
 
         guard, why = guard_for_call(named, stage)
         if guard is None:
             skipped.setdefault(Oracles.BOUNDS, why)
+            skipped.setdefault(Oracles.OVERFLOW, why)
         with guard or nullcontext():
             yield guard
 
@@ -387,7 +390,8 @@ class Candidate:
             self.late.given({n: t for n, t in problem.inputs().items() if n in TOKEN_FIELDS}, what,
                             covered=self.problem.inputs().values())
         return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates),
-                   out_of_bounds=refused, unwritten_reads=unwritten.found, storages=storages)
+                   out_of_bounds=refused, wraps=guard.wraps if guard else [], unwritten_reads=unwritten.found,
+                   storages=storages)
 
     def series(self, config: MoEConfig, problems: dict[int, Problem], calls: Sequence[tuple[int, bool]],
                schedule: Schedule, whats: Sequence[str],

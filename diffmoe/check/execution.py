@@ -106,6 +106,7 @@ class Check:
         # selected oracles that could not run on this check, and why (the report says so)
         self.skipped: dict[str, str] = {}
         self.out_of_bounds: list = []  # every access the bounds guard refused, every call, in order
+        self.wraps: list = []  # every access through a wrapped integer offset, every run, in order (wrap_watch.py)
         self.storages: dict[int, str] = {}  # first address of each named tensor of a call -> its name (the candidate's addresses)
 
     def selected(self, oracle: str) -> bool:
@@ -172,9 +173,10 @@ class Check:
             raise
         self.findings += executed.findings
         self.out_of_bounds += executed.run.out_of_bounds
+        self.wraps += executed.run.wraps
         self.storages.update(executed.run.storages)
         for name, why in executed.skipped.items():
-            if name != Oracles.BOUNDS or self.selected(name):
+            if name not in (Oracles.BOUNDS, Oracles.OVERFLOW) or self.selected(name):
                 self.skipped.setdefault(name, why)
         self.settle_uncomputed_rows(executed.run.buffers, problem)
         return executed.run

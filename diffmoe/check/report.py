@@ -30,6 +30,7 @@ class Oracles:
     STATIC_ALIASING = "static-aliasing"  # the declared plan alone
     RUNTIME_ALIASING = "runtime-aliasing"  # the views each launch really used
     BOUNDS = "bounds"  # every interpreted load and store inside its launch's allocations (refused otherwise)
+    OVERFLOW = "overflow"  # no interpreted load or store through an integer offset that wrapped
     RACES = "races"  # per-program addresses under the interpreter
     STORE_EXTENT = "store-extent"  # every stored byte inside the launch's declared write views (interpreter)
     CALL_SEQUENCE = "call-sequence"  # a call does not depend on the calls before it on the same workspaces

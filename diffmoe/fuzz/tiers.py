@@ -49,10 +49,11 @@ TIER_FULL = "full"
 EXECUTION_TIERS = (TIER_RUN, TIER_FULL)
 
 # One run, judged from its output, its memory record and the plan (see the module doc).
-# The bounds guard runs under every call whatever the selection, so its oracle costs nothing here.
+# The bounds guard (and the overflow watch with it) runs under every call whatever the selection,
+# so their oracles cost nothing here.
 CHEAP_ORACLES = (
     Oracles.STATIC_ALIASING, Oracles.CONTRACT, Oracles.DIFFERENTIAL, Oracles.RUNTIME_ALIASING,
-    Oracles.BOUNDS, Oracles.RACES, Oracles.STORE_EXTENT, Oracles.RED_ZONE, Oracles.BATCH_INVARIANCE,
+    Oracles.BOUNDS, Oracles.OVERFLOW, Oracles.RACES, Oracles.STORE_EXTENT, Oracles.RED_ZONE, Oracles.BATCH_INVARIANCE,
 )
 # 1 in 8: the five full-only bug classes are still met within the first few dozen examples,
 # while the cheap set carries seven examples in eight (bench/bench_fuzz.py times both tiers).

@@ -46,7 +46,9 @@ import numpy as np
 
 from diffmoe.adapters.contract import LaunchInfo
 from diffmoe.interpreter.triton_pin import pinned_interpreter_problem, triton_release
+from diffmoe.interpreter import wrap_watch
 from diffmoe.interpreter.address_analysis import _access_intervals, _element_bytes, _view_extent
+from diffmoe.interpreter.wrap_watch import AddressWrap, Wrap, live_wraps
 
 SUPPORTED_TRITON = (3, 9)
 # method: (access kind, pointer parameter, mask parameter), a parameter as (position after self,
@@ -257,6 +259,13 @@ def _refused(launch: _Launch, ptrs: Any, mask: Any) -> tuple[np.ndarray, int] | 
 _SCRATCH = np.zeros(2, dtype=np.int64)  # a compare-and-swap's refused lanes land here
 
 
+def _program(builder: Any) -> tuple[int, tuple[int, int, int]]:
+    """(the linear index of the program in flight, the grid)."""
+    grid = tuple(getattr(builder, "grid_dim", (1, 1, 1)))
+    x, y, z = getattr(builder, "grid_idx", None) or (-1, 0, 0)
+    return int(x + y * grid[0] + z * grid[0] * grid[1]), grid
+
+
 def _hooked(original: Any, kind: str, ptr: tuple[int, str], mask: tuple[int, str] | None) -> Any:
     def method(self, *args, **kwargs):
         launch = getattr(_state, "launch", None)
@@ -275,15 +284,18 @@ def _hooked(original: Any, kind: str, ptr: tuple[int, str], mask: tuple[int, str
 
         ptrs = get(ptr)
         m = get(mask) if mask is not None else None
+        wrapped = live_wraps(ptrs, m)
+        if wrapped is not None:
+            pid, grid = _program(self)
+            for guard, index in launch.guards:
+                guard._wrapped(index, launch, kind, pid, grid, *wrapped)
         verdict = _refused(launch, ptrs, m)
         if verdict is None:
             return original(self, *args, **kwargs)
         refused, home = verdict
         addresses = _addresses(ptrs)
         bad = np.broadcast_to(addresses, refused.shape)[refused]
-        grid = tuple(getattr(self, "grid_dim", (1, 1, 1)))
-        x, y, z = getattr(self, "grid_idx", None) or (-1, 0, 0)
-        pid = int(x + y * grid[0] + z * grid[0] * grid[1])
+        pid, grid = _program(self)
         for guard, index in launch.guards:
             guard._refuse(index, launch, kind, pid, grid, bad, _element_bytes(ptrs), home)
         from triton.runtime.interpreter import TensorHandle
@@ -310,6 +322,10 @@ def _install() -> None:
         original = builder_cls.__dict__[name]
         _originals[(builder_cls, name)] = original
         setattr(builder_cls, name, _hooked(original, kind, ptr, mask))
+    for name, hook in wrap_watch.HOOKS.items():  # the overflow watch's marks (diffmoe/interpreter/wrap_watch.py)
+        original = builder_cls.__dict__[name]
+        _originals[(builder_cls, name)] = original
+        setattr(builder_cls, name, hook(original, name))
     executor_cls = interpreter.GridExecutor
     for name, wrap in (("_init_args_hst", _hooked_init_args), ("_restore_args_dev", _hooked_restore)):
         original = executor_cls.__dict__[name]
@@ -339,12 +355,14 @@ class MemoryGuard:
         self._named = dict(named or {})
         self._stage = stage  # of launches no LaunchInfo announces (teacher forcing's run_stage)
         self.events: list[OutOfBounds] = []
+        self.wraps: list[AddressWrap] = []  # accesses through wrapped offsets (wrap_watch.py): performed, not refused
         self._depth = 0
         self._launches = 0
         self._announced: list[LaunchInfo] = []
         self._announced_count = 0
         # one event per (launch, access kind, allocation): a slip repeats in every program
         self._by_key: dict[tuple[int, str, int], tuple[OutOfBounds, set[int]]] = {}
+        self._wraps_by_key: dict[tuple, tuple[AddressWrap, set[int]]] = {}
 
     # -- LaunchRecorder protocol
     def before_launch(self, launch: LaunchInfo) -> None:
@@ -421,6 +439,23 @@ class MemoryGuard:
                             views=self._views())
         self._by_key[key] = (event, {pid})
         self.events.append(event)
+
+
+    def _wrapped(self, index: int, launch: _Launch, kind: str, pid: int, grid: tuple[int, int, int],
+                 wrap: Wrap, lanes: int) -> None:
+        key = (index, kind, wrap.file, wrap.line)  # one event per launch, access kind and line that wrapped
+        if key in self._wraps_by_key:
+            event, programs = self._wraps_by_key[key]
+            event.lanes += lanes
+            programs.add(pid)
+            event.programs = len(programs)
+            return
+        info = self._announced[-1] if self._announced else None
+        event = AddressWrap(index, launch.kernel, kind, pid, grid, wrap, lanes, 1,
+                            stage=info.stage if info is not None else self._stage,
+                            announced=getattr(self, "_announced_index", None) if info is not None else None)
+        self._wraps_by_key[key] = (event, {pid})
+        self.wraps.append(event)
 
 
 def _nearest(allocations: tuple[Allocation, ...], start: int, end: int) -> Allocation | None:

@@ -38,6 +38,7 @@ _CLASSES = (
     ("diffmoe.check.recording", "RecordedLaunch"), ("diffmoe.check.recording", "TensorRegion"),
     ("diffmoe.check.recording", "StoreGap"),
     ("diffmoe.interpreter.bounds_guard", "OutOfBounds"), ("diffmoe.interpreter.bounds_guard", "Allocation"),
+    ("diffmoe.interpreter.wrap_watch", "AddressWrap"), ("diffmoe.interpreter.wrap_watch", "Wrap"),
     ("diffmoe.isolation.messages", "Handle"), ("diffmoe.isolation.messages", "RemoteWorkspaces"),
     ("diffmoe.isolation.messages", "RemoteOutput"), ("diffmoe.isolation.messages", "AddressVerdicts"),
     ("diffmoe.isolation.messages", "Unsendable"),

@@ -28,6 +28,7 @@ REGISTRY: tuple[tuple[str, str], ...] = (
     ("static-aliasing", "diffmoe.oracles.static_aliasing:StaticAliasing"),
     ("runtime-aliasing", "diffmoe.oracles.runtime_aliasing:RuntimeAliasing"),
     ("bounds", "diffmoe.oracles.bounds:Bounds"),
+    ("overflow", "diffmoe.oracles.overflow:Overflow"),
     ("races", "diffmoe.oracles.races:Races"),
     ("store-extent", "diffmoe.oracles.store_extent:StoreExtent"),
     ("schedule", "diffmoe.oracles.schedule:ScheduleOracle"),
