@@ -59,12 +59,17 @@ SERIES_WIDTH = 128
 # either way), so the width stays the floor every scheme accepts.
 SERIES_EXPERTS = 2
 SERIES_TOPK = 2
+# The one value of each number that only selects a path by being set (gpt-oss's SwiGLU clamp,
+# DeepSeek-V3's routed scaling factor).
+SERIES_SWIGLU_LIMIT = 7.0
+SERIES_ROUTED_SCALE = 2.5
 # The report's `skipped` entry of a series not run or not judged (the rest of call-sequence ran).
 SERIES_SKIP_KEY = "call-sequence series"
 # The fields that shape the inputs' values only, never which code path a kernel takes: the series
 # draws them all the same way, so checks that differ in them share one series (measured: the 203
-# checks of tests/test_oracles_quiet.py drew 147 distinct series configs with these kept, 1.55 s of
-# a 2-core machine's time each).
+# checks of tests/test_oracles_quiet.py drew 147 distinct series configs with these kept, 91 with
+# them drawn one way, and 65 with the sizes and numbers canonical too (_canonical, 2026-12-07), each
+# 1.55 s of a 2-core machine's time).
 SERIES_DATA = dict(zero_rows=0, nan_rows=0, inf_rows=0, skew="uniform", router="random-k", renormalize=False,
                    expert_scale_spread=0, outlier_channels=0, tie_heavy=False, random_orders=0, dropped_slots=0)
 
@@ -83,19 +88,38 @@ def series_sizes(largest: int) -> list[int]:
     return sequence
 
 
+def _canonical(cfg: MoEConfig) -> list[dict]:
+    """The canonical cuts of `cfg`, most canonical first: its path (scheme, fusion, placements,
+    routing, granularities, whether it has an expert map, shared experts, a SwiGLU clamp, a routed
+    scaling factor) at one shape and one value of each number."""
+    topk = min(cfg.topk, SERIES_TOPK)
+    fields = dict(num_experts=max(SERIES_EXPERTS, topk), topk=topk, hidden=SERIES_WIDTH, inter=SERIES_WIDTH,
+                  shared_experts=min(cfg.shared_experts, max(topk - 1, 0)),
+                  swiglu_limit=None if cfg.swiglu_limit is None else SERIES_SWIGLU_LIMIT,
+                  routed_scaling_factor=None if cfg.routed_scaling_factor is None else SERIES_ROUTED_SCALE)
+    if cfg.expert_map is None:
+        return [fields]
+    # an expert map of its own size: one local expert and one that is not (either way round)
+    experts = fields["num_experts"]
+    return [{**fields, "expert_map": tuple(0 if e == local else -1 for e in range(experts))} for local in range(experts)]
+
+
 def series_config(check: Check) -> tuple[MoEConfig, Problem]:
-    """The series' config and problem: the check's config with T = SERIES_MAX_TOKENS, E <=
-    SERIES_EXPERTS, K <= SERIES_TOPK, H, I <= SERIES_WIDTH, seed 0 and no special rows, when it is
-    valid and the implementation runs it, with the inputs' data fields drawn one way (SERIES_DATA);
-    else that cut keeping E and K (an expert map, shared experts tied to E); else the check's own
-    config and problem (its first tokens). The series judges a kernel's path (its scheme, fusion,
-    placements, workspaces, activation), not its data: checks that differ only in sizes, seed or
-    the inputs' data share one series config, and a process runs the series once for them (_PASSED)."""
+    """The series' config and problem: the check's path at one canonical shape (_canonical: T =
+    SERIES_MAX_TOKENS, E = SERIES_EXPERTS, K <= SERIES_TOPK, H = I = SERIES_WIDTH, seed 0, the
+    inputs' data fields drawn one way, SERIES_DATA) when it is valid and the implementation runs
+    it; else the check's config with T, E, K, H and I cut (E and K kept where an expert map or
+    shared experts tie them); else the check's own config and problem (its first tokens). The
+    series judges a kernel's history on its path (scheme, fusion, placements, workspaces,
+    activation), not its sizes or data, which the check's own calls judge: checks of one path share
+    one series config, and a process runs the series once for them (_PASSED)."""
     cfg = check.config
     topk = min(cfg.topk, SERIES_TOPK)
-    cut = dict(num_tokens=SERIES_MAX_TOKENS, call_tokens=None, hidden=min(cfg.hidden, SERIES_WIDTH),
-               inter=min(cfg.inter, SERIES_WIDTH), seed=0, **SERIES_DATA)
-    for fields in ({**cut, "num_experts": max(min(cfg.num_experts, SERIES_EXPERTS), topk), "topk": topk}, cut):
+    common = dict(num_tokens=SERIES_MAX_TOKENS, call_tokens=None, seed=0, **SERIES_DATA)
+    cut = dict(common, hidden=min(cfg.hidden, SERIES_WIDTH), inter=min(cfg.inter, SERIES_WIDTH))
+    candidates = [{**common, **fields} for fields in _canonical(cfg)]
+    candidates += [{**cut, "num_experts": max(min(cfg.num_experts, SERIES_EXPERTS), topk), "topk": topk}, cut]
+    for fields in candidates:
         try:
             small = dataclasses.replace(cfg, **fields)
             small.validate()
