@@ -179,9 +179,12 @@ def _hooked_unary(original: Any, name: str) -> Any:
 
     def method(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        marks = [(i, _mark_of(a)) for i, a in enumerate(args) if _mark_of(a) is not None]
-        if not marks:
+        for arg in args:  # the common case first: no operand marked, nothing to do
+            if getattr(arg, MARK, None) is not None:
+                break
+        else:
             return out
+        marks = [(i, _mark_of(a)) for i, a in enumerate(args) if _mark_of(a) is not None]
         wrap = marks[0][1].wrap
         if name == "create_addptr":
             ptr, offset = args[0], args[1]
