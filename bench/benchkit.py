@@ -206,3 +206,24 @@ def replace_between_markers(path: str, text: str, start: str, end: str) -> bool:
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(new)
     return True
+
+
+# A default check of a small fused fp8-token config: what the watch benchmarks (bench_store_watch.py,
+# bench_overflow_watch.py) time with their watch on and off.
+WATCH_CONFIG = MoEConfig(num_tokens=16, num_experts=8, topk=2, hidden=128, inter=128, quant="fp8-token", fused=True,
+                         output="separate", seed=0)
+
+
+def time_a_default_check(benchmark, device: torch.device, group: str, side: str, config: MoEConfig = WATCH_CONFIG) -> None:
+    """Time one default check (every default oracle and schedule) in the judge's process, 7
+    rounds after a first call that pays the interpreter's first-call costs."""
+    from diffmoe.check.runner import DEFAULT_INTERPRETER_TIME_LIMIT, run_differential
+
+    def check():
+        return run_differential(config, device=device, isolation="none", time_limit=DEFAULT_INTERPRETER_TIME_LIMIT)
+
+    report = check()
+    assert report.passed, report.render()
+    benchmark.group = group
+    benchmark.pedantic(check, rounds=7, iterations=1)
+    benchmark.extra_info.update({"side": side, "config": config.to_dict()})

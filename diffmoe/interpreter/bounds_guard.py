@@ -426,36 +426,39 @@ class MemoryGuard:
         if nearest is not None:  # an element straddling its end
             outside -= int(np.clip(np.minimum(ends, nearest.end) - np.maximum(starts, nearest.start), 0, None).sum())
         key = (index, kind, -1 if nearest is None else nearest.start)
-        if key in self._by_key:
-            event, programs = self._by_key[key]
-            event.nbytes += outside
-            programs.add(pid)
-            event.programs = len(programs)
+        if self._counted(self._by_key, key, pid, "nbytes", outside):
             return
-        info = self._announced[-1] if self._announced else None
         event = OutOfBounds(index, launch.kernel, kind, pid, grid, (int(starts[0]), int(ends[0])), outside, 1, nearest,
-                            stage=info.stage if info is not None else self._stage,
-                            announced=getattr(self, "_announced_index", None) if info is not None else None,
-                            views=self._views())
+                            **self._stage_of_launch(), views=self._views())
         self._by_key[key] = (event, {pid})
         self.events.append(event)
-
 
     def _wrapped(self, index: int, launch: _Launch, kind: str, pid: int, grid: tuple[int, int, int],
                  wrap: Wrap, lanes: int) -> None:
         key = (index, kind, wrap.file, wrap.line)  # one event per launch, access kind and line that wrapped
-        if key in self._wraps_by_key:
-            event, programs = self._wraps_by_key[key]
-            event.lanes += lanes
-            programs.add(pid)
-            event.programs = len(programs)
+        if self._counted(self._wraps_by_key, key, pid, "lanes", lanes):
             return
-        info = self._announced[-1] if self._announced else None
-        event = AddressWrap(index, launch.kernel, kind, pid, grid, wrap, lanes, 1,
-                            stage=info.stage if info is not None else self._stage,
-                            announced=getattr(self, "_announced_index", None) if info is not None else None)
+        event = AddressWrap(index, launch.kernel, kind, pid, grid, wrap, lanes, 1, **self._stage_of_launch())
         self._wraps_by_key[key] = (event, {pid})
         self.wraps.append(event)
+
+    @staticmethod
+    def _counted(table: dict, key: tuple, pid: int, amount: str, add: int) -> bool:
+        """Add to the event already recorded under `key` (a slip repeats in every program): its
+        `amount` and its programs; False when there is none yet."""
+        if key not in table:
+            return False
+        event, programs = table[key]
+        setattr(event, amount, getattr(event, amount) + add)
+        programs.add(pid)
+        event.programs = len(programs)
+        return True
+
+    def _stage_of_launch(self) -> dict:
+        """The stage and announced index of the launch in flight (or the guard's own stage)."""
+        info = self._announced[-1] if self._announced else None
+        return dict(stage=info.stage if info is not None else self._stage,
+                    announced=getattr(self, "_announced_index", None) if info is not None else None)
 
 
 def _nearest(allocations: tuple[Allocation, ...], start: int, end: int) -> Allocation | None:
