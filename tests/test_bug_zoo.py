@@ -99,7 +99,6 @@ def test_registry_is_consistent():
             assert getattr(importlib.import_module(module), attr) is mutant.factory, mutant.name
 
 
-@pytest.mark.slow
 # Oracles whose lonely bug needs a production shape: a wrap at a unit test's size can only be
 # planted (a multiplier standing in for a 2^31-element tensor), and a planted one lands outside the
 # tensor or on a wrong value, so bounds or the differential see it too; the oracle's own tests say
@@ -107,6 +106,7 @@ def test_registry_is_consistent():
 NEEDS_A_REAL_SHAPE = {Oracles.OVERFLOW: "tests/test_overflow.py"}
 
 
+@pytest.mark.slow
 def test_every_oracle_has_a_mutant_that_it_alone_catches():
     # Each oracle earns its place: some bug is seen by it and by no other oracle.
     alone = {o: [] for o in ALL_ORACLES}
