@@ -36,6 +36,11 @@ MAX_EXAMPLES = 60
 # second call's amax moves the codes in 60 examples, 2026-12-05) until the strategies drew the
 # outlier channels (issue 42): seed 0 now finds it within 60 examples and its mark went (2026-12-06).
 RARELY_DRAWN = {"input-router-weight-dropped"}
+# tile-from-batch-size shows only where the bf16 output keeps a float32 reordering's last bit: the
+# default fuzz of seed 0 met it at example 4 (issue 48), and at example 103 once the strategies drew
+# the spread and outlier channels (issue 42; `max_tokens=32, max_experts=8`, 2026-12-07, 56 s). The
+# bug zoo's own test catches the mutant at its pinned config.
+RARELY_DRAWN |= {"tile-from-batch-size"}
 
 
 def _cases():

@@ -123,14 +123,16 @@ def test_the_same_seed_draws_the_same_examples_as_each_search_alone(on_cluster, 
 
 def test_the_first_failure_ends_the_other_searches(on_cluster, tmp_path):
     """The search that did not fail stops generating soon after the other's first failure: fewer of
-    its examples are judged than its share. Seed 7's worker 2 draws T >= 87 at its 5th example and
-    worker 1 none in its 200 (found by running both searches alone): without the stop, worker 1
-    would judge all 200."""
+    its examples are judged than its share. Seed 110's worker 2 draws T = 92 at its 9th example and
+    worker 1 none in its 200 (found by running both searches alone; it was seed 7 until the
+    strategies drew the outlier channels, issue 42): without the stop, worker 1 would judge all 200."""
     log = tmp_path / "calls.jsonl"
     outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_SLEEP": "0.02", "STANDIN_FAILS": "tokens>=87"},
-                         workers=2, max_examples=400, seed=7)
+                         workers=2, max_examples=400, seed=110)
     assert not outcome.passed and not outcome.interrupted and outcome.shrink_examples > 0
-    assert outcome.report.config.num_tokens == 87 and "found by worker 2 of 2" in " ".join(outcome.notes)
+    # shrunk to T = 96, not 87: the strategies' draw of their cap (max_tokens, 96) is a simpler
+    # example to Hypothesis than a T of 87..95, so it shrinks to the cap and stops there
+    assert 87 <= outcome.report.config.num_tokens <= 96 and "found by worker 2 of 2" in " ".join(outcome.notes)
     by_pid: dict = {}
     for call in _logged(log):
         by_pid.setdefault(call["pid"], []).append(call["config"]["num_tokens"] >= 87)

@@ -29,7 +29,8 @@ from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from hang_bounds import SUBPROCESS_HANG_S
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor", "--fused"]
+SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--inter", "16", "--quant", "fp8-tensor", "--fused",
+         "--expert-scale-spread", "0", "--outlier-channels", "0"]  # MINIMAL_FUSED_CONFIG
 SPEC = f"{__name__}:exploding"  # tests/ is on sys.path (conftest.py): this module imports by its file name
 
 

@@ -129,7 +129,9 @@ def test_liger_passes_under_its_own_profile_and_is_flagged_under_diffmoes():
     and the factor was a name in a list."""
     own = run_differential(config(), factory())
     assert own.config.numerics == "liger" and own.passed, own.render()
-    report = run_differential(config(numerics="diffmoe"), factory())
+    # the figures below were measured without a spread or outlier channels (the default inputs of
+    # issue 42 give a departure of 0.87 and an activation three ulps apart: the same three findings)
+    report = run_differential(config(numerics="diffmoe", expert_scale_spread=0, outlier_channels=0), factory())
     assert {f.oracle for f in report.findings} == {"differential"}, report.render()
     assert [f.stage for f in report.findings] == [Stages.DOWN_GEMM, Stages.REDUCE, Stages.ACTIVATION], report.render()
     down, _, activation = report.findings
