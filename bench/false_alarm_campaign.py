@@ -5,6 +5,7 @@ false alarm; the exit status is 1 if there is any.
     .venv/bin/python bench/false_alarm_campaign.py --configs 300 --seed 0 --workers 2 --json-out CAMPAIGN.json
     .venv/bin/python bench/false_alarm_campaign.py --impl vllm --configs 300 --workers 2   # a peer: the configs it runs
     .venv/bin/python bench/false_alarm_campaign.py --configs 3000 --workers 64 --cluster auto   # a Ray cluster's nodes
+    .venv/bin/python bench/false_alarm_campaign.py --model glm-4.5 --ep 0/160 --configs 20   # one model's shape
 
 One line per config as it finishes (index, seconds, PASS or the findings and a replay
 command), then a summary: configs run, false alarms, wall time, and how far each axis of the
@@ -29,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diffmoe.cluster.tasks import Task, checked_cluster, run_tasks  # noqa: E402
-from diffmoe.fuzz.campaign import (DEFAULT_COST_CAP, CampaignCheck, CampaignResult, check_config, corner_configs,  # noqa: E402
+from diffmoe.fuzz.campaign import (DEFAULT_COST_CAP, CampaignCheck, CampaignResult, check_config, corner_configs, model_configs,  # noqa: E402
                                    cost_units, sampled_configs)
 from diffmoe.frontends.progress import Progress  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-out", metavar="FILE", help="write every result as JSON")
     p.add_argument("--impl", metavar="SPEC", help="implementation to judge, as diffmoe check --impl (default: the shipped one); "
                                                   "only the configs it runs are drawn")
+    p.add_argument("--model", metavar="NAME", help="every config at a real model's shape (diffmoe models lists them): the "
+                                                   "profile's other draws kept, no cost cap, no corners")
+    p.add_argument("--ep", metavar="RANK/SIZE", help="with --model: rank RANK of SIZE's expert map (diffmoe check --ep)")
     args = p.parse_args(argv)
     global _IMPLEMENTATION
     try:
@@ -101,7 +105,16 @@ def main(argv: list[str] | None = None) -> int:
                 _IMPLEMENTATION = load_implementation(args.impl)
             except UsageError as exc:
                 raise ValueError(str(exc)) from None
-        configs = campaign_configs(args.configs, args.seed, args.cost_cap, not args.no_corners, _IMPLEMENTATION[0])
+        if args.model is not None:
+            from diffmoe.frontends.models import check_fields
+
+            shape = check_fields(args, {}, {})
+            configs = [c for c in model_configs(args.configs * (DRAWS_PER_CONFIG if _IMPLEMENTATION[0] else 1), args.seed, shape)
+                       if _IMPLEMENTATION[0] is None or runs(_IMPLEMENTATION[0], c)][:args.configs]
+        elif args.ep is not None:
+            raise ValueError("--ep needs --model")
+        else:
+            configs = campaign_configs(args.configs, args.seed, args.cost_cap, not args.no_corners, _IMPLEMENTATION[0])
     except (TypeError, ValueError) as exc:
         print(f"false_alarm_campaign: {exc}", file=sys.stderr)
         return 2

@@ -227,7 +227,7 @@ BAD = [
     (["check", "--config", "/nonexistent/c.json"], "cannot read config file"),
     (["check", "--config", "c.json", "--tokens", "3"], "--config cannot be combined"),
     (["fuzz", "--max-examples", "0"], "--max-examples"),
-    (["fuzz", "--max-tokens", "999999"], "--max-tokens"),
+    (["fuzz", "--max-tokens", "9999999"], "--max-tokens"),
     (["fuzz", "--max-experts", "65"], "--max-experts"),
     (["fuzz", "--oracles", "crash"], "--oracles"),
     (["fuzz", "--save-failure", "/nonexistent/dir/f.json"], "--save-failure"),

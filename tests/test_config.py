@@ -33,7 +33,7 @@ INVALID = [
     ("expert_map", dict(num_experts=3, expert_map=(0, -2, 1)), ValueError),
     ("expert_map", dict(num_experts=2, expert_map=(-1, -1)), ValueError),
     ("expert_map", dict(num_experts=2, expert_map=("a", 0)), TypeError),
-    ("num_tokens * topk", dict(num_tokens=65536, num_experts=8, topk=8), ValueError),
+    ("num_tokens * topk", dict(num_tokens=2**20, num_experts=32, topk=32, hidden=16, inter=16), ValueError),
     # the opt-in inputs and the schedule count
     ("call_tokens", dict(num_tokens=4, call_tokens=5), ValueError),
     ("call_tokens", dict(call_tokens=-1), ValueError),

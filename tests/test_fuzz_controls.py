@@ -123,7 +123,7 @@ def test_no_bounds_draw_exactly_the_configs_they_drew_before():
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("100", "[1, 64]"), ("4..2", "empty range"), ("0", "[1, 64]"), ("two", "N or LO..HI"),
+    ("2000", "[1, 1024]"), ("4..2", "empty range"), ("0", "[1, 1024]"), ("two", "N or LO..HI"),
 ])
 def test_a_bad_int_bound_names_the_field_and_its_range(text, needle):
     with pytest.raises(ValueError, match="--topk") as info:
@@ -132,9 +132,9 @@ def test_a_bad_int_bound_names_the_field_and_its_range(text, needle):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--topk", "65"], "--topk must be N or LO..HI within [1, 64]"),
+    (["--topk", "1025"], "--topk must be N or LO..HI within [1, 1024]"),
     (["--topk", "3..1"], "empty range"),
-    (["--hidden", "600"], "--hidden must be N or LO..HI within [1, 512]"),
+    (["--hidden", "20000"], "--hidden must be N or LO..HI within [1, 16384]"),
     (["--quant", "fp4"], "--quant must be one of"),
     (["--tokens", "4", "--max-tokens", "8"], "cannot be combined"),
     (["--quant", "fp8-block", "--hidden", "16..100"], "multiple of 128"),

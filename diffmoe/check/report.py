@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from diffmoe.problem.config import ALWAYS_NAMED, OPT_IN_FIELDS, MoEConfig
+from diffmoe.problem.models import ep_placement
 from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS
 
 
@@ -85,7 +86,10 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
         "--fused" if c.fused else "--unfused",
         f"--planner {c.planner} --output {c.output} --router-weight {c.router_weight} --skew {c.skew}",
     ]
-    if c.expert_map is not None:
+    placement = ep_placement(c.expert_map, c.shared_experts)
+    if placement is not None:  # a model's expert-parallel rank: two numbers instead of E map entries
+        parts.append(f"--ep {placement[0]}/{placement[1]}")
+    elif c.expert_map is not None:
         parts.append("--expert-map=" + ",".join(str(v) for v in c.expert_map))
     parts.append(f"--seed {c.seed}")
     # the opt-in inputs, only where set; the zero and NaN rows wherever they differ from the padding

@@ -1,7 +1,7 @@
 """The `diffmoe` command line: check one config, fuzz, show a workspace plan, run the demo.
 
-    diffmoe check [config options | --config FILE.json] [--impl MODULE:FACTORY] [--oracles a,b]
-                  [--time-limit S] [--json]
+    diffmoe check [config options | --model NAME [--ep R/N] | --config FILE.json] [--impl MODULE:FACTORY]
+                  [--oracles a,b] [--time-limit S] [--json]
     diffmoe fuzz  [--max-examples N] [--seed S | --database DIR|redis://HOST:PORT/N] [--workers N] [--planner P] [--impl ...]
                   [--max-tokens T] [--max-experts E] [--oracles a,b] [--time-limit S] [--json]
                   [--save-failure FILE.json] [config flags as bounds: --topk 1..2 --quant fp8-block --fused ...]
@@ -11,7 +11,8 @@
     diffmoe doctor [--device D] [--json]
     diffmoe peers fetch NAME [--wheel FILE.whl] | diffmoe peers list
     diffmoe museum [NAME ...] [--list] [--workers N [--cluster C]] [--json] [--fetch]
-    diffmoe tuned-configs --impl NAME[==V] [--files GLOB] [--max-entries N] [--resume FILE]
+    diffmoe models [--json]
+    diffmoe tuned-configs --impl NAME[==V] [--model NAME] [--files GLOB] [--max-entries N] [--resume FILE]
                   [--workers N [--cluster C]] [--json]
     diffmoe numerics fit [--impl ...] [--quant Q,...] [--configs N] [--seed S] [--base PROFILE]
                   [--time-limit S] [--json]
@@ -107,6 +108,7 @@ from diffmoe.adapters.contract import (
     factory_attribute, factory_plan,
 )
 from diffmoe.check.report import Oracles, Report, check_command
+from diffmoe.frontends import models as model_flags
 
 PROG = "diffmoe"
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -159,6 +161,8 @@ CONFIG_FLAGS = {
     "act_scales": "act_scales",
     "routed_scaling_factor": "routed_scaling_factor",
 }
+# The flags that set several config fields at once (diffmoe/frontends/models.py): a preset and a placement.
+MODEL_FLAGS = ("model", "ep")
 # Config flags a fuzz does not bound (yet): the granularity axes and the routed scaling factor are drawn
 # by the strategies (diffmoe.fuzz.strategies) and pinned per check only.
 UNBOUNDED_FUZZ_FLAGS = ("weight_scales", "act_scales", "routed_scaling_factor")
@@ -295,7 +299,9 @@ def parse_schedules(texts: Sequence[str] | None) -> list[Schedule] | None:
 def _add_config_options(p: argparse.ArgumentParser) -> None:
     d = MoEConfig()
     g = p.add_argument_group("config (defaults are MoEConfig's; or give --config FILE.json)")
-    g.add_argument("--tokens", type=_int, metavar="T", help=f"tokens (default {d.num_tokens})")
+    model_flags.add_flags(g)
+    g.add_argument("--tokens", type=_int, metavar="T", help=f"tokens (default {d.num_tokens}; engines run 1-512 decode, "
+                                                              f"8192-65536 chunked prefill, to 262144 and beyond: up to {MAX_TOKENS})")
     g.add_argument("--experts", type=_int, metavar="E", help=f"experts (default {d.num_experts})")
     g.add_argument("--topk", type=_int, metavar="K", help=f"experts per token (default {d.topk})")
     g.add_argument("--hidden", type=_int, metavar="H", help=f"hidden size (default {d.hidden})")
@@ -352,6 +358,7 @@ DEFAULT_FUZZ_MAX_TOKENS = 96  # diffmoe.fuzz.strategies.DEFAULT_MAX_TOKENS (not 
 def _add_fuzz_controls(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("field bounds (check's config flags: N or LO..HI for integers, A or A,B for choices; "
                              "each field drawn only within its bound)")
+    model_flags.add_flags(g)
     for flag, name in FUZZ_BOUND_FLAGS.items():
         option = "--" + flag.replace("_", "-")
         if name == "fused":
@@ -408,6 +415,7 @@ def fuzz_bounds(args: argparse.Namespace):
                     values[name] = (float(text),)
                 except ValueError:
                     raise ValueError(f"{option} must be a number in (0, {MAX_SWIGLU_LIMIT:g}], got {text[:60]!r}") from None
+        model_flags.fuzz_pins(args, ranges, values)  # --model's fields where no flag bounds them, --ep's map
         return FieldBounds(ranges=ranges, values=values)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -508,7 +516,8 @@ def _add_isolation_option(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> MoEConfig:
     """The config the flags (or --config FILE) describe; UsageError with the config's own message."""
-    given = {flag: getattr(args, flag) for flag in (*CONFIG_FLAGS, "numerics_file") if getattr(args, flag, None) is not None}
+    given = {flag: getattr(args, flag) for flag in (*CONFIG_FLAGS, *MODEL_FLAGS, "numerics_file")
+             if getattr(args, flag, None) is not None}
     if args.config is not None:
         if given:
             flags = ", ".join("--" + f.replace("_", "-") for f in given)
@@ -524,6 +533,7 @@ def config_from_args(args: argparse.Namespace) -> MoEConfig:
     if "act_scales" in fields:  # --act-scales names quant's scheme; with --quant too, the config says if they disagree
         fields.setdefault("quant", SCHEME_OF_ACT_SCALES[fields["act_scales"]])
     try:
+        fields = model_flags.check_fields(args, fields, given)  # --model's fields under the flags, --ep's map
         config = MoEConfig(**fields)
         # one padding token and one NaN token unless --zero-rows / --nan-rows say otherwise
         # (config.flag_zero_rows and flag_nan_rows say why and when)
@@ -1228,6 +1238,10 @@ def cmd_museum(args: argparse.Namespace) -> int:
     return museum_run(args, prog=f"{PROG} museum")
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    return model_flags.run(args, prog=f"{PROG} models")
+
+
 def cmd_tuned_configs(args: argparse.Namespace) -> int:
     from diffmoe.tuned_configs.command import run as tuned_configs_run
 
@@ -1366,7 +1380,7 @@ def cmd_compile_check(args: argparse.Namespace) -> int:
             gate.parse_arch(arch)
         except ValueError as exc:
             raise UsageError(f"--arch: {exc}") from None
-    given = [flag for flag in CONFIG_FLAGS if getattr(args, flag, None) is not None]
+    given = [flag for flag in (*CONFIG_FLAGS, *MODEL_FLAGS) if getattr(args, flag, None) is not None]
     if args.sweep and (given or args.config is not None):
         raise UsageError("--sweep cannot be combined with a config (flags or --config)")
     one_config = given or args.config is not None
@@ -1429,7 +1443,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Differential testing of fused FP8 MoE kernels against a PyTorch reference.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum,tuned-configs,numerics}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,fuzz,plan,demo,doctor,compile-check,peers,museum,models,tuned-configs,numerics}")
 
     check = sub.add_parser("check", help="run one config through every oracle", description="Run one config through every oracle.")
     _add_config_options(check)
@@ -1509,6 +1523,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=museum_module.DESCRIPTION)
     museum_module.add_arguments(museum)
     museum.set_defaults(handler=cmd_museum)
+
+    models = sub.add_parser("models", help="the real models --model names: E, K, H, I, shared experts, quant, and what fits here",
+                            description="The real models' MoE layers `--model NAME` sets (check, fuzz, tuned-configs); "
+                                        "each cited in docs/models.md.")
+    model_flags.add_arguments(models)
+    models.set_defaults(handler=cmd_models)
 
     from diffmoe.tuned_configs import command as tuned_configs_module
 

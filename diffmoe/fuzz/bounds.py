@@ -5,10 +5,12 @@ an inclusive range `LO..HI` (a pin is `N`, the range N..N), any other field to t
 allowed (`--quant fp8-tensor,fp8-block`; a bool, a float, a profile spec or an expert map is
 pinned to one value). diffmoe.fuzz.strategies draws every bounded field only within its bound.
 
-Each integer field's allowed range is the config's own (MoEConfig.validate) cut to the fuzz's
-domain where the fuzz has one: E and K at most diffmoe.fuzz.strategies.MAX_EXPERTS (64), H and I
-at most MAX_SIZE (512). A bound outside it, an empty range (`4..2`) or a value the field does not
-take is a ValueError naming the field and what it allows; the CLI turns it into exit 2.
+Each integer field's allowed range is the config's own (MoEConfig.validate): a bound may reach past
+the fuzz's default domain (E and K at most diffmoe.fuzz.strategies.MAX_EXPERTS, 64; H and I at most
+MAX_SIZE, 512) to the sizes real models have (`--experts 72`, `--hidden 4096`, `--model NAME`;
+issue 42), and the strategies draw within it. A bound outside the config's range, an empty range
+(`4..2`) or a value the field does not take is a ValueError naming the field and what it allows;
+the CLI turns it into exit 2.
 
 Owns the bounds' type, parsing and validation. Must not draw: the strategies do.
 """
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diffmoe.problem.config import (
-    ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_OUTLIER_CHANNELS, MAX_RANDOM_ORDERS, MAX_ROUTED_ROWS, MAX_SEED, MAX_SHARED_EXPERTS, MAX_TOKENS,
+    ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_EXPERTS, MAX_HIDDEN, MAX_INTER, MAX_OUTLIER_CHANNELS, MAX_RANDOM_ORDERS, MAX_ROUTED_ROWS, MAX_SEED, MAX_SHARED_EXPERTS, MAX_TOKENS,
     OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS,
     MoEConfig,
 )
@@ -28,17 +30,18 @@ from diffmoe.problem.numerics import parse_spec
 
 RANGE_SEPARATOR = ".."
 # The fuzz's own domain caps (diffmoe.fuzz.strategies.MAX_EXPERTS, MAX_SIZE; not imported: the
-# strategies import this module). tests/test_fuzz_controls.py holds the two in step.
+# strategies import this module): what an unbounded field is drawn within. tests/test_fuzz_controls.py
+# holds the two in step.
 FUZZ_MAX_EXPERTS = 64
 FUZZ_MAX_SIZE = 512
 
-# Integer fields and their allowed ranges in a fuzz.
+# Integer fields and their allowed ranges in a fuzz (the config's own).
 INT_FIELDS: dict[str, tuple[int, int]] = {
     "num_tokens": (1, MAX_TOKENS),
-    "num_experts": (1, FUZZ_MAX_EXPERTS),
-    "topk": (1, FUZZ_MAX_EXPERTS),
-    "hidden": (1, FUZZ_MAX_SIZE),
-    "inter": (1, FUZZ_MAX_SIZE),
+    "num_experts": (1, MAX_EXPERTS),
+    "topk": (1, MAX_EXPERTS),
+    "hidden": (1, MAX_HIDDEN),
+    "inter": (1, MAX_INTER),
     "seed": (0, MAX_SEED),
     "call_tokens": (0, MAX_TOKENS),
     "expert_scale_spread": (0, MAX_EXPERT_SCALE_SPREAD),
@@ -63,7 +66,7 @@ CHOICE_FIELDS: dict[str, tuple[Any, ...]] = {
     "tie_heavy": (False, True),
 }
 # Fields pinned to one value, validated by the config itself.
-PIN_FIELDS = ("swiglu_limit", "numerics", "expert_map")
+PIN_FIELDS = ("swiglu_limit", "numerics", "expert_map", "routed_scaling_factor")
 FIELDS = (*INT_FIELDS, *CHOICE_FIELDS, *PIN_FIELDS)
 
 

@@ -155,6 +155,39 @@ def sampled_configs(count: int, seed: int = 0, cost_cap: int = DEFAULT_COST_CAP)
     return configs
 
 
+# The fields a model's shape (diffmoe.problem.models; `--model NAME [--ep R/N]`) sets in a model campaign.
+MODEL_FIELDS = ("num_experts", "topk", "hidden", "inter", "quant", "shared_experts", "routed_scaling_factor",
+                "swiglu_limit", "expert_map")
+
+
+def model_configs(count: int, seed: int, shape: dict) -> list[MoEConfig]:
+    """`count` configs of the profile at one model's shape (`shape`: MODEL_FIELDS' values, as
+    diffmoe.frontends.models.check_fields builds them): each draw of the profile keeps its T, call,
+    inputs, special rows and seed, takes the shape's fields, and drops what the shape rules out (the
+    fused path for bf16, per-tensor weights for another scheme, router weights on the input for K > 1);
+    no cost cap (the shape is the point). The same list for the same arguments; ValueError (the
+    config's own) when the shape is one no config may have, a problem over MAX_PROBLEM_BYTES included."""
+    check_int("count", count, 0, 100_000)
+    check_int("seed", seed, 0, 2**63 - 1)
+    rng = random.Random(seed)
+    configs = []
+    for _ in range(count):
+        fields = draw_config(rng).to_dict()
+        fields.update({name: shape.get(name) for name in MODEL_FIELDS})
+        if fields["expert_map"] is not None:
+            fields["expert_map"] = list(fields["expert_map"])  # as a config file holds it
+        if fields["quant"] == "bf16":
+            fields["fused"] = False
+        if fields.get("weight_scales") is not None and fields["quant"] != "fp8-token":
+            fields["weight_scales"] = None
+        if fields["topk"] > 1:
+            fields["router_weight"] = "down"
+        if fields.get("dropped_slots", 0) > fields["num_tokens"] * fields["topk"]:
+            fields["dropped_slots"] = 0
+        configs.append(MoEConfig.from_dict(fields))
+    return configs
+
+
 def corner_configs() -> list[MoEConfig]:
     """Each axis of the profile at its maximum with the others small, for every scheme (fused
     for FP8): T=512; E=64 (K=8 so most experts are busy); K=8; H=1024; I=1024."""

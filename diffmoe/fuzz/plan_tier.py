@@ -10,9 +10,9 @@ Domain of `draw_config` (every config satisfies MoEConfig.validate() by construc
 bound is derived from the fields already drawn and values are clipped, nothing is rejected):
 
 * quant: every scheme of config.QUANT_SCHEMES, uniformly.
-* num_tokens T: 1..MAX_TOKENS (65536); a third from ``TOKEN_SPECIALS`` (1, the row-block
+* num_tokens T: 1..PLAN_MAX_TOKENS (65536); a third from ``TOKEN_SPECIALS`` (1, the row-block
   boundaries 15..17, 31..33, 63..65, 129, 4095..4097, 65536), the rest log-uniform.
-* num_experts E: 1..256, log-uniform; topk K: 1..min(E, 16, MAX_ROUTED_ROWS // T), a quarter
+* num_experts E: 1..256, log-uniform; topk K: 1..min(E, 16, PLAN_MAX_ROUTED_ROWS // T), a quarter
   of the draws at that cap (K == E whenever E <= 16 allows it).
 * expert_map: a quarter of the draws hold a valid map (L in 1..E local experts at random
   global positions, numbered 0..L-1 in random order, the rest -1), else None.
@@ -49,7 +49,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from diffmoe.problem.config import (
-    MAX_PROBLEM_BYTES, MAX_ROUTED_ROWS, MAX_SEED, MAX_TOKENS, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, MoEConfig, check_int,
+    MAX_PROBLEM_BYTES, MAX_SEED, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, MoEConfig, check_int,
 )
 from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, PLAN_WORKSPACES, SUPPORTS, factory_attribute
 from diffmoe.fuzz.bounds import FieldBounds
@@ -64,7 +64,11 @@ MAX_PLAN_EXAMPLES = 10**9
 PLAN_MAX_EXPERTS = 256
 PLAN_MAX_TOPK = 16
 PLAN_MAX_SIZE = 8192
-TOKEN_SPECIALS = (1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129, 4095, 4096, 4097, MAX_TOKENS)
+# The plan tier's own token cap: the config's was 65536 when this domain was drawn, and the domain (and
+# every seed's draws) stays what it was when the config's grew to the sizes engines run (issue 42).
+PLAN_MAX_TOKENS = 65536
+PLAN_MAX_ROUTED_ROWS = 131072
+TOKEN_SPECIALS = (1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129, 4095, 4096, 4097, PLAN_MAX_TOKENS)
 PROGRESS_INTERVAL = 0.2  # seconds between progress calls
 _CLOCK_EVERY = 64  # configs between looks at the clock
 _PLAN_ORACLES = [Oracles.STATIC_ALIASING, Oracles.CONTRACT]
@@ -92,9 +96,9 @@ def draw_config(rng: random.Random, planner: str | None = "fixed") -> MoEConfig:
     quant = QUANT_SCHEMES[int(r() * len(QUANT_SCHEMES))]
     step = QUANT_BLOCK if quant == "fp8-block" else 1
     floor = QUANT_BLOCK if step > 1 else MIN_SIZE
-    t = TOKEN_SPECIALS[int(r() * len(TOKEN_SPECIALS))] if r() < 1 / 3 else _log_int(rng, 1, MAX_TOKENS)
+    t = TOKEN_SPECIALS[int(r() * len(TOKEN_SPECIALS))] if r() < 1 / 3 else _log_int(rng, 1, PLAN_MAX_TOKENS)
     e = _log_int(rng, 1, PLAN_MAX_EXPERTS)
-    k_cap = min(e, PLAN_MAX_TOPK, MAX_ROUTED_ROWS // t)
+    k_cap = min(e, PLAN_MAX_TOPK, PLAN_MAX_ROUTED_ROWS // t)
     k = k_cap if r() < 0.25 else 1 + int(r() * k_cap)
     expert_map = None
     local = e

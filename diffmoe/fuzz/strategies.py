@@ -89,8 +89,10 @@ scale spread and no outlier channels);
 the minimal draw with the fused flag on is ``MINIMAL_FUSED_CONFIG``, the same config fused.
 
 Bounds (diffmoe.fuzz.bounds, `moe_configs(bounds=...)`, `diffmoe fuzz --topk 1..2`): every bounded
-size is drawn within its bound (the caps above derived from the bounds' lower ends, the budgets
-grown to hold the smallest bounded config: a pin asks for it); a bounded choice is drawn from the
+size is drawn within its bound, which may reach past the domain above to a real model's sizes
+(`--experts 72`, `--hidden 4096`, `diffmoe fuzz --model NAME`; the config's own limits and its
+MAX_PROBLEM_BYTES still hold); the caps above are derived from the bounds' lower ends, the budgets
+grown to hold the smallest bounded config (a pin asks for it) at every T a `num_tokens` bound allows; a bounded choice is drawn from the
 values it allows; a bounded opt-in field keeps a drawn value inside its bound and otherwise takes
 one drawn from it, and a draw the config then refuses (3 NaN rows in a 2-token call) is rejected.
 Without bounds the draws are exactly the unbounded ones (same seed, same examples).
@@ -113,6 +115,7 @@ from diffmoe.problem.config import (
     ACT_SCALES_OF_SCHEME, ALL_ROUTING_SKEWS, MAX_EXPERT_SCALE_SPREAD, MAX_OUTLIER_CHANNELS, MAX_SHARED_EXPERTS, MAX_TOKENS, PLANNERS, QUANT_BLOCK,
     QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS, SCALE_PAIRS, WEIGHT_SCALES_OF_SCHEME, MoEConfig, check_int,
 )
+from diffmoe.problem.config import MAX_EXPERTS as CONFIG_MAX_EXPERTS
 from diffmoe.adapters.contract import SCHEDULE_KINDS, Schedule
 
 QUANT_ORDER = ("fp8-tensor", "fp8-token", "bf16", "fp8-block")
@@ -238,9 +241,10 @@ def expert_counts(cap: int = MAX_EXPERTS, lo: int = 1) -> SearchStrategy[int]:
 
 def hidden_sizes(quant: str, cap: int, lo: int | None = None) -> SearchStrategy[int]:
     """H or I for `quant` in floor..min(cap, MAX_SIZE): multiples of 128 for fp8-block. `lo`
-    (a bound, diffmoe.fuzz.bounds) replaces the floor; for fp8-block it is rounded up to a multiple."""
+    (a bound, diffmoe.fuzz.bounds) replaces the floor (for fp8-block rounded up to a multiple) and
+    lifts the MAX_SIZE cap: a bounded size is drawn within its bound, a model's sizes included."""
     floor = size_floor(quant) if lo is None else lo
-    cap = min(cap, MAX_SIZE)
+    cap = min(cap, MAX_SIZE) if lo is None else cap
     if cap < floor:
         raise ValueError(f"size cap must be at least {floor} for quant={quant!r}, got {cap}")
     if quant == "fp8-block":
@@ -319,8 +323,8 @@ def moe_configs(
     check_int("weight_budget", weight_budget, 2 * max_experts * floor * floor, 2**40)
     em_pin = b.values.get("expert_map", (None,))[0]
     rw_allowed = b.allowed("router_weight", ROUTER_WEIGHT_ORDER)
-    k_lo, k_hi = b.range("topk", 1, 1 if rw_allowed == ("input",) else MAX_EXPERTS)
-    e_lo, e_hi = b.range("num_experts", max(1, k_lo), max_experts)
+    k_lo, k_hi = b.range("topk", 1, 1 if rw_allowed == ("input",) else CONFIG_MAX_EXPERTS)
+    e_lo, e_hi = _expert_range(b, k_lo, max_experts)
     if em_pin is not None:
         e_lo = e_hi = len(em_pin)
 
@@ -386,6 +390,8 @@ def moe_configs(
             scaled, factor = draw(st.tuples(st.tuples(st.booleans(), st.booleans()).map(all),
                                             st.sampled_from(ROUTED_SCALING_FACTORS)))
             extra["routed_scaling_factor"] = factor if scaled else None
+        if "routed_scaling_factor" in b.values:  # a pin (`--model deepseek-v3`): no choice drawn for it
+            extra["routed_scaling_factor"] = b.values["routed_scaling_factor"][0]
         fields = dict(
             num_tokens=t,
             num_experts=e,
@@ -458,10 +464,10 @@ def _bounded_plan(b: FieldBounds, quants: tuple[str, ...], planners: tuple[str, 
     if t_lo > t_hi:
         raise ValueError(f"num_tokens must be bounded within [1, max_tokens = {max_tokens}], got {b.ranges['num_tokens']}")
     rw = b.allowed("router_weight", ROUTER_WEIGHT_ORDER)
-    k_lo, k_hi = b.range("topk", 1, 1 if rw == ("input",) else MAX_EXPERTS)
+    k_lo, k_hi = b.range("topk", 1, 1 if rw == ("input",) else CONFIG_MAX_EXPERTS)
     if k_lo > k_hi:
         raise ValueError("topk must be 1 when router_weight is pinned to 'input' (the weight scales the token itself)")
-    e_lo, e_hi = b.range("num_experts", max(1, k_lo), max_experts)
+    e_lo, e_hi = _expert_range(b, k_lo, max_experts)
     em = b.values.get("expert_map", (None,))[0]
     if em is not None and not e_lo <= len(em) <= e_hi:
         raise ValueError(f"expert_map pins num_experts to {len(em)}, outside the other bounds (num_experts {e_lo}..{e_hi}, topk >= {k_lo})")
@@ -480,12 +486,24 @@ def _bounded_plan(b: FieldBounds, quants: tuple[str, ...], planners: tuple[str, 
         if all(lo <= hi for lo, hi in sizes):
             kept.append(q)
             (h, _), (i, _) = sizes
-            token_budget = max(token_budget, t_lo * k_lo * max(h, i))
+            # a bounded T is drawn over its whole bound (`--tokens 8192..65536` at a model's sizes)
+            t_held = t_hi if "num_tokens" in b.ranges else t_lo
+            token_budget = max(token_budget, t_held * k_lo * max(h, i))
             weight_budget = max(weight_budget, 2 * e_lo * h * i, 2 * max_experts * size_floor(q) ** 2)
     if not kept:
         raise ValueError(f"hidden and inter must hold a multiple of {QUANT_BLOCK} for quant='fp8-block' (the only "
                          f"scheme left), got {b.ranges.get('hidden')} and {b.ranges.get('inter')}")
     return tuple(kept), planners, token_budget, weight_budget
+
+
+def _expert_range(b: FieldBounds, k_lo: int, max_experts: int) -> tuple[int, int]:
+    """E's range: a bound's own (which may pass max_experts: a model's E), else 1..max_experts, or up to a
+    pinned expert map's length; at least K's floor."""
+    if "num_experts" in b.ranges:
+        lo, hi = b.ranges["num_experts"]
+        return max(lo, k_lo, 1), hi
+    em = b.values.get("expert_map", (None,))[0]
+    return max(1, k_lo), max_experts if em is None else max(max_experts, len(em))
 
 
 def _input_fields(num_tokens: int) -> SearchStrategy[dict]:

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Collection
 
+from diffmoe.problem.models import ep_placement
 from diffmoe.problem.numerics import DEFAULT_PROFILE, NO_CLAMP, PROFILE_NAMES, SCHEME_ONLY, Profile, parse_spec, profile
 from diffmoe.problem.numerics import QUANT_SCHEMES as NUMERICS_QUANT_SCHEMES
 
@@ -115,13 +116,15 @@ SCALE_PAIRS = (("tensor", "tensor"), ("tensor", "token"), ("channel", "token"), 
 MAX_ROUTED_SCALING_FACTOR = 256.0
 
 # Upper bounds, checked before anything is allocated: a hostile or mistyped config must not
-# exhaust memory. MAX_ROUTED_ROWS * MAX_HIDDEN * 2 bytes (bf16) is 4 GiB, about what one
-# accelerator-sized check needs; a CPU check stays far below it in practice.
-MAX_TOKENS = 65536
-MAX_EXPERTS = 512
+# exhaust memory. Each field reaches the sizes engines run (issue 42): T to 2^20 tokens (decode
+# 1-512, chunked prefill 8192-65536, warm-up and training batches to 262,144 and beyond), E to 512
+# (Qwen3-Next's 512 routed experts and a shared one fit), H and I to 16384 (Mixtral-8x22B's I);
+# routed rows to 2^24 (2^20 tokens at top-16). What bounds memory is the total, MAX_PROBLEM_BYTES.
+MAX_TOKENS = 2**20
+MAX_EXPERTS = 1024
 MAX_HIDDEN = 16384
 MAX_INTER = 16384
-MAX_ROUTED_ROWS = 131072
+MAX_ROUTED_ROWS = 2**24
 MAX_SEED = 2**63 - 1
 # The per-field bounds still allow absurd totals (512 experts of 16384 x 16384 weights are
 # petabytes), so the total is bounded too: `estimated_bytes` counts every weight and routed
@@ -495,8 +498,9 @@ class MoEConfig:
         if self.estimated_bytes > MAX_PROBLEM_BYTES:
             raise ValueError(
                 f"num_tokens, num_experts, topk, hidden and inter describe {self.estimated_bytes / 2**30:.1f} GiB of float32 "
-                f"weights and activations (L*3*I*H + T*H + T*K*(3*I + H) elements); at most "
-                f"{MAX_PROBLEM_BYTES // 2**30} GiB (MAX_PROBLEM_BYTES) is allowed"
+                f"weights and activations (L*3*I*H + T*H + T*K*(3*I + H) elements, L the local experts); at most "
+                f"{MAX_PROBLEM_BYTES // 2**30} GiB (MAX_PROBLEM_BYTES) is allowed: fewer tokens, or an expert map "
+                f"holding fewer local experts (--ep RANK/SIZE), shrinks it"
             )
         return self
 
@@ -676,7 +680,8 @@ class MoEConfig:
         if self.router_weight != "down":
             parts.append(f"router_weight={self.router_weight}")
         if self.expert_map is not None:
-            parts.append(f"expert_map={list(self.expert_map)}")
+            placement = ep_placement(self.expert_map, self.shared_experts)
+            parts.append(f"expert_map={list(self.expert_map)}" if placement is None else f"ep={placement[0]}/{placement[1]}")
         if self.skew != "uniform":
             parts.append(f"skew={self.skew}")
         parts += [name if value is True else f"{name}={value}" for name, value in self.opt_in_fields()]

@@ -1,6 +1,6 @@
 """`diffmoe tuned-configs --impl NAME[==V]`: the command line of the tuned-config sweep (sweep.py).
 
-    diffmoe tuned-configs --impl vllm==0.33.0 [--files GLOB] [--max-entries N] [--resume FILE]
+    diffmoe tuned-configs --impl vllm==0.33.0 [--model NAME] [--files GLOB] [--max-entries N] [--resume FILE]
                           [--config-dir DIR] [--workers N [--cluster local|auto|ray://HOST:PORT]] [--json]
 
 stdout: a table (file, batch, config, verdict, first finding) and the files skipped with their
@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--impl", required=True, metavar="NAME[==V]",
                         help="the peer release whose shipped tuned configs are judged (vllm, vllm==0.28.0, vllm==0.30.0, vllm==0.33.0, "
                              "sglang, sglang==0.5.20, sglang==0.5.23)")
+    parser.add_argument("--model", metavar="NAME",
+                        help="only the files a real model's MoE layer loads: its E (with shared experts fused or not) and N = I / TP "
+                             "for TP in 1, 2, 4, 8, 16 (`diffmoe models` lists the names)")
     parser.add_argument("--files", default="*.json", metavar="GLOB", help="only the config files whose name matches GLOB (default: all)")
     parser.add_argument("--max-entries", type=_count, metavar="N", help="judge at most N file entries (then the default config)")
     parser.add_argument("--resume", type=Path, metavar="FILE",
@@ -84,6 +87,12 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
 
     # the arguments first, then the cluster, then the release's import (issue 48: a usage error after a
     # slow import is a usage error that came late)
+    from diffmoe.problem.models import model
+
+    try:
+        shape = None if args.model is None else model(args.model, "--model")
+    except ValueError as exc:
+        return _usage(prog, str(exc))
     if args.config_dir is not None and not args.config_dir.is_dir():
         return _usage(prog, f"--config-dir {str(args.config_dir)!r} is not a folder")
     if args.resume is not None and (args.resume.is_dir() or not args.resume.absolute().parent.is_dir()):
@@ -116,7 +125,7 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
 
             result = sweep(factory, folder, args.impl, pattern=args.files, max_entries=args.max_entries, resume=args.resume,
                            on_start=lambda total: progress.update(0, total=total), on_row=on_row,
-                           workers=args.workers, cluster=cluster)
+                           workers=args.workers, cluster=cluster, model=shape)
     except ValueError as exc:
         return _usage(prog, str(exc))
     if args.json:

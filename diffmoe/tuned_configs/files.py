@@ -122,3 +122,22 @@ def config_files(folder: Path, pattern: str = "*.json") -> list[ConfigFile]:
         if p.is_file() and (fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(p.name, pattern)):
             found.append(parse_name(p, rel))
     return [f for f in found if f is not None]
+
+
+# Tensor-parallel degrees whose shard of a model's I a release may have tuned a file for.
+TP_DEGREES = (1, 2, 4, 8, 16)
+
+
+def model_key(experts: int, shared_experts: int, inter: int) -> tuple[frozenset[int], frozenset[int]]:
+    """The (E, N) values a model's files are named with: E its routed experts, or with its shared
+    experts fused (SGLang's E=257 for DeepSeek-V3); N its intermediate size per tensor-parallel
+    shard (the engines name a file by w2's last dimension, I / TP), for TP in TP_DEGREES."""
+    return (frozenset({experts, experts + shared_experts}),
+            frozenset(inter // tp for tp in TP_DEGREES if inter % tp == 0))
+
+
+def for_model(files: list[ConfigFile], experts: int, shared_experts: int, inter: int) -> list[ConfigFile]:
+    """The files a model's MoE layer would load (model_key), in their order."""
+    es, ns = model_key(experts, shared_experts, inter)
+    return [f for f in files if f.experts in es and f.n in ns]
+

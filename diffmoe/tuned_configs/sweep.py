@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 from diffmoe.adapters.contract import unsupported
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig, quoted
 
-from .files import ConfigFile, Entry, config_files
+from .files import ConfigFile, Entry, config_files, for_model, model_key
 
 # The factory's optional tuned-config attributes (beside diffmoe.adapters.contract's): the folder of
 # its peer wheel's cache holding the tile-config JSON files the release ships, and `with_tile_config(tile)`,
@@ -212,7 +212,7 @@ def judge_run(run: Run) -> tuple[bool, list[str], float]:
 def sweep(factory: Callable, folder: Path, impl: str, pattern: str = "*.json", max_entries: int | None = None,
           resume: Path | None = None, oracles: Sequence[str] | None = None,
           on_start: Callable[[int], None] | None = None, on_row: Callable[[Row], None] | None = None,
-          workers: int = 1, cluster=None) -> SweepResult:
+          workers: int = 1, cluster=None, model=None) -> SweepResult:
     """Judge every entry of the config files in `folder` (the release's, or a copy) matching `pattern` (at most
     `max_entries` of them, then the default config); `on_start(total rows)`, `on_row(row)` as each row's verdict
     is reached (the resume file's first, then every row of a run as the run finishes).
@@ -221,7 +221,8 @@ def sweep(factory: Callable, folder: Path, impl: str, pattern: str = "*.json", m
     one worker judges them here in order; more run them as Ray tasks (`cluster`, default a local runtime),
     each loading `impl` (an --impl spec) itself. The verdicts, the resume file (written here as they arrive)
     and the rows' order are the same either way. Ctrl-C keeps every verdict reached (and written) and raises
-    KeyboardInterrupt.
+    KeyboardInterrupt. model: a diffmoe.problem.models.ModelShape, keeping only the files its layer
+    loads (files.for_model).
     """
     from diffmoe.check.execution import default_device
     from diffmoe.check.report import Oracles
@@ -233,6 +234,13 @@ def sweep(factory: Callable, folder: Path, impl: str, pattern: str = "*.json", m
     files = config_files(folder, pattern)
     if not files:
         raise ValueError(f"--files {pattern!r} matches no tuned-config file in {folder}")
+    if model is not None:
+        matched = for_model(files, model.experts, model.shared_experts, model.inter)
+        if not matched:
+            es, ns = model_key(model.experts, model.shared_experts, model.inter)
+            raise ValueError(f"--model {model.name}: no tuned-config file of E in {sorted(es)} and N in {sorted(ns)} "
+                             f"(I / TP) matches --files {pattern!r} in {folder}")
+        files = matched
     chosen = tuple(oracles) if oracles is not None else tuple(o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC)
     result = SweepResult(skipped=[(f.name, f.skip_reason) for f in files if f.scheme is None])
     todo = plan(files)
