@@ -491,7 +491,7 @@ HOSTILE = {
     "deeply-nested": ("[" * 100000 + "]" * 100000, "nested too deeply"),
     "truncated": ('{"num_tokens": 2, "quant": "fp8-', "not valid JSON"),
     "huge-string": ('{"quant": "' + "x" * 100000 + '"}', "quant must be one of"),
-    "huge-expert-map": ('{"expert_map": [' + ",".join(["0"] * 100000) + "]}", "at most 512 entries"),
+    "huge-expert-map": ('{"expert_map": [' + ",".join(["0"] * 100000) + "]}", "at most 1024 entries"),
     "empty": ("", "not valid JSON"),
     "binary": ("\x00\x01\x02", "not valid JSON"),
 }
