@@ -7,7 +7,9 @@ wrapped lane the mask turns off, a lane `tl.where` replaces, a wrap a later oper
 an offset cast to int64 before the product are quiet; the mark survives a cast to int64 after the
 product (the classic late fix), a division, broadcasting into 2-D tiles and a store. Then a whole
 check: a reduce whose row offsets wrap is named by the oracle, in the judge's process and behind
-the isolation boundary; the shipped kernel is quiet.
+the isolation boundary; the shipped kernel is quiet. Headroom: a 32-bit pointer offset of 2^26
+elements (within 32x of 2^31) is recorded with its launch and line, and a check words it as a
+warning that leaves the verdict alone; below the floor, or in 64 bits, nothing is said.
 
 A real shape's wrap needs a tensor past 2^31 elements; here a planted multiplier (`ROW_PAD`)
 takes the same int32 product past 2^31 at T = 2, the way `offs_token * stride_cm` passes it at
@@ -210,3 +212,95 @@ def test_a_check_names_the_wrapped_reduce_by_kernel_and_line(isolation):
 def test_the_overflow_oracle_is_quiet_on_the_shipped_implementation():
     report = run_differential(_config(fused=True), oracles=[Oracles.OVERFLOW, Oracles.TEACHER_FORCING])
     assert report.passed, report.render()
+    assert not report.warnings, report.warnings  # its row and expert offsets are 64-bit: no headroom to speak of
+
+
+# ---- headroom: offsets near 2^31 that did not wrap -----------------------------------------------
+@triton.jit
+def _strided_rows(x_ptr, o_ptr, stride, N: tl.constexpr, WIDE: tl.constexpr):
+    rows = tl.arange(0, N)
+    if WIDE:
+        offs = rows.to(tl.int64) * stride
+    else:
+        offs = rows * stride
+    v = tl.load(x_ptr + offs)
+    tl.store(o_ptr + rows, v)
+
+
+def _strided(stride: int, wide: bool = False):
+    x, o = torch.zeros(stride + 1, dtype=torch.int8), torch.zeros(2, dtype=torch.int8)  # untouched pages cost nothing
+    with MemoryGuard({"x": x, "o": o}) as guard:
+        _strided_rows[(1,)](x, o, stride, N=2, WIDE=wide)
+    return guard
+
+
+def test_a_32_bit_offset_near_2_31_is_recorded_with_its_launch_and_line():
+    from diffmoe.interpreter.wrap_watch import HEADROOM_FLOOR
+
+    guard = _strided(2**26)
+    [near] = guard.headroom
+    assert (near.kernel, near.peak, near.function, near.code) == ("_strided_rows", 2**26, "_strided_rows", "v = tl.load(x_ptr + offs)")
+    assert near.file == os.path.abspath(__file__) and not guard.wraps and not guard.events
+    assert not _strided(HEADROOM_FLOOR // 2).headroom  # below the floor: quiet
+    assert not _strided(2**26, wide=True).headroom  # a 64-bit offset cannot wrap: quiet
+
+
+@triton.jit
+def _far_row_reduce_kernel(
+    # Pointers
+    down_ptr,  # [TK, H] bf16, row t*K + k
+    out_ptr,  # [T, H] bf16
+    # Dimensions
+    T, H, TOPK,
+    # Strides
+    stride_dm, stride_om,
+    # Meta-parameters
+    FAR: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """Grid: (1,); the one program sums the K rows of every token through a pointer moved FAR
+    elements away and back by 32-bit offsets: correct, and FAR from 2^31."""
+    tokens = tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (tokens < T)[:, None] & (cols < H)[None, :]
+    rows = tokens * TOPK * stride_dm
+    far = down_ptr + FAR
+    acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    for k in range(0, TOPK):
+        acc += tl.load(far + (rows[:, None] - FAR) + k * stride_dm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + tokens[:, None] * stride_om + cols[None, :], acc.to(tl.bfloat16), mask=mask)
+
+
+def far_row_reduce(config, device="cpu"):
+    """The shipped MoE with the far-pointer reduce (a factory the candidate's process can import)."""
+    from optimized.launch import launch
+    from optimized.moe import TritonFP8MoE
+
+    class FarRowReduce(TritonFP8MoE):
+        def _reduce(self, stage, ctx, down, out):
+            (down_name, down_t), (out_name, out_t) = down, out
+            t, h = out_t.shape
+            launch(ctx, _far_row_reduce_kernel, 1, stage=stage, reads={down_name: down_t}, writes={out_name: out_t},
+                   down_ptr=down_t, out_ptr=out_t, T=t, H=h, TOPK=self.config.topk, stride_dm=down_t.stride(0),
+                   stride_om=out_t.stride(0), FAR=2**26, BLOCK_T=triton.next_power_of_2(t),
+                   BLOCK_H=triton.next_power_of_2(h))
+
+    return FarRowReduce(config, device)
+
+
+@pytest.mark.parametrize("isolation", ["none", "process"])
+def test_a_check_warns_of_an_offset_32x_from_wrapping_and_passes(isolation):
+    report = run_differential(_config(), far_row_reduce, oracles=[Oracles.OVERFLOW, Oracles.BOUNDS, Oracles.DIFFERENTIAL],
+                              isolation=isolation)
+    assert report.passed, report.render()
+    [warning] = report.warnings
+    assert warning.startswith("_far_row_reduce_kernel moves a pointer by a 32-bit offset of")
+    assert "(reduce)" in warning and "32.0x that offset wraps int32" in warning and "from about T = 64 " in warning
+    assert "tests/test_overflow.py" in warning
+    assert f"warning:   {warning}" in report.render()
+    from diffmoe.check.report import Report
+
+    assert Report.from_json(report.to_json()).warnings == report.warnings
+    quiet = run_differential(_config(), far_row_reduce, oracles=[Oracles.BOUNDS], isolation=isolation)
+    assert not quiet.warnings and "warnings" not in quiet.to_dict()  # the overflow oracle not selected: no warning

@@ -80,6 +80,7 @@ class Run:
     addresses: Any = None  # the interpreter's per-program address record (RaceRecorder), first run only
     out_of_bounds: list = field(default_factory=list)  # accesses the bounds guard refused (bounds_guard.OutOfBounds)
     wraps: list = field(default_factory=list)  # accesses through wrapped integer offsets (wrap_watch.AddressWrap)
+    headroom: list = field(default_factory=list)  # launches whose 32-bit pointer offsets came near 2^31 (wrap_watch.Headroom)
     unwritten_reads: list = field(default_factory=list)  # reads of bytes nothing wrote (watchers.UnwrittenReads)
     storages: dict = field(default_factory=dict)  # first address of each named tensor of the call -> its name
 
@@ -390,7 +391,8 @@ class Candidate:
             self.late.given({n: t for n, t in problem.inputs().items() if n in TOKEN_FIELDS}, what,
                             covered=self.problem.inputs().values())
         return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates),
-                   out_of_bounds=refused, wraps=guard.wraps if guard else [], unwritten_reads=unwritten.found,
+                   out_of_bounds=refused, wraps=guard.wraps if guard else [], headroom=guard.headroom if guard else [],
+                   unwritten_reads=unwritten.found,
                    storages=storages)
 
     def series(self, config: MoEConfig, problems: dict[int, Problem], calls: Sequence[tuple[int, bool]],

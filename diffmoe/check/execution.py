@@ -107,6 +107,7 @@ class Check:
         self.skipped: dict[str, str] = {}
         self.out_of_bounds: list = []  # every access the bounds guard refused, every call, in order
         self.wraps: list = []  # every access through a wrapped integer offset, every run, in order (wrap_watch.py)
+        self.headroom: list = []  # every launch whose 32-bit pointer offsets came near 2^31, every run (wrap_watch.py)
         self.storages: dict[int, str] = {}  # first address of each named tensor of a call -> its name (the candidate's addresses)
 
     def selected(self, oracle: str) -> bool:
@@ -174,6 +175,7 @@ class Check:
         self.findings += executed.findings
         self.out_of_bounds += executed.run.out_of_bounds
         self.wraps += executed.run.wraps
+        self.headroom += executed.run.headroom
         self.storages.update(executed.run.storages)
         for name, why in executed.skipped.items():
             if name not in (Oracles.BOUNDS, Oracles.OVERFLOW) or self.selected(name):

@@ -175,6 +175,9 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)
     # isolated without the OS boundary: the one line saying so and what is then not guaranteed
     isolation: str | None = None
+    # what is not a finding but a reader should know: a 32-bit pointer offset near 2^31 (the overflow
+    # oracle's headroom, diffmoe/oracles/overflow.py); they never change the verdict or the exit code
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -211,6 +214,8 @@ class Report:
             d["skipped"] = dict(self.skipped)
         if self.isolation is not None:
             d["isolation"] = self.isolation
+        if self.warnings:
+            d["warnings"] = list(self.warnings)
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -228,6 +233,7 @@ class Report:
             inputs=d.get("inputs"),
             skipped=dict(d.get("skipped") or {}),
             isolation=d.get("isolation"),
+            warnings=[str(w) for w in d.get("warnings") or []],
         )
 
     @classmethod
@@ -250,6 +256,8 @@ class Report:
             lines.append(f"  inputs:    {self.inputs}")
         for name, why in self.skipped.items():
             lines.append(f"  skipped:   {name}: {why}")
+        for warning in self.warnings:
+            lines.append(f"  warning:   {warning}")
         for n, f in enumerate(self.findings[:max_findings], 1):
             lines.append(f"  [{n}] {f.headline()}")
             if f.byte_ranges:

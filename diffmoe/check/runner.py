@@ -321,6 +321,7 @@ class _Job:
             state.findings += integrity.changed_findings()
         report = self.report(state.findings, time.perf_counter() - start, state.skipped)
         report.isolation = boundary.notice() if self.isolated is not None else None
+        report.warnings = [w for oracle in state.active for w in oracle.warnings(state)]
         return report
 
 

@@ -38,6 +38,7 @@ interpreter is restored on every path, as in the race recorder.
 
 from __future__ import annotations
 
+import linecache
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -48,7 +49,7 @@ from diffmoe.adapters.contract import LaunchInfo
 from diffmoe.interpreter.triton_pin import pinned_interpreter_problem, triton_release
 from diffmoe.interpreter import wrap_watch
 from diffmoe.interpreter.address_analysis import _access_intervals, _element_bytes, _view_extent
-from diffmoe.interpreter.wrap_watch import AddressWrap, Wrap, live_wraps
+from diffmoe.interpreter.wrap_watch import AddressWrap, Headroom, Wrap, live_wraps
 
 SUPPORTED_TRITON = (3, 9)
 # method: (access kind, pointer parameter, mask parameter), a parameter as (position after self,
@@ -188,6 +189,7 @@ def _hooked_init_args(original: Any) -> Any:
         if _active:
             kernel = getattr(self.fn, "__name__", "kernel")
             _state.launch = _Launch(kernel, _allocations(getattr(self, "arg_names", ()), args_hst, kwargs_hst))
+            wrap_watch.begin_launch()
         return args_hst, kwargs_hst
 
     init_args.__wrapped__ = original
@@ -196,7 +198,11 @@ def _hooked_init_args(original: Any) -> Any:
 
 def _hooked_restore(original: Any) -> Any:
     def restore(self, *args, **kwargs):
-        _state.launch = None
+        launch, _state.launch = getattr(_state, "launch", None), None
+        near = wrap_watch.end_launch()
+        if launch is not None and near is not None:
+            for guard, index in launch.guards:
+                guard._near(index, launch, *near)
         return original(self, *args, **kwargs)
 
     restore.__wrapped__ = original
@@ -356,6 +362,7 @@ class MemoryGuard:
         self._stage = stage  # of launches no LaunchInfo announces (teacher forcing's run_stage)
         self.events: list[OutOfBounds] = []
         self.wraps: list[AddressWrap] = []  # accesses through wrapped offsets (wrap_watch.py): performed, not refused
+        self.headroom: list[Headroom] = []  # launches whose 32-bit pointer offsets came near 2^31 (wrap_watch.py)
         self._depth = 0
         self._launches = 0
         self._announced: list[LaunchInfo] = []
@@ -441,6 +448,11 @@ class MemoryGuard:
         event = AddressWrap(index, launch.kernel, kind, pid, grid, wrap, lanes, 1, **self._stage_of_launch())
         self._wraps_by_key[key] = (event, {pid})
         self.wraps.append(event)
+
+    def _near(self, index: int, launch: _Launch, peak: int, where: tuple[str, int, str]) -> None:
+        file, line, function = where
+        code = linecache.getline(file, line).strip() if file else ""
+        self.headroom.append(Headroom(index, launch.kernel, peak, file, line, function, code, **self._stage_of_launch()))
 
     @staticmethod
     def _counted(table: dict, key: tuple, pid: int, amount: str, add: int) -> bool:

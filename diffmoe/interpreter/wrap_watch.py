@@ -20,6 +20,13 @@ through them, never invents one.
 The hooks are installed with the bounds guard's (one install, one restore, the same launches):
 the guard's load and store hooks ask `live_wraps` before they check bounds. Owns the hooks'
 arithmetic and the marks. Must not word a finding (diffmoe/oracles/overflow.py does).
+
+Headroom: at a test's sizes nothing wraps, yet the same kernel wraps at a production shape. So the
+watch also keeps, per launch, the largest 32-bit offset a pointer is moved by (`tl.load(x_ptr +
+offs)` with `offs` int32: the form of every wrap above) and where it was computed; a launch whose
+largest one reaches HEADROOM_FLOOR is a `Headroom` record, which the report words as a warning,
+not a finding (`2^31 / peak` times that offset wraps). An int32 product cast to int64 before the
+pointer is moved is not seen here (only its wrap is, above).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +63,27 @@ class Wrap:
     rhs: int
     exact: int
     wrapped: int
+
+
+# The smallest 32-bit pointer offset, in elements, a launch's headroom is reported from: 2^24 leaves
+# at most 128x before 2^31, closer than a test shape is to a production one (a 16-token check's
+# offsets grow 16384x by T = 262,144); below it the report stays quiet.
+HEADROOM_FLOOR = 2**24
+
+
+@dataclass
+class Headroom:
+    """One launch's largest 32-bit pointer offset (elements), when it reaches HEADROOM_FLOOR."""
+
+    launch: int  # interpreter launch index within the guard
+    kernel: str
+    peak: int  # the largest |offset| of a 32-bit `pointer + offset`, elements
+    file: str  # where that offset was added to a pointer ("" when no frame outside Triton was found)
+    line: int
+    function: str
+    code: str
+    stage: str | None = None
+    announced: int | None = None
 
 
 @dataclass
@@ -173,12 +202,50 @@ def _hooked_binary(original: Any, name: str) -> Any:
     return binary_op
 
 
+class _Peak(threading.local):
+    """The launch in flight's largest 32-bit pointer offset and where it was added (per thread)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.peak = 0
+        self.where: tuple[str, int, str] | None = None
+
+
+_peak = _Peak()
+
+
+def begin_launch() -> None:
+    """A launch starts (the bounds guard's hook): its headroom is measured from zero."""
+    _peak.on, _peak.peak, _peak.where = True, 0, None
+
+
+def end_launch() -> tuple[int, tuple[str, int, str]] | None:
+    """A launch ends: (its largest 32-bit pointer offset, where) when that reached HEADROOM_FLOOR."""
+    found = (_peak.peak, _peak.where) if _peak.where is not None else None
+    _peak.on, _peak.peak, _peak.where = False, 0, None
+    return found
+
+
+def _offset_peak(offset: Any) -> None:
+    """Keep the launch's largest |32-bit offset| a pointer is moved by, and where it first reached it."""
+    data = getattr(offset, "data", None)
+    if not isinstance(data, np.ndarray) or data.dtype != np.int32 or not data.size:
+        return
+    peak = max(int(data.max()), -int(data.min()))
+    if peak > _peak.peak:
+        _peak.peak = peak
+        if peak >= HEADROOM_FLOOR:
+            _peak.where = _kernel_frame()
+
+
 def _hooked_unary(original: Any, name: str) -> Any:
     """An operation whose lanes map one to one onto its operands' (a cast, a broadcast, a
     reshape, a pointer plus an offset): the same operation on the exact lanes."""
 
     def method(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
+        if name == "create_addptr" and _peak.on and len(args) > 1:
+            _offset_peak(args[1])
         for arg in args:  # the common case first: no operand marked, nothing to do
             if getattr(arg, MARK, None) is not None:
                 break

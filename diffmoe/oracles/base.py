@@ -15,6 +15,8 @@ returns its findings. A check calls the hooks in this order:
   4. `after_finish(check)`         once every `finish` ran: what the calls the oracles made showed.
   `after_crash(check)` instead of the hooks not yet called when a crash ends the check: what an
   oracle saw before it (the bounds oracle's refused accesses, which often lead to the crash).
+  `warnings(check)`              last, crash or not: lines the report carries that are not
+     findings and change no verdict (the overflow oracle's offsets near 2^31).
 
 Within one hook, oracles run in ascending `rank`, which fixes the order their findings come
 in a report: how memory was used (races, stray stores, guard bytes, the contract, aliasing)
@@ -60,4 +62,8 @@ class Oracle:
 
     def after_crash(self, check: Check) -> list[Finding]:
         """Findings to report before a crash that ended the check (what led up to it)."""
+        return []
+
+    def warnings(self, check: Check) -> list[str]:
+        """What the report should say that is no finding (never changes the verdict)."""
         return []

@@ -13,6 +13,7 @@ Owns the wording and the verdict. Must not hook the interpreter.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,9 @@ class Overflow(Oracle):
     def judge_run(self, check: Check, run: Run, first: bool) -> list[Finding]:
         return _distinct(run.wraps) if first else []
 
+    def warnings(self, check: Check) -> list[str]:
+        return headroom_warnings(check.headroom, check.config)
+
     def after_finish(self, check: Check) -> list[Finding]:
         """Wraps of the runs after the first (other orders, the oracles' own calls) on a line the
         first run did not wrap."""
@@ -90,3 +94,24 @@ class Overflow(Oracle):
         ids = {id(e) for e in first}
         later = [e for e in check.wraps if id(e) not in ids and (e.kernel, e.kind, e.wrap.file, e.wrap.line) not in made]
         return _distinct(later)
+
+
+def headroom_warnings(headroom: list, config: Any) -> list[str]:
+    """One warning per (kernel, line) whose 32-bit pointer offset came within 2^31 / HEADROOM_FLOOR of
+    wrapping (wrap_watch.Headroom), the largest first: how many times larger that offset may grow, and
+    the token count that is if it grows with the tokens. Not a finding: the check's verdict stands."""
+    largest: dict[tuple, Any] = {}
+    for h in headroom:
+        key = (h.kernel, h.file, h.line)
+        if key not in largest or h.peak > largest[key].peak:
+            largest[key] = h
+    out = []
+    tokens = max(1, config.call_num_tokens)
+    for h in sorted(largest.values(), key=lambda h: -h.peak):
+        factor = 2**31 / h.peak
+        code = f" `{h.code}`" if h.code else ""
+        out.append(f"{h.kernel} moves a pointer by a 32-bit offset of {h.peak} (2^{math.log2(h.peak):.1f}) elements at "
+                   f"{_where(h.file)}:{h.line}{code}{'' if h.stage is None else f' ({h.stage})'}: {factor:.1f}x that "
+                   f"offset wraps int32 (from about T = {math.ceil(tokens * factor)} if it grows with the tokens); an "
+                   f"offset cast to int64 before it grows cannot wrap")
+    return out
