@@ -151,43 +151,51 @@ def _padded_row_reduce_kernel(
     stride_dm, stride_om,
     # Meta-parameters
     ROW_PAD: tl.constexpr,
+    FAR: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
     """Grid: (1,); the one program sums the K rows of every token. Its row offsets are int32
     products scaled by ROW_PAD and scaled back: the scaled product passes 2^31 at token 1 (H=128,
-    K=2, ROW_PAD=2^23), as the unscaled one does past 2^31 elements."""
+    K=2, ROW_PAD=2^23), as the unscaled one does past 2^31 elements. The rows are read through a
+    pointer moved FAR elements away and back by 32-bit offsets (correct at any FAR below 2^31)."""
     tokens = tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_H)
     mask = (tokens < T)[:, None] & (cols < H)[None, :]
     rows = (tokens * TOPK * (stride_dm * ROW_PAD)) // ROW_PAD
+    far = down_ptr + FAR
     acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
     for k in range(0, TOPK):
-        acc += tl.load(down_ptr + rows[:, None] + k * stride_dm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(far + (rows[:, None] - FAR) + k * stride_dm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + tokens[:, None] * stride_om + cols[None, :], acc.to(tl.bfloat16), mask=mask)
 
 
-def _padded_reduce_factory():
+def _padded_reduce_factory(row_pad: int, far: int):
     from optimized.launch import launch
     from optimized.moe import TritonFP8MoE
 
     class PaddedRowReduce(TritonFP8MoE):
-        """The shipped MoE with a reduce whose int32 row offsets wrap (the module docstring)."""
+        """The shipped MoE with the reduce above (the module docstring)."""
 
         def _reduce(self, stage, ctx, down, out):
             (down_name, down_t), (out_name, out_t) = down, out
             t, h = out_t.shape
             launch(ctx, _padded_row_reduce_kernel, 1, stage=stage, reads={down_name: down_t}, writes={out_name: out_t},
                    down_ptr=down_t, out_ptr=out_t, T=t, H=h, TOPK=self.config.topk, stride_dm=down_t.stride(0),
-                   stride_om=out_t.stride(0), ROW_PAD=2**23, BLOCK_T=triton.next_power_of_2(t),
+                   stride_om=out_t.stride(0), ROW_PAD=row_pad, FAR=far, BLOCK_T=triton.next_power_of_2(t),
                    BLOCK_H=triton.next_power_of_2(h))
 
     return PaddedRowReduce
 
 
 def padded_row_reduce(config, device="cpu"):
-    """A factory the candidate's process can import (tests/ is on its path under pytest)."""
-    return _padded_reduce_factory()(config, device)
+    """Row offsets that wrap (a factory the candidate's process can import: tests/ is on its path under pytest)."""
+    return _padded_reduce_factory(2**23, 0)(config, device)
+
+
+def far_row_reduce(config, device="cpu"):
+    """Row offsets that do not wrap, read through a pointer 2^26 elements away: 32x from 2^31."""
+    return _padded_reduce_factory(1, 2**26)(config, device)
 
 
 def _config(**fields):
@@ -245,57 +253,13 @@ def test_a_32_bit_offset_near_2_31_is_recorded_with_its_launch_and_line():
     assert not _strided(2**26, wide=True).headroom  # a 64-bit offset cannot wrap: quiet
 
 
-@triton.jit
-def _far_row_reduce_kernel(
-    # Pointers
-    down_ptr,  # [TK, H] bf16, row t*K + k
-    out_ptr,  # [T, H] bf16
-    # Dimensions
-    T, H, TOPK,
-    # Strides
-    stride_dm, stride_om,
-    # Meta-parameters
-    FAR: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    """Grid: (1,); the one program sums the K rows of every token through a pointer moved FAR
-    elements away and back by 32-bit offsets: correct, and FAR from 2^31."""
-    tokens = tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_H)
-    mask = (tokens < T)[:, None] & (cols < H)[None, :]
-    rows = tokens * TOPK * stride_dm
-    far = down_ptr + FAR
-    acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-    for k in range(0, TOPK):
-        acc += tl.load(far + (rows[:, None] - FAR) + k * stride_dm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + tokens[:, None] * stride_om + cols[None, :], acc.to(tl.bfloat16), mask=mask)
-
-
-def far_row_reduce(config, device="cpu"):
-    """The shipped MoE with the far-pointer reduce (a factory the candidate's process can import)."""
-    from optimized.launch import launch
-    from optimized.moe import TritonFP8MoE
-
-    class FarRowReduce(TritonFP8MoE):
-        def _reduce(self, stage, ctx, down, out):
-            (down_name, down_t), (out_name, out_t) = down, out
-            t, h = out_t.shape
-            launch(ctx, _far_row_reduce_kernel, 1, stage=stage, reads={down_name: down_t}, writes={out_name: out_t},
-                   down_ptr=down_t, out_ptr=out_t, T=t, H=h, TOPK=self.config.topk, stride_dm=down_t.stride(0),
-                   stride_om=out_t.stride(0), FAR=2**26, BLOCK_T=triton.next_power_of_2(t),
-                   BLOCK_H=triton.next_power_of_2(h))
-
-    return FarRowReduce(config, device)
-
-
 @pytest.mark.parametrize("isolation", ["none", "process"])
 def test_a_check_warns_of_an_offset_32x_from_wrapping_and_passes(isolation):
     report = run_differential(_config(), far_row_reduce, oracles=[Oracles.OVERFLOW, Oracles.BOUNDS, Oracles.DIFFERENTIAL],
                               isolation=isolation)
     assert report.passed, report.render()
     [warning] = report.warnings
-    assert warning.startswith("_far_row_reduce_kernel moves a pointer by a 32-bit offset of")
+    assert warning.startswith("_padded_row_reduce_kernel moves a pointer by a 32-bit offset of")
     assert "(reduce)" in warning and "32.0x that offset wraps int32" in warning and "from about T = 64 " in warning
     assert "tests/test_overflow.py" in warning
     assert f"warning:   {warning}" in report.render()
