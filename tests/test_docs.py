@@ -86,6 +86,15 @@ def test_the_readme_keeps_the_two_quick_start_commands_ci_and_the_demo_read():
     assert demo.startswith("[ -x .venv/bin/python ] ||"), demo
 
 
+def test_the_docs_front_page_shows_the_readmes_two_commands_word_for_word():
+    """docs/index.md repeats the quick start: a reader of the site runs what a reader of the README runs."""
+    quick = [line for block in code_blocks(README.read_text(), "bash") for line in block.splitlines()
+             if line.startswith("[ -x .venv/bin/python ] ||")]
+    site = [line for block in code_blocks((DOCS / "index.md").read_text(), "bash") for line in block.splitlines()
+            if line.startswith("[ -x .venv/bin/python ] ||")]
+    assert len(quick) == 2 and site == quick, site
+
+
 def test_every_nav_page_exists_and_every_page_is_in_the_nav():
     nav = nav_pages()
     assert nav, "mkdocs.yml has no nav"
