@@ -5,6 +5,11 @@ from the test and so cannot inherit a monkeypatch: `install` is Ray's `worker_pr
 STANDIN_FAILS: "legacy" (the legacy fused plan fails, the default), "never", or "tokens>=N".
 STANDIN_SLEEP: seconds each example takes (0 by default; the interrupt and fault tests slow it).
 STANDIN_LOG: a file every judged config is appended to, one JSON line with the task's process id.
+STANDIN_GATE: a file a failing example creates. With it, a task process's examples after its first
+STANDIN_GATE_AFTER that do not fail wait until the file exists (at most GATE_WAIT_SECONDS), and in a
+process that waited each then takes STANDIN_GATE_SLEEP (0.5) seconds: a search that has not failed
+cannot end before another one's first failure, however late a loaded machine starts that other task,
+and it still runs for a while after it (the time the stop has to reach it).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import json
 import os
 import sys
 import time
+
+GATE_WAIT_SECONDS = 300.0  # a bound, never reached when the other search fails: it then fails the test's assertion
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -35,8 +42,27 @@ def install() -> None:
     judge = fake.run_differential
     pause = float(os.environ.get("STANDIN_SLEEP", "0"))
     log = os.environ.get("STANDIN_LOG")
+    gate = os.environ.get("STANDIN_GATE")
+    gate_after = int(os.environ.get("STANDIN_GATE_AFTER", "0"))
+    gate_sleep = float(os.environ.get("STANDIN_GATE_SLEEP", "0.5"))
+    fails = _fails()
+    judged, waited = [0], [False]
+
+    def wait_for_gate(config) -> None:
+        judged[0] += 1
+        if fails(config):
+            open(gate, "a").close()
+        elif judged[0] > gate_after:
+            deadline = time.monotonic() + GATE_WAIT_SECONDS
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                waited[0] = True
+                time.sleep(0.05)
+            if waited[0]:
+                time.sleep(gate_sleep)
 
     def run_differential(config, *args, **kwargs):
+        if gate:
+            wait_for_gate(config)
         if pause:
             time.sleep(pause)
         if log:

@@ -123,11 +123,15 @@ def test_the_same_seed_draws_the_same_examples_as_each_search_alone(on_cluster, 
 
 def test_the_first_failure_ends_the_other_searches(on_cluster, tmp_path):
     """The search that did not fail stops generating soon after the other's first failure: fewer of
-    its examples are judged than its share. Seed 110's worker 2 draws T = 92 at its 9th example and
-    worker 1 none in its 200 (found by running both searches alone; it was seed 7 until the
-    strategies drew the outlier channels, issue 42): without the stop, worker 1 would judge all 200."""
+    its examples are judged than its share. Seed 110's worker 2 first draws a T >= 87 at its 147th
+    judged example and worker 1 none in its 200 (found by running both searches alone; it was seed 7
+    until the strategies drew the outlier channels, issue 42): without the stop, worker 1 would judge
+    all 200. The two raced: beside a second full suite worker 1 once judged all 200 before worker 2
+    reached its 147th. The gate (tests/ray_standins.py) holds each search after its 160th judged
+    example until the other has failed, then gives it half a second an example for the stop to arrive."""
     log = tmp_path / "calls.jsonl"
-    outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_SLEEP": "0.02", "STANDIN_FAILS": "tokens>=87"},
+    outcome = on_cluster({"STANDIN_LOG": str(log), "STANDIN_SLEEP": "0.02", "STANDIN_FAILS": "tokens>=87",
+                          "STANDIN_GATE": str(tmp_path / "failed"), "STANDIN_GATE_AFTER": "160"},
                          workers=2, max_examples=400, seed=110)
     assert not outcome.passed and not outcome.interrupted and outcome.shrink_examples > 0
     # shrunk to T = 96, not 87: the strategies' draw of their cap (max_tokens, 96) is a simpler
