@@ -23,7 +23,7 @@ arithmetic and the marks. Must not word a finding (diffmoe/oracles/overflow.py d
 
 Headroom: at a test's sizes nothing wraps, yet the same kernel wraps at a production shape. So the
 watch also keeps, per launch, the largest 32-bit offset a pointer is moved by (`tl.load(x_ptr +
-offs)` with `offs` int32: the form of every wrap above) and where it was computed; a launch whose
+offs)` with `offs` int32: the form of every wrap above) and the line that moved it; a launch whose
 largest one reaches HEADROOM_FLOOR is a `Headroom` record, which the report words as a warning,
 not a finding (`2^31 / peak` times that offset wraps). An int32 product cast to int64 before the
 pointer is moved is not seen here (only its wrap is, above).
