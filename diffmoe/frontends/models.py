@@ -54,15 +54,11 @@ def check_fields(args: argparse.Namespace, fields: dict[str, Any], given: dict[s
         if given.get("router", "softmax-topk") != "softmax-topk":
             base.pop("renormalize")  # renormalize applies to softmax-topk alone
         merged = {**base, **fields}
-    ep = getattr(args, "ep", None)
-    if ep is not None:
-        if "expert_map" in merged:
-            raise ValueError("--ep and --expert-map cannot be combined: --ep writes the expert map")
-        rank, size = parse_ep(ep)
+    if getattr(args, "ep", None) is not None:
         experts = merged.get("num_experts")
-        if experts is None:
-            raise ValueError("--ep needs the experts known: give --model NAME or --experts E")
-        merged["expert_map"] = expert_parallel_map(experts, merged.get("shared_experts", 0), rank, size)
+        merged["expert_map"] = _ep_map(args.ep, "expert_map" in merged, experts, merged.get("shared_experts", 0),
+                                       None if experts is not None else
+                                       "--ep needs the experts known: give --model NAME or --experts E")
     return merged
 
 
@@ -78,21 +74,24 @@ def fuzz_pins(args: argparse.Namespace, ranges: dict[str, tuple[int, int]], valu
                 ranges[name] = (value, value)
             elif value is not None:
                 values[name] = (value,)
-        if values.get("router", ("softmax-topk",)) != ("softmax-topk",) and "renormalize" not in _flags_given(args):
+        if values.get("router", ("softmax-topk",)) != ("softmax-topk",) and getattr(args, "renormalize", None) is None:
             values.pop("renormalize", None)
-    ep = getattr(args, "ep", None)
-    if ep is not None:
-        if "expert_map" in values:
-            raise ValueError("--ep and --expert-map cannot be combined: --ep writes the expert map")
-        rank, size = parse_ep(ep)
-        experts, shared = ranges.get("num_experts"), ranges.get("shared_experts", (0, 0))
-        if experts is None or experts[0] != experts[1] or shared[0] != shared[1]:
-            raise ValueError("--ep needs E pinned: give --model NAME or --experts E (and --shared-experts S, if any)")
-        values["expert_map"] = (expert_parallel_map(experts[0], shared[0], rank, size),)
+    if getattr(args, "ep", None) is not None:
+        experts, shared = ranges.get("num_experts", (0, 1)), ranges.get("shared_experts", (0, 0))
+        pinned = experts[0] == experts[1] and shared[0] == shared[1]
+        values["expert_map"] = (_ep_map(args.ep, "expert_map" in values, experts[0], shared[0], None if pinned else
+                                        "--ep needs E pinned: give --model NAME or --experts E (and --shared-experts S, if any)"),)
 
 
-def _flags_given(args: argparse.Namespace) -> set[str]:
-    return {name for name, value in vars(args).items() if value is not None}
+def _ep_map(ep: str, has_map: bool, experts: int | None, shared: int, missing: str | None) -> tuple[int, ...]:
+    """--ep's expert map of E experts (S shared); ValueError beside --expert-map, for a bad RANK/SIZE, or
+    `missing` when E is not known."""
+    if has_map:
+        raise ValueError("--ep and --expert-map cannot be combined: --ep writes the expert map")
+    rank, size = parse_ep(ep)
+    if missing is not None:
+        raise ValueError(missing)
+    return expert_parallel_map(experts, shared, rank, size)
 
 
 # ---- diffmoe models ----------------------------------------------------------------------------------

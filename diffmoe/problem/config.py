@@ -117,8 +117,8 @@ MAX_ROUTED_SCALING_FACTOR = 256.0
 
 # Upper bounds, checked before anything is allocated: a hostile or mistyped config must not
 # exhaust memory. Each field reaches the sizes engines run (issue 42): T to 2^20 tokens (decode
-# 1-512, chunked prefill 8192-65536, warm-up and training batches to 262,144 and beyond), E to 512
-# (Qwen3-Next's 512 routed experts and a shared one fit), H and I to 16384 (Mixtral-8x22B's I);
+# 1-512, chunked prefill 8192-65536, warm-up and training batches to 262,144 and beyond), E to 1024
+# (Qwen3-Next's 512 routed experts and its fused shared one make 513), H and I to 16384 (Mixtral-8x22B's I);
 # routed rows to 2^24 (2^20 tokens at top-16). What bounds memory is the total, MAX_PROBLEM_BYTES.
 MAX_TOKENS = 2**20
 MAX_EXPERTS = 1024
