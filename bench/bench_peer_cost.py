@@ -30,7 +30,7 @@ from benchkit import PEER_COST_BOUND
 
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME
+from diffmoe.contract import DEFAULT_IMPLEMENTATION_NAME
 from diffmoe.check.report import Oracles
 from diffmoe.check.runner import load_factory, run_differential
 

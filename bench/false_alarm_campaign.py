@@ -46,7 +46,7 @@ DRAWS_PER_CONFIG = 32
 
 def runs(factory, config: MoEConfig) -> bool:
     """Whether the implementation runs `config` (its `supports`, under the profile it declares)."""
-    from diffmoe.adapters.contract import factory_numerics, unsupported
+    from diffmoe.contract import factory_numerics, unsupported
 
     try:
         return unsupported(factory, config.replace(numerics=factory_numerics(factory))) is None

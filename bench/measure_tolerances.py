@@ -29,7 +29,7 @@ if not torch.cuda.is_available():
 from benchkit import write_section  # noqa: E402
 from diffmoe.tolerance.compare import compare, ulp_distance  # noqa: E402
 from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig  # noqa: E402
-from diffmoe.adapters.contract import default_device  # noqa: E402
+from diffmoe.contract import default_device  # noqa: E402
 from diffmoe.problem.edge_cases import edge_cases  # noqa: E402
 from diffmoe.tolerance.gemm_interval import stage_bound  # noqa: E402
 from diffmoe.problem.inputs import make_problem  # noqa: E402

@@ -30,7 +30,7 @@ from collections import defaultdict
 
 from benchkit import BACKEND_CUDA, INTERPRETER_LABEL, PEER_COST_BOUND, write_section
 from diffmoe.problem.config import QUANT_SCHEMES
-from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME
+from diffmoe.contract import DEFAULT_IMPLEMENTATION_NAME
 
 MARK_START = "<!-- bench:start -->"
 MARK_END = "<!-- bench:end -->"

@@ -1,11 +1,15 @@
 """diffmoe: reference-vs-optimized differential testing for fused Mixture-of-Experts kernels.
 
-The harness imports no Triton. Entry points: `MoEConfig`, `make_problem`, the plug-in
-contract in `diffmoe.contract`, and `run_differential` (diffmoe.runner).
+The verbs, importable from here: `MoEConfig` (one check's config), `make_problem` (its inputs),
+`load_factory` (an implementation named "MODULE:FACTORY"), `run_differential` (one check through
+every oracle), which returns a `Report` of `Finding`s; the plug-in contract's types
+(`MoEImplementation`, `WorkspacePlan`, `RunResult`, ...) and the pipeline's names (`Buffers`,
+`Stages`). The check's verbs are read on first use (PEP 562), so `import diffmoe` stays cheap.
 
-The package's face: this module, `__main__`, and the public paths `diffmoe.contract`,
-`diffmoe.config`, `diffmoe.runner`, `diffmoe.strategies` and `diffmoe.pytest_plugin`, each the
-same module object as the one it names in a concept folder. Everything else lives in one:
+The public modules: this one, `diffmoe.contract` (what an implementation provides: the plug-in
+contract and the vocabulary it speaks), `diffmoe.config`, `diffmoe.runner`, `diffmoe.strategies`
+and `diffmoe.pytest_plugin`; each declares `__all__`. Everything else lives in a concept folder,
+and paths that moved keep working for one release with a DeprecationWarning (diffmoe.moved):
 
     problem/      the problem's language: config, vocabulary, inputs, edge cases
     check/        one check: runner, execution, worker, watchers, recording, report
@@ -14,27 +18,68 @@ same module object as the one it names in a concept folder. Everything else live
     interpreter/  Triton interpreter hooks: fixes, fast path, grid order, address recorder, pin
     backend/      can the backend be trusted: conformance probes, doctor, compile gate
     fuzz/         strategies, the fuzz driver, tiers, database, workers, plan tier, campaign
-    adapters/     the plug-in contract, peer wheels, the museum
+    adapters/     the adapter kit, families, loading, peer wheels, the museum
     frontends/    the command line and the pytest plugin
 
 Owns the public re-exports only.
 """
 
-from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import LaunchInfo, MoEImplementation, Placement, RunResult, Schedule, WorkspacePlan
-from diffmoe.problem.inputs import Problem, make_problem
-from diffmoe.problem.vocabulary import Buffers, Stages
+from typing import TYPE_CHECKING
+
+from diffmoe import moved
+
+moved.install()
+
+from diffmoe.contract import LaunchInfo, MoEImplementation, Placement, RunResult, Schedule, WorkspacePlan  # noqa: E402
+from diffmoe.problem.config import MoEConfig  # noqa: E402
+from diffmoe.problem.inputs import Problem, make_problem  # noqa: E402
+from diffmoe.problem.vocabulary import Buffers, Stages  # noqa: E402
+
+if TYPE_CHECKING:  # what the lazy names below are, for readers and static tools
+    from diffmoe.check.recording import ChainedRecorder
+    from diffmoe.check.report import Finding, Report
+    from diffmoe.check.runner import load_factory, run_differential
+
+# Read on first use: the check's modules import the oracles, isolation and the worker, which a
+# config or a contract type alone does not need.
+_LAZY = {
+    "ChainedRecorder": "diffmoe.check.recording",
+    "Finding": "diffmoe.check.report",
+    "Report": "diffmoe.check.report",
+    "load_factory": "diffmoe.check.runner",
+    "run_differential": "diffmoe.check.runner",
+}
 
 __all__ = [
     "Buffers",
+    "ChainedRecorder",
+    "Finding",
     "LaunchInfo",
     "MoEConfig",
     "MoEImplementation",
     "Placement",
     "Problem",
+    "Report",
     "RunResult",
     "Schedule",
     "Stages",
     "WorkspacePlan",
+    "load_factory",
     "make_problem",
+    "run_differential",
 ]
+
+
+def __getattr__(name: str):
+    home = _LAZY.get(name)
+    if home is None:
+        raise AttributeError(f"module 'diffmoe' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

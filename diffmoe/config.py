@@ -1,11 +1,41 @@
-"""Public path of `MoEConfig`: `diffmoe.config` is `diffmoe.problem.config`, the same module object.
+"""Public path of the config: `MoEConfig` and the names that describe its fields' values.
 
-Kept because users import it (README, docs): imports, attributes and monkeypatching all reach
-the one module in diffmoe/problem/config.py. Must not hold code of its own.
+The config lives in diffmoe/problem/config.py; this module exports the part users write
+against (`__all__`). Any other name of that module is still found here, with a
+DeprecationWarning naming diffmoe.problem.config (diffmoe.moved).
+
+Owns the public names (`__all__`) only. Must not hold code of its own.
 """
 
-import sys
+from diffmoe.moved import internal_names
+from diffmoe.problem.config import (
+    ACT_SCALES,
+    MAX_EXPERTS,
+    MAX_PROBLEM_BYTES,
+    MAX_TOKENS,
+    NUMERICS_PROFILES,
+    PLANNERS,
+    QUANT_SCHEMES,
+    ROUTERS,
+    ROUTING_SKEWS,
+    WEIGHT_SCALES,
+    MoEConfig,
+    problem_bytes,
+)
 
-from diffmoe.problem import config as _module
+__all__ = [
+    "ACT_SCALES",
+    "MAX_EXPERTS",
+    "MAX_PROBLEM_BYTES",
+    "MAX_TOKENS",
+    "NUMERICS_PROFILES",
+    "PLANNERS",
+    "QUANT_SCHEMES",
+    "ROUTERS",
+    "ROUTING_SKEWS",
+    "WEIGHT_SCALES",
+    "MoEConfig",
+    "problem_bytes",
+]
 
-sys.modules[__name__] = _module
+__getattr__ = internal_names(__name__, "diffmoe.problem.config")

@@ -1,11 +1,30 @@
-"""Public path of the pytest plugin: `diffmoe.pytest_plugin` is `diffmoe.frontends.pytest_plugin`, the same module object.
+"""Public path of the pytest plugin (entry point `diffmoe`): its hooks, fixtures and
+`report_failure_message`.
 
-Kept because users import it (README, docs): imports, attributes and monkeypatching all reach
-the one module in diffmoe/frontends/pytest_plugin.py. Must not hold code of its own.
+The plugin lives in diffmoe/frontends/pytest_plugin.py (its docstring lists the profiles and
+fixtures); pytest registers this module, which holds the same hook and fixture objects. Any
+other name of that module is still found here, with a DeprecationWarning naming it (diffmoe.moved).
+
+Owns the public names (`__all__`) only. Must not hold code of its own.
 """
 
-import sys
+from diffmoe.frontends.pytest_plugin import (
+    assert_report_passes,
+    guarded_workspaces,
+    moe_problem_factory,
+    moe_reference,
+    pytest_configure,
+    report_failure_message,
+)
+from diffmoe.moved import internal_names
 
-from diffmoe.frontends import pytest_plugin as _module
+__all__ = [
+    "assert_report_passes",
+    "guarded_workspaces",
+    "moe_problem_factory",
+    "moe_reference",
+    "pytest_configure",
+    "report_failure_message",
+]
 
-sys.modules[__name__] = _module
+__getattr__ = internal_names(__name__, "diffmoe.frontends.pytest_plugin")

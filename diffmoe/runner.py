@@ -1,11 +1,35 @@
-"""Public path of `run_differential`: `diffmoe.runner` is `diffmoe.check.runner`, the same module object.
+"""Public path of one check: `run_differential`, the factory loader, and the report it returns.
 
-Kept because users import it (README, docs): imports, attributes and monkeypatching all reach
-the one module in diffmoe/check/runner.py. Must not hold code of its own.
+The check's orchestration lives in diffmoe/check/runner.py; this module exports the part users
+call (`__all__`). Any other name of that module is still found here, with a
+DeprecationWarning naming diffmoe.check.runner (diffmoe.moved).
+
+Owns the public names (`__all__`) only. Must not hold code of its own.
 """
 
-import sys
+from diffmoe.check.report import Finding, Report
+from diffmoe.check.runner import (
+    DEFAULT_INTERPRETER_TIME_LIMIT,
+    MAX_TIME_LIMIT,
+    WorkerError,
+    default_schedules,
+    load_factory,
+    run_differential,
+)
+from diffmoe.moved import internal_names
 
-from diffmoe.check import runner as _module
+__all__ = [
+    "ALL_ORACLES",
+    "DEFAULT_INTERPRETER_TIME_LIMIT",
+    "MAX_TIME_LIMIT",
+    "Finding",
+    "Report",
+    "WorkerError",
+    "default_schedules",
+    "load_factory",
+    "run_differential",
+]
 
-sys.modules[__name__] = _module
+# ALL_ORACLES is read when first used: it imports the oracles, which a module that only defines a
+# factory beside its tests must not need (in the candidate's process they are not there, issue 43).
+__getattr__ = internal_names(__name__, "diffmoe.check.runner", lazy=("ALL_ORACLES",))

@@ -1,11 +1,43 @@
-"""Public path of the Hypothesis strategies: `diffmoe.strategies` is `diffmoe.fuzz.strategies`, the same module object.
+"""Public path of the Hypothesis strategies: `moe_configs()`, `schedules()` and their parts.
 
-Kept because users import it (README, docs): imports, attributes and monkeypatching all reach
-the one module in diffmoe/fuzz/strategies.py. Must not hold code of its own.
+The strategies live in diffmoe/fuzz/strategies.py (its docstring documents every domain); this
+module exports the ones users compose (`__all__`). Any other name of that module is still found
+here, with a DeprecationWarning naming diffmoe.fuzz.strategies (diffmoe.moved).
+
+Owns the public names (`__all__`) only. Must not hold code of its own.
 """
 
-import sys
+from diffmoe.fuzz.bounds import FieldBounds
+from diffmoe.fuzz.strategies import (
+    MAX_EXPERTS,
+    MAX_SIZE,
+    MINIMAL_CONFIG,
+    MINIMAL_FUSED_CONFIG,
+    TOKEN_BUDGET,
+    WEIGHT_BUDGET,
+    expert_counts,
+    expert_maps,
+    hidden_sizes,
+    moe_configs,
+    schedules,
+    token_counts,
+)
+from diffmoe.moved import internal_names
 
-from diffmoe.fuzz import strategies as _module
+__all__ = [
+    "MAX_EXPERTS",
+    "MAX_SIZE",
+    "MINIMAL_CONFIG",
+    "MINIMAL_FUSED_CONFIG",
+    "TOKEN_BUDGET",
+    "WEIGHT_BUDGET",
+    "FieldBounds",
+    "expert_counts",
+    "expert_maps",
+    "hidden_sizes",
+    "moe_configs",
+    "schedules",
+    "token_counts",
+]
 
-sys.modules[__name__] = _module
+__getattr__ = internal_names(__name__, "diffmoe.fuzz.strategies")

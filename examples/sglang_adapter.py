@@ -3,8 +3,7 @@ import functools
 import logging
 import torch
 
-from diffmoe.adapters import kit, peer_wheels
-from diffmoe.adapters.families import function_factory
+from diffmoe.adapters import function_factory, kit, peer_wheels
 from peers.sglang_standins import ACTIVE, MOE, OPS, stub_values  # SGLang's CUDA ops as kit stand-ins, its stub values
 
 FILES = [(m, m.replace(".", "/") + ".py") for m in (f"{OPS}.quantization.fp8_utils", f"{OPS}.quantization.fp8_kernel",

@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from diffmoe.problem.config import MoEConfig
-from diffmoe.frontends.pytest_plugin import report_failure_message
-from diffmoe.check.runner import load_factory, run_differential
-from diffmoe.fuzz.strategies import moe_configs
+from diffmoe import MoEConfig, load_factory, run_differential
+from diffmoe.pytest_plugin import report_failure_message
+from diffmoe.strategies import moe_configs
 
 # your factory, as --impl names it: "mypackage.mymoe:make" works the same way
 SPEC = f"{Path(__file__).with_name('torch_moe.py')}:make"

@@ -5,10 +5,9 @@ declares, one reported launch per stage. `diffmoe check --impl examples/torch_mo
 import torch
 import torch.nn.functional as F
 
-from diffmoe.adapters.contract import LaunchInfo, Placement, RunResult, WorkspacePlan
-from diffmoe.check.recording import ChainedRecorder
-from diffmoe.problem.vocabulary import FP8_DTYPE, FP8_MAX, SCALES_OF, Buffers as N, Stages as S, buffer_spec, materialised_buffers, \
-    pipeline_stages
+from diffmoe import ChainedRecorder
+from diffmoe.contract import FP8_DTYPE, FP8_MAX, SCALES_OF, Buffers as N, LaunchInfo, Placement, RunResult, Stages as S, \
+    WorkspacePlan, buffer_spec, materialised_buffers, pipeline_stages
 
 
 def plan(config, num_tokens):  # consecutive buffers alternate ws1/ws2 at offset 0; scales follow their codes

@@ -25,7 +25,7 @@ of magnitude slower. So when a CUDA probe finds a defect (or cannot run), `backe
 with a message naming it, unless DIFFMOE_ALLOW_SOFTWARE_FALLBACK=1 says to run slowly anyway, and
 even then it warns. On the interpreter nothing is refused: an unfixed one runs the software paths.
 
-While `diffmoe compile-check` captures launches (diffmoe.adapters.contract.compile_target() is set), no
+While `diffmoe compile-check` captures launches (diffmoe.contract.compile_target() is set), no
 probe runs: the capture names the trait set (COMPILE_VARIANTS) and the backend is CUDA.
 
 This module itself imports no triton (the probes are imported when traits are first asked for):
@@ -42,7 +42,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from diffmoe.adapters.contract import compile_target, default_device, interpreter_enabled
+from diffmoe.contract import compile_target, default_device, interpreter_enabled
 
 
 @dataclass(frozen=True)

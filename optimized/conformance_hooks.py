@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from diffmoe.backend.conformance import ConformanceHooks, Workaround
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 
 from . import backend
 from .kernels.numerics import bf16_to_f32, to_bf16, to_e4m3

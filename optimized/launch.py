@@ -24,7 +24,7 @@ import torch
 
 from diffmoe.interpreter import fixes as interpreter_fixes
 from diffmoe.interpreter import fast_path as interpreter_speed
-from diffmoe.adapters.contract import LaunchInfo, LaunchRecorder, Schedule, interpreter_enabled
+from diffmoe.contract import LaunchInfo, LaunchRecorder, Schedule, interpreter_enabled
 
 
 def install_interpreter_fixes() -> interpreter_fixes.FixStatus | None:

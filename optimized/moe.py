@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import RunResult, Schedule, WorkspacePlan
+from diffmoe.contract import RunResult, Schedule, WorkspacePlan
 from diffmoe.problem.inputs import Problem
 from diffmoe.problem.vocabulary import (
     SCALES_OF,
@@ -58,7 +58,7 @@ PER_CALL_FIELDS = ("num_tokens", "seed", "skew")
 
 
 class TritonFP8MoE:
-    """One implementation of the diffmoe plug-in contract (diffmoe.adapters.contract.MoEImplementation)."""
+    """One implementation of the diffmoe plug-in contract (diffmoe.contract.MoEImplementation)."""
 
     name = "optimized"
     # `diffmoe compile-check` compiles both trait sets (optimized.backend.COMPILE_VARIANTS)
@@ -280,7 +280,7 @@ def _conformance_hooks():
     return conformance_hooks()
 
 
-# The contract's optional cheap factory attributes (diffmoe/adapters/contract.py): the plan without
+# The contract's optional cheap factory attributes (diffmoe/contract.py): the plan without
 # building the implementation (which probes the backend), and the doctor's hooks.
 make_implementation.plan_workspaces = plan_workspaces
 make_implementation.conformance_hooks = _conformance_hooks

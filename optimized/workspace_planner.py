@@ -17,7 +17,7 @@ Owns the placement of every buffer in ws1/ws2. Must not allocate: the planner on
 from __future__ import annotations
 
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import Placement, WorkspacePlan
+from diffmoe.contract import Placement, WorkspacePlan
 from diffmoe.problem.vocabulary import Buffers, buffer_spec, declared_workspace_buffers, pipeline_stages
 
 NUM_WORKSPACES = 2

@@ -97,7 +97,7 @@ def refuse_set_fields(config, name: str, reasons: dict) -> None:
 
 
 def supports_from(check_supported):
-    """diffmoe.adapters.contract's `supports(config)` from an adapter's check: None, or the check's message."""
+    """diffmoe.contract's `supports(config)` from an adapter's check: None, or the check's message."""
     def supports(config) -> str | None:
         try:
             check_supported(config)
@@ -174,7 +174,7 @@ def route_order(sorted_rows: torch.Tensor, sorted_idx: torch.Tensor) -> torch.Te
 def fresh_allocations_plan(config, planner: str):
     """The declared plan of a peer that carves nothing: every buffer a fresh allocation, no
     placement, 0 bytes of ws1 and ws2 (the static oracle then has nothing to judge, and says so)."""
-    from diffmoe.adapters.contract import WorkspacePlan
+    from diffmoe.contract import WorkspacePlan
     from diffmoe.problem.vocabulary import pipeline_stages
 
     return WorkspacePlan(planner=f"{planner} (fresh allocations only)", buffer_list=(), placements=(),
@@ -201,7 +201,7 @@ class SelfAllocatingPeer:
         raise NotImplementedError
 
     def __init__(self, config, device=None):
-        from diffmoe.adapters.contract import default_device
+        from diffmoe.contract import default_device
 
         config.validate()
         self.check_supported(config)
@@ -226,7 +226,7 @@ class SelfAllocatingPeer:
 
     def run(self, problem, workspaces, *, output=None, schedule=None, recorder=None):
         from diffmoe.interpreter import grid_order
-        from diffmoe.adapters.contract import RunResult, Schedule
+        from diffmoe.contract import RunResult, Schedule
 
         check_problem(self, problem)
         if not isinstance(workspaces, (tuple, list)) or len(workspaces) != 2:

@@ -66,7 +66,7 @@ import torch
 
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import LaunchInfo, WorkspacePlan
+from diffmoe.contract import LaunchInfo, WorkspacePlan
 from diffmoe.problem.vocabulary import Buffers, Stages
 
 from . import (
@@ -239,7 +239,7 @@ def checker(name: str, version: str):
 
 class LigerFusedMoE(SelfAllocatingPeer):
     """A Liger-Kernel release's LigerFusedMoEFunction forward behind diffmoe's plug-in contract
-    (diffmoe.adapters.contract); `release_factories` makes each release's subclass."""
+    (diffmoe.contract); `release_factories` makes each release's subclass."""
 
     name: str
     files_class: type
@@ -310,7 +310,7 @@ def release_factories(peer: str, module: str):
     for factory, name in ((make, "make"), (make_wide, "make_wide")):
         factory.__module__, factory.__qualname__ = module, name
         factory.plan_workspaces = plan_workspaces
-        factory.numerics = "liger"  # diffmoe.adapters.contract.NUMERICS: Liger's rounding points (diffmoe.problem.numerics)
-        factory.peer_wheel = peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
-        factory.supports = supports_from(check_supported)  # diffmoe.adapters.contract.SUPPORTS
+        factory.numerics = "liger"  # diffmoe.contract.NUMERICS: Liger's rounding points (diffmoe.problem.numerics)
+        factory.peer_wheel = peer  # diffmoe.contract.PEER_WHEEL: the CLI checks the cache before a run
+        factory.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS
     return make, make_wide

@@ -59,7 +59,7 @@ import torch
 
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
-from diffmoe.adapters.contract import LaunchInfo, WorkspacePlan
+from diffmoe.contract import LaunchInfo, WorkspacePlan
 from diffmoe.problem.vocabulary import Buffers, Stages
 
 from . import (
@@ -228,7 +228,7 @@ def plan_workspaces(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
 
 
 class LmdeployBlockedFP8MoE(SelfAllocatingPeer):
-    """lmdeploy 0.18.0's fused_moe_blocked_fp8 behind diffmoe's plug-in contract (diffmoe.adapters.contract)."""
+    """lmdeploy 0.18.0's fused_moe_blocked_fp8 behind diffmoe's plug-in contract (diffmoe.contract)."""
 
     name = f"lmdeploy-{VERSION}"
     files_class = LmdeployFiles
@@ -268,6 +268,6 @@ def make(config: MoEConfig, device=None) -> LmdeployBlockedFP8MoE:
 
 
 make.plan_workspaces = plan_workspaces
-make.numerics = "lmdeploy"  # diffmoe.adapters.contract.NUMERICS: judged against lmdeploy's rounding points (diffmoe.problem.numerics)
-make.peer_wheel = PEER  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
-make.supports = supports_from(check_supported)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses
+make.numerics = "lmdeploy"  # diffmoe.contract.NUMERICS: judged against lmdeploy's rounding points (diffmoe.problem.numerics)
+make.peer_wheel = PEER  # diffmoe.contract.PEER_WHEEL: the CLI checks the cache before a run
+make.supports = supports_from(check_supported)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses

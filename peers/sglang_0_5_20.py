@@ -15,5 +15,5 @@ make = factory(RELEASE, cuda=True, module=__name__)
 make_fallback = factory(RELEASE, cuda=False, module=__name__)
 # the CUDA branch with a routed scaling factor (sglang_core.ROUTED_SCALING_FACTOR): the museum's SGLang exhibit
 make_scaled = factory(RELEASE, cuda=True, module=__name__, scaled=True)
-# `--fn sglang==0.5.20:[MODULE:]FUNCTION --family sglang` (diffmoe.adapters.contract.WHEEL_FUNCTIONS)
+# `--fn sglang==0.5.20:[MODULE:]FUNCTION --family sglang` (diffmoe.contract.WHEEL_FUNCTIONS)
 wheel_function = functools.partial(_wheel_function, RELEASE)

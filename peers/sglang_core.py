@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from diffmoe.adapters import kit, peer_wheels
-from diffmoe.adapters.contract import LaunchInfo
+from diffmoe.contract import LaunchInfo
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import QUANT_BLOCK, Buffers as B, Stages
 
@@ -262,7 +262,7 @@ def check_supported(config: MoEConfig, cuda: bool = True) -> None:
 
 
 class SglangTritonMoE(SelfAllocatingPeer):
-    """SGLang's fused_experts behind diffmoe's plug-in contract (diffmoe.adapters.contract)."""
+    """SGLang's fused_experts behind diffmoe's plug-in contract (diffmoe.contract)."""
 
     reporter_class = RunReporter
     active = _ACTIVE
@@ -352,12 +352,12 @@ def factory(release: Release, cuda: bool, module: str, scaled: bool = False):
 
     make.__module__ = module
     make.__name__ = make.__qualname__ = ("make" if cuda else "make_fallback") + ("_scaled" if scaled else "")  # the spec a replay line names
-    make.numerics = "sglang" if cuda else "sglang_fallback"  # diffmoe.adapters.contract.NUMERICS
-    make.supports = supports_from(lambda c: check_supported(c, cuda))  # diffmoe.adapters.contract.SUPPORTS
-    make.batch_invariant = False  # diffmoe.adapters.contract.BATCH_INVARIANT: the tile config follows the token count
-    make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
+    make.numerics = "sglang" if cuda else "sglang_fallback"  # diffmoe.contract.NUMERICS
+    make.supports = supports_from(lambda c: check_supported(c, cuda))  # diffmoe.contract.SUPPORTS
+    make.batch_invariant = False  # diffmoe.contract.BATCH_INVARIANT: the tile config follows the token count
+    make.peer_wheel = release.peer  # diffmoe.contract.PEER_WHEEL: the CLI checks the cache before a run
     make.release = release
-    make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
+    make.peer_wheel = release.peer  # diffmoe.contract.PEER_WHEEL: the CLI checks the cache before a run
     if cuda and not scaled:
         # diffmoe tuned-configs (diffmoe/tuned_configs/): the folder of the wheel's tuned tile configs and this
         # factory with one forced through SGLang's override_config

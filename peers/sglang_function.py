@@ -1,5 +1,5 @@
 """SGLang's fused_experts from a pinned wheel with no user code: `--fn sglang==V:fused_experts --family sglang`
-(or `sglang==V:MODULE:FUNCTION`), through diffmoe.adapters.contract.WHEEL_FUNCTIONS and each release module's
+(or `sglang==V:MODULE:FUNCTION`), through diffmoe.contract.WHEEL_FUNCTIONS and each release module's
 `wheel_function`.
 
 Owns the function a spec names inside a release's files, and what it carries for its factory. Must not

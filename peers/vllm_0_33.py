@@ -4,7 +4,7 @@ Owns this release's factory. Must not hold anything the releases share: that is 
 (its RELEASES row for 0.33.0: the pad-aware moe_sum and the remote slots dropped at the
 alignment under an expert map, vLLM PR #54083; a clamp limit unfuses the FP8-block quant).
 
-Numerics: the factory declares the reference's `vllm` profile (`make.numerics`, diffmoe.adapters.contract
+Numerics: the factory declares the reference's `vllm` profile (`make.numerics`, diffmoe.contract
 NUMERICS): vLLM 0.33.0's rounding points (diffmoe.problem.numerics; reference/rounding/ cites the same vLLM sources
 peers/vllm_ops.py follows), so a check with numerics=None judges this release against what
 vLLM's own ops compute, and numerics="diffmoe" against diffmoe's. Every release declares it

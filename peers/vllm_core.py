@@ -68,7 +68,7 @@ import torch
 
 from diffmoe.interpreter import grid_order
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
-from diffmoe.adapters.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan, default_device
+from diffmoe.contract import LaunchInfo, Placement, RunResult, Schedule, WorkspacePlan, default_device
 from diffmoe.problem.vocabulary import Buffers, Stages, buffer_spec, pipeline_stages
 
 from . import PeerFiles, check_problem, install_interpreter_fixes, interpreting, supports_from, vllm_ops, vllm_standins
@@ -409,7 +409,7 @@ class RunReporter(vllm_ops.OpReporter):
 
 
 class VllmTritonMoE:
-    """One vLLM release's TritonExperts behind diffmoe's plug-in contract (diffmoe.adapters.contract)."""
+    """One vLLM release's TritonExperts behind diffmoe's plug-in contract (diffmoe.contract)."""
 
     orders_programs = True  # _execute runs the call inside diffmoe.interpreter.grid_order's control itself
 
@@ -590,7 +590,7 @@ TUNED_CONFIG_DIR = "vllm/model_executor/layers/fused_moe/configs"
 
 
 def attach(make, release: Release):
-    """The factory attributes of a release's `make` (diffmoe.adapters.contract): its plan and `supports`."""
+    """The factory attributes of a release's `make` (diffmoe.contract): its plan and `supports`."""
     def plan(config: MoEConfig, num_tokens: int) -> WorkspacePlan:
         return plan_workspaces(config, num_tokens, release=release)
 
@@ -598,13 +598,13 @@ def attach(make, release: Release):
         check_supported(config, release)
 
     make.plan_workspaces = plan
-    make.peer_wheel = release.peer  # diffmoe.adapters.contract.PEER_WHEEL: the CLI checks the cache before a run
-    make.supports = supports_from(check)  # diffmoe.adapters.contract.SUPPORTS: the fuzzers draw around what it refuses
-    # diffmoe.adapters.contract.NUMERICS: every release is judged against the `vllm` profile (diffmoe.problem.numerics):
+    make.peer_wheel = release.peer  # diffmoe.contract.PEER_WHEEL: the CLI checks the cache before a run
+    make.supports = supports_from(check)  # diffmoe.contract.SUPPORTS: the fuzzers draw around what it refuses
+    # diffmoe.contract.NUMERICS: every release is judged against the `vllm` profile (diffmoe.problem.numerics):
     # the compiled ops it follows (quant, silu_and_mul, moe_sum) round alike in 0.28.0 to 0.33.0, so
     # the museum's buggy and fixed releases meet the same reference
     make.numerics = "vllm"
-    # diffmoe.adapters.contract.BATCH_INVARIANT: not claimed. The 0.33.0 wheel's fused_moe.py,
+    # diffmoe.contract.BATCH_INVARIANT: not claimed. The 0.33.0 wheel's fused_moe.py,
     # get_default_config, takes `block_k = 128 if dtype == "fp8_w8a8" or M <= 64 else 64`: a bf16
     # row is summed in other K tiles once the batch passes 64 tokens; a fixed config is returned
     # only under VLLM_BATCH_INVARIANT, vLLM's own batch-invariant mode, which this adapter does not run

@@ -57,7 +57,7 @@ from __future__ import annotations
 import torch
 
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
-from diffmoe.adapters.contract import RunResult
+from diffmoe.contract import RunResult
 from diffmoe.problem.inputs import Problem
 from diffmoe.problem.vocabulary import Buffers, Stages, materialised_buffers, pipeline_stages
 

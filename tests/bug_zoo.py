@@ -38,7 +38,7 @@ import triton.language as tl  # noqa: E402
 from diffmoe.interpreter import fixes as interpreter_fixes
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import RunResult
+from diffmoe.contract import RunResult
 from diffmoe.check.report import Finding, Oracles, Report
 from diffmoe.problem.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
 import optimized.act_quant as act_quant_module  # noqa: E402
@@ -976,7 +976,7 @@ def _plan_vllm_cache2_in_ws2(config: MoEConfig, num_tokens: int):
     return vllm_0_33.plan_workspaces(config, num_tokens, variant="cache2-in-ws2")
 
 
-# diffmoe.adapters.contract's optional factory attributes: the declared plan without a build, and vLLM's
+# diffmoe.contract's optional factory attributes: the declared plan without a build, and vLLM's
 # `supports` (the fuzzers draw around what vLLM does not run)
 make_vllm_cache2_in_ws2.plan_workspaces = _plan_vllm_cache2_in_ws2
 make_vllm_cache2_in_ws2.supports = vllm_0_33.make.supports

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.adapters.contract import LaunchInfo, RunResult
+from diffmoe.contract import LaunchInfo, RunResult
 from diffmoe.problem.vocabulary import Buffers, buffer_spec, pipeline_stages
 from optimized.moe import TritonFP8MoE
 

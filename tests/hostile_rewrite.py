@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from diffmoe.adapters.contract import RunResult
+from diffmoe.contract import RunResult
 from hostile_kernels import _PlansOnly
 
 RESTORE_SECONDS = 8.0  # long enough for the judge to import the rewritten reference
@@ -33,7 +33,7 @@ def _rewrite_reference() -> None:
         original = ""
     try:
         with open(path, "a") as f:
-            f.write("\n\ndef _zero(problem, *a, **k):\n    import torch\n    from diffmoe.adapters.contract import RunResult\n"
+            f.write("\n\ndef _zero(problem, *a, **k):\n    import torch\n    from diffmoe.contract import RunResult\n"
                     "    return RunResult(output=torch.zeros(problem.num_tokens, problem.config.hidden, dtype=torch.bfloat16))"
                     "\nreference_moe = _zero\n")
     except OSError:

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from diffmoe.adapters.contract import RunResult
+from diffmoe.contract import RunResult
 from diffmoe.isolation.import_guard import refused
 from optimized.moe import TritonFP8MoE
 

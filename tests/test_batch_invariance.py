@@ -18,7 +18,7 @@ import sys
 import bug_zoo
 import pytest
 
-from diffmoe.adapters.contract import factory_batch_invariant
+from diffmoe.contract import factory_batch_invariant
 from diffmoe.check import execution
 from diffmoe.check.report import Oracles
 from diffmoe.check.runner import run_differential

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from diffmoe.adapters import peer_wheels
-from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES
+from diffmoe.contract import IMPLEMENTATION_ALIASES
 from diffmoe.check.report import Report, check_command, is_factory_spec
 from diffmoe.frontends import cli
 from diffmoe.problem.config import MoEConfig

@@ -11,7 +11,7 @@ import struct
 import pytest
 import torch
 
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 from diffmoe.check.report import ByteRange, Finding
 from diffmoe.isolation.codec import MessageError, decode, encode
 from diffmoe.problem.config import MoEConfig

@@ -165,7 +165,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.adapters.contract import RunResult, WorkspacePlan
+from diffmoe.contract import RunResult, WorkspacePlan
 
 NAN = tl.constexpr(float("nan"))
 

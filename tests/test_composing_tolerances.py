@@ -17,7 +17,7 @@ import torch
 
 from diffmoe.tolerance.compare import DERIVED, Rule, compare
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 from diffmoe.check.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
 from diffmoe.check.report import Oracles
 from diffmoe.oracles.differential import bf16_steps, derived_output_bound, down_row_ends

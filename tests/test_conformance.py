@@ -519,7 +519,7 @@ def test_the_optimized_hooks_name_its_own_switches():
 
 def test_the_doctor_gets_the_hooks_through_the_contract():
     import optimized
-    from diffmoe.adapters import contract
+    from diffmoe import contract
 
     module, _, name = contract.DEFAULT_IMPLEMENTATION.partition(":")
     factory = getattr(optimized, name)

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from diffmoe.frontends import cli
-from diffmoe.adapters.contract import RunResult
+from diffmoe.contract import RunResult
 from diffmoe.check.report import Oracles
 from optimized.moe import TritonFP8MoE
 from signal_dispositions import sigint_as
@@ -408,7 +408,7 @@ plan_is_not_a_plan.plan_workspaces = lambda config, num_tokens: {"ws1": 0}
 
 
 @pytest.mark.parametrize("factory,words", [("plan_raises", "plan failed: RuntimeError: no plan today"),
-                                            ("plan_is_not_a_plan", "must be a diffmoe.adapters.contract.WorkspacePlan")])
+                                            ("plan_is_not_a_plan", "must be a diffmoe.contract.WorkspacePlan")])
 def test_a_plan_the_implementation_cannot_make_is_its_finding_not_an_internal_error(capsys, factory, words):
     assert cli.main(["plan", "--impl", f"test_exit_codes:{factory}"]) == cli.EXIT_FINDINGS
     err = capsys.readouterr().err

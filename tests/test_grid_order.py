@@ -25,7 +25,7 @@ import triton.language as tl
 
 from diffmoe.interpreter import grid_order
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import LaunchInfo, Schedule
+from diffmoe.contract import LaunchInfo, Schedule
 from diffmoe.interpreter.grid_order import program_order
 from diffmoe.interpreter.address_recorder import RaceRecorder
 from diffmoe.check.report import Oracles
@@ -189,7 +189,7 @@ def test_another_triton_release_is_refused_and_identity_still_runs(monkeypatch):
 
 
 def test_a_schedule_must_be_a_schedule():
-    with pytest.raises(TypeError, match="schedule must be a diffmoe.adapters.contract.Schedule"):
+    with pytest.raises(TypeError, match="schedule must be a diffmoe.contract.Schedule"):
         with program_order("reversed"):
             pass
 

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.adapters.contract import LaunchInfo, Schedule
+from diffmoe.contract import LaunchInfo, Schedule
 from diffmoe.check.recording import LaunchLog
 from diffmoe.interpreter.grid_order import program_order
 from diffmoe.interpreter.program_count import programs_run

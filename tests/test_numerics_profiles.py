@@ -15,9 +15,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported
 import pytest
 
 from diffmoe.frontends import cli
-from diffmoe.adapters import contract
+from diffmoe import contract
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import NUMERICS, factory_attribute, factory_numerics, judged_config
+from diffmoe.contract import NUMERICS, factory_attribute, factory_numerics, judged_config
 from diffmoe.problem.inputs import make_problem
 from diffmoe.check.report import Oracles
 from diffmoe.check.runner import run_differential

@@ -27,7 +27,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import optimized.kernels.act_quant_kernel as act_quant_kernel  # noqa: E402
-from diffmoe.adapters.contract import factory_numerics, judged_config  # noqa: E402
+from diffmoe.contract import factory_numerics, judged_config  # noqa: E402
 from diffmoe.check.report import Oracles, check_command  # noqa: E402
 from diffmoe.check.runner import run_differential  # noqa: E402
 from diffmoe.frontends import cli  # noqa: E402

@@ -26,7 +26,7 @@ from diffmoe.interpreter import fixes as interpreter_fixes
 from diffmoe.tolerance.compare import Rule, compare, ulp_distance
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
 from diffmoe.tolerance.gemm_interval import compare_stage
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 from diffmoe.problem.inputs import make_problem
 from diffmoe.check.recording import LaunchLog
 from diffmoe.tolerance.table import rule_for

@@ -14,7 +14,7 @@ import torch
 
 from diffmoe.tolerance.compare import Rule, compare
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 from diffmoe.problem.edge_cases import edge_cases
 from diffmoe.check.guards import GuardedWorkspaces
 from diffmoe.problem.inputs import make_problem

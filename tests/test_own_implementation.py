@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from diffmoe.frontends import cli
-from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME
+from diffmoe.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME
 from diffmoe.check.report import Oracles, Report, check_command
 from diffmoe.check.runner import factory_name, load_factory, run_differential
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES, Schedule, unsupported
+from diffmoe.contract import IMPLEMENTATION_ALIASES, Schedule, unsupported
 from diffmoe.problem.inputs import make_problem
 from diffmoe.check.recording import LaunchLog
 from diffmoe.check.runner import run_differential

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from diffmoe.adapters import peer_wheels
-from diffmoe.adapters.contract import (
+from diffmoe.contract import (
     IMPLEMENTATION_ALIASES, Schedule, factory_batch_invariant, factory_numerics, unsupported,
 )
 from diffmoe.check.recording import LaunchLog

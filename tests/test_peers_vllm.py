@@ -25,7 +25,7 @@ import torch
 from bug_zoo import make_vllm_cache2_in_ws2  # the planted carve bug, a bug-zoo mutant
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import Schedule, factory_numerics, factory_plan
+from diffmoe.contract import Schedule, factory_numerics, factory_plan
 from diffmoe.oracles.registry import DEFAULT_ORACLES
 from diffmoe.oracles.static_aliasing import check_static_aliasing
 from diffmoe.problem.inputs import make_problem

@@ -17,7 +17,7 @@ import torch
 
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES
+from diffmoe.contract import IMPLEMENTATION_ALIASES
 from diffmoe.oracles.registry import DEFAULT_ORACLES
 from diffmoe.check.report import Oracles
 from diffmoe.check.runner import load_factory, run_differential

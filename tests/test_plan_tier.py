@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from diffmoe.problem.config import MAX_PROBLEM_BYTES, MAX_ROUTED_ROWS, QUANT_SCHEMES, MoEConfig
-from diffmoe.adapters.contract import Placement, WorkspacePlan
+from diffmoe.contract import Placement, WorkspacePlan
 from diffmoe.fuzz.plan_tier import (
     PHASE_GENERATE, PLAN_MAX_EXPERTS, PLAN_MAX_SIZE, PLAN_MAX_TOPK, PlanFuzzOutcome, fuzz_plans, judge_config,
     plan_configs,

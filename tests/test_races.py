@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.adapters.contract import LaunchInfo
+from diffmoe.contract import LaunchInfo
 from diffmoe.interpreter import address_recorder as races
 from diffmoe.interpreter.address_recorder import RaceRecorder, instrumentation_installed, races_supported
 from diffmoe.check.report import ByteRange, Oracles

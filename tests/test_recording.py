@@ -2,7 +2,7 @@
 
 import torch
 
-from diffmoe.adapters.contract import LaunchInfo
+from diffmoe.contract import LaunchInfo
 from diffmoe.check.recording import ChainedRecorder, LaunchLog, region_of
 
 

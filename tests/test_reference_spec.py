@@ -43,7 +43,7 @@ import reference.rounding.gemm_reduce as gemm_points
 import reference.rounding.quant as quant_points
 import spec_moe as spec
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
-from diffmoe.adapters.contract import RunResult
+from diffmoe.contract import RunResult
 from diffmoe.problem.edge_cases import edge_cases
 from diffmoe.problem.inputs import Problem, make_problem
 from diffmoe.problem.vocabulary import FP8_DTYPE, FP8_MAX, Buffers, Stages

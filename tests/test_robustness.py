@@ -127,7 +127,7 @@ def _raising(where):
         ("workspace_plan", O.CRASH, "workspace_plan(1) raised KeyError"),
         ("workspace_shapes", O.CRASH, "workspace_shapes(1) raised ZeroDivisionError"),
         ("shapes-not-numbers", O.CONTRACT, "must return two byte counts"),
-        ("plan-not-a-plan", O.CONTRACT, "must return a diffmoe.adapters.contract.WorkspacePlan, got dict"),
+        ("plan-not-a-plan", O.CONTRACT, "must return a diffmoe.contract.WorkspacePlan, got dict"),
         ("run-returns-none", O.CONTRACT, "returned NoneType"),
     ],
 )

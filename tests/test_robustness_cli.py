@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from diffmoe.adapters.contract import RunResult
+from diffmoe.contract import RunResult
 from optimized.moe import TritonFP8MoE
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig
-from diffmoe.adapters.contract import LaunchInfo
+from diffmoe.contract import LaunchInfo
 from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces
 from diffmoe.oracles.runtime_aliasing import check_runtime_aliasing
 from diffmoe.oracles.static_aliasing import check_static_aliasing

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from diffmoe.adapters import peer_wheels
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 from diffmoe.check.recording import LaunchLog
 from diffmoe.check.report import Oracles
 from diffmoe.check.runner import load_factory, run_differential

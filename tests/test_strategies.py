@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from diffmoe.problem.config import MAX_EXPERT_SCALE_SPREAD, MAX_SHARED_EXPERTS, QUANT_BLOCK, MoEConfig
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 from diffmoe.fuzz.strategies import (
     MAX_EXPERTS,
     MAX_SIZE,

@@ -14,7 +14,7 @@ import pytest
 
 from diffmoe.frontends import cli
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES, unsupported
+from diffmoe.contract import IMPLEMENTATION_ALIASES, unsupported
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.plan_tier import fuzz_plans
 from diffmoe.check.report import Oracles

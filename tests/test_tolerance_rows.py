@@ -22,7 +22,7 @@ import torch
 
 from diffmoe.tolerance.compare import DERIVED, Rule, compare
 from diffmoe.problem.config import QUANT_BLOCK, QUANT_SCHEMES, MoEConfig
-from diffmoe.adapters.contract import factory_numerics, unsupported
+from diffmoe.contract import factory_numerics, unsupported
 from diffmoe.problem.edge_cases import edge_cases
 from diffmoe.tolerance.gemm_interval import GEMM_STAGES, compare_stage, stage_bound
 from diffmoe.problem.inputs import make_problem

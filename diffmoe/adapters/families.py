@@ -78,12 +78,12 @@ def check_supported(config: MoEConfig) -> None:
 
 
 class FamilyFunction:
-    """A fused_experts family function behind the plug-in contract (diffmoe.adapters.contract)."""
+    """A fused_experts family function behind the plug-in contract (diffmoe.contract)."""
 
     orders_programs = True  # run() applies the schedule through diffmoe.interpreter.grid_order itself
 
     def __init__(self, fn: Callable, family: str, name: str, config: MoEConfig, device=None):
-        from diffmoe.adapters.contract import default_device
+        from diffmoe.contract import default_device
 
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {list(FAMILIES)}, got {family!r}")
@@ -99,7 +99,7 @@ class FamilyFunction:
         self.max_tokens = config.num_tokens
 
     def workspace_plan(self, num_tokens: int):
-        from diffmoe.adapters.contract import WorkspacePlan
+        from diffmoe.contract import WorkspacePlan
         from diffmoe.problem.vocabulary import pipeline_stages
 
         return WorkspacePlan(planner=f"{self.name} (fresh allocations only)", buffer_list=(), placements=(),
@@ -109,7 +109,7 @@ class FamilyFunction:
         return (0, 0)
 
     def run(self, problem, workspaces, *, output=None, schedule=None, recorder=None):
-        from diffmoe.adapters.contract import RunResult, Schedule
+        from diffmoe.contract import RunResult, Schedule
         from diffmoe.interpreter import grid_order
 
         t, h = problem.num_tokens, self.config.hidden
@@ -129,7 +129,7 @@ class FamilyFunction:
 
     def _attributed(self, problem, schedule, recorder) -> torch.Tensor:
         """The call with every launch attributed to its stage (diffmoe.adapters.kit.Attribution)."""
-        from diffmoe.adapters.contract import Schedule, interpreter_enabled
+        from diffmoe.contract import Schedule, interpreter_enabled
         from diffmoe.adapters.kit import Attribution
         from diffmoe.interpreter import fast_path, fixes, grid_order
 
@@ -182,6 +182,6 @@ def function_factory(fn: Callable, family: str, name: str | None = None):
         if hasattr(fn, attribute):
             setattr(make, attribute, getattr(fn, attribute))
 
-    make.supports = supports  # diffmoe.adapters.contract.SUPPORTS
+    make.supports = supports  # diffmoe.contract.SUPPORTS
     make.name = label
     return make

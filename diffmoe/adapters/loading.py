@@ -18,7 +18,7 @@ import os
 import sys
 
 from diffmoe.adapters import families
-from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS, ImplementationFactory
+from diffmoe.contract import DEFAULT_IMPLEMENTATION, IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS, ImplementationFactory
 from diffmoe.problem.config import quoted
 
 

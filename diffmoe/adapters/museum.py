@@ -74,7 +74,7 @@ class Exhibit:
 
     def impl_spec(self, release: str) -> str:
         """The `MODULE:FACTORY` spec run for `release` (a peer name: contract.IMPLEMENTATION_ALIASES)."""
-        from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES
+        from diffmoe.contract import IMPLEMENTATION_ALIASES
 
         return f"{IMPLEMENTATION_ALIASES[release].split(':')[0]}:{self.factory}"
 
@@ -231,7 +231,7 @@ class ReleaseRun:
 def run_release(run: ReleaseRun) -> Verdict:
     """A task: the exhibit's config run on the release and judged; a buggy release must be named by
     (exhibit.oracle, exhibit.stage), the fixed one must pass."""
-    from diffmoe.adapters.contract import unsupported
+    from diffmoe.contract import unsupported
     from diffmoe.check.runner import load_factory, run_differential
 
     exhibit = run.exhibit
@@ -240,7 +240,7 @@ def run_release(run: ReleaseRun) -> Verdict:
     factory = load_factory(spec)
     config, inputs = exhibit.config, exhibit_problem(exhibit)
     if exhibit.fused_by_release and unsupported(factory, config) is not None:
-        # the release runs the other pipeline (its `supports` says which: diffmoe.adapters.contract)
+        # the release runs the other pipeline (its `supports` says which: diffmoe.contract)
         config = config.replace(fused=not config.fused)
         inputs = dataclasses.replace(inputs, config=config)  # the same tensors: fused changes no input
     report = run_differential(config, factory, oracles=list(run.oracles), problem=inputs, implementation_name=spec)

@@ -4,7 +4,7 @@ GPU this machine does not have.
 How (measured on triton 3.9.0, no GPU, no driver): `triton.compile(ASTSource(fn, signature,
 constexprs, attrs), target=GPUTarget("cuda", arch, 32))` runs the whole pipeline down to PTX and
 a cubin with the ptxas bundled in the wheel. The exact specializations are taken from real
-launches: the implementation is built and run on CPU tensors with diffmoe.adapters.contract's
+launches: the implementation is built and run on CPU tensors with diffmoe.contract's
 `compile_target()` set (so it picks the tiles and switches it would pick on that GPU), every
 `JITFunction.run` is intercepted and bound with Triton's own binder for the target's backend
 (argument types, divisibility and constexprs exactly as a launch on the GPU would see them), and
@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig
-from diffmoe.adapters.contract import CompileTarget, ImplementationFactory, LaunchInfo, Schedule, compiling_for
+from diffmoe.contract import CompileTarget, ImplementationFactory, LaunchInfo, Schedule, compiling_for
 from diffmoe.problem.inputs import make_problem
 
 # Targets the gate knows: name -> compute capability. sm_80 has no float8_e4m3fn (Triton needs

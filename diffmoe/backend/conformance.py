@@ -29,7 +29,7 @@ Two uses:
 The plug-in interface (what an implementation tells the doctor): a `ConformanceHooks`,
 obtained by `diffmoe doctor` from the default implementation's factory through the contract
 (the factory's optional `conformance_hooks` attribute, a zero-argument callable; see
-diffmoe/adapters/contract.py). It holds:
+diffmoe/contract.py). It holds:
   * `workarounds`: primitive key -> `Workaround(trait, description, software)`: the switch that
     turns it on, what it does (the doctor's workaround column), and optionally its software
     path as a one-argument @triton.jit function the probe kernels call in place of the native
@@ -80,7 +80,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from diffmoe.problem.ulps import ulp_distance  # noqa: E402
-from diffmoe.adapters.contract import Schedule, default_device, interpreter_enabled  # noqa: E402
+from diffmoe.contract import Schedule, default_device, interpreter_enabled  # noqa: E402
 
 OK = "ok"
 DEFECT = "DEFECT"

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from diffmoe.adapters.contract import ImplementationFactory, Schedule, WorkspacePlan, applies_own_order
+from diffmoe.contract import ImplementationFactory, Schedule, WorkspacePlan, applies_own_order
 from diffmoe.check.call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet
 from diffmoe.check.recording import ChainedRecorder, LaunchLog
 from diffmoe.check.report import Finding, Oracles
@@ -229,7 +229,7 @@ class Candidate:
         if not callable(fn):
             raise Crash(Finding(
                 oracle=Oracles.CONTRACT,
-                message=f"{what}: the implementation ({type(impl).__name__}) has no callable {name}() (diffmoe/adapters/contract.py)",
+                message=f"{what}: the implementation ({type(impl).__name__}) has no callable {name}() (diffmoe/contract.py)",
             ))
         return fn
 
@@ -247,7 +247,7 @@ class Candidate:
                 oracle=Oracles.CONTRACT,
                 message=f"{what}: the factory returned {quoted(impl) if impl is None else type(impl).__name__}, "
                         f"which has no {', '.join(m + '()' for m in missing)}; an implementation must have "
-                        f"{', '.join(m + '()' for m in REQUIRED_METHODS)} (diffmoe/adapters/contract.py)",
+                        f"{', '.join(m + '()' for m in REQUIRED_METHODS)} (diffmoe/contract.py)",
             ))
         return impl
 
@@ -294,7 +294,7 @@ class Candidate:
         if not isinstance(plan, WorkspacePlan):
             raise Crash(Finding(
                 oracle=Oracles.CONTRACT,
-                message=f"workspace_plan({num_tokens}) must return a diffmoe.adapters.contract.WorkspacePlan, got {type(plan).__name__}",
+                message=f"workspace_plan({num_tokens}) must return a diffmoe.contract.WorkspacePlan, got {type(plan).__name__}",
             ))
         return plan
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from diffmoe.adapters.contract import ImplementationFactory, Schedule
+from diffmoe.contract import ImplementationFactory, Schedule
 from diffmoe.check.execution import Check, ProgressCallback
 from diffmoe.check.guards import POISON_PATTERNS
 from diffmoe.oracles.call_sequence import makes_last_order_run

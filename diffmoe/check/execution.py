@@ -21,7 +21,7 @@ import torch
 from diffmoe.check.call_environment import numpy_quiet
 from diffmoe.tolerance.compare import Comparison, Rule, compare
 from diffmoe.problem.config import MoEConfig
-from diffmoe.adapters.contract import (  # noqa: F401 - default_device, interpreter_enabled: used through this module too
+from diffmoe.contract import (  # noqa: F401 - default_device, interpreter_enabled: used through this module too
     ImplementationFactory, Schedule, WorkspacePlan, default_device, interpreter_enabled,
 )
 from diffmoe.check.candidate import (  # noqa: F401 - Crash, crash_finding, implementation_failed, Run: the oracles' names

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch
 
-from diffmoe.adapters.contract import LaunchInfo, LaunchRecorder
+from diffmoe.contract import LaunchInfo, LaunchRecorder
 from diffmoe.interpreter.program_count import programs_run
 
 

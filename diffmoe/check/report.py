@@ -19,7 +19,7 @@ from typing import Any
 
 from diffmoe.problem.config import ALWAYS_NAMED, OPT_IN_FIELDS, MoEConfig
 from diffmoe.problem.models import ep_placement
-from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS
+from diffmoe.contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS
 
 
 class Oracles:

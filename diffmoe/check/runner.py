@@ -4,7 +4,7 @@ This module only orchestrates a check; it judges nothing. The oracles are module
 diffmoe/oracles/, registered in diffmoe/oracles/registry.py; the services they use to run
 the implementation (guarded calls, watchers, crash findings) are diffmoe/check/execution.py's; worker
 processes, time limits and signals are diffmoe/check/worker.py's. It reaches the implementation only
-through the plug-in contract (diffmoe/adapters/contract.py): a factory, by default the one
+through the plug-in contract (diffmoe/contract.py): a factory, by default the one
 DEFAULT_IMPLEMENTATION names.
 
 Order of work for a config:
@@ -49,11 +49,11 @@ import torch
 
 from diffmoe.interpreter import fast_path as interpreter_speed
 from diffmoe.problem.config import MoEConfig, quoted
-from diffmoe.adapters.contract import (
+from diffmoe.contract import (
     DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ConfigRefused, ImplementationFactory, Schedule,
     judged_config, unsupported,
 )
-from diffmoe.adapters.contract import default_device, interpreter_enabled  # noqa: F401 - this module's API
+from diffmoe.contract import default_device, interpreter_enabled  # noqa: F401 - this module's API
 from diffmoe.adapters.loading import load_factory
 from diffmoe.check.candidate import Crash
 from diffmoe.isolation import boundary, integrity

@@ -3,7 +3,7 @@
 Owns: the stage in flight (so a crash or a timeout can name it), bitwise copies of the
 problem's inputs (which input a run wrote, when, and restoring it), the guard bytes
 checked after every launch, and the reads of the implementation's own tensors that nothing wrote
-(`UnwrittenReads`, which the poison oracle words). Each is a `LaunchRecorder` (diffmoe/adapters/contract.py) chained into the
+(`UnwrittenReads`, which the poison oracle words). Each is a `LaunchRecorder` (diffmoe/contract.py) chained into the
 call by `Check.execute`; none judges anything beyond what it watches. Beside them, `LateWatch`:
 what every call returned and was given, compared again at the check's end (writes made after
 run() returned).
@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from diffmoe.adapters.contract import LaunchInfo
+from diffmoe.contract import LaunchInfo
 from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces
 from diffmoe.check.recording import LaunchLog, region_of
 from diffmoe.check.report import Finding, Oracles

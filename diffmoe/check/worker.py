@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 import torch
 
-from diffmoe.adapters.contract import default_device, interpreter_enabled
+from diffmoe.contract import default_device, interpreter_enabled
 from diffmoe.check.report import Finding, Oracles, Report
 
 # The CLI's limit per check when --time-limit is not given, on the Triton interpreter, where a

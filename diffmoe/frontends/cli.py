@@ -69,7 +69,7 @@ Long runs (fuzz, compile-check and its --sweep, museum, tuned-configs, numerics 
 diffmoe/frontends/progress.py: a live bar (counts, rate, time left) on a terminal, plain lines
 otherwise; stdout and the results are untouched.
 
-The runner, the implementation under test (reached only through diffmoe.adapters.contract) and
+The runner, the implementation under test (reached only through diffmoe.contract) and
 matplotlib are imported inside the commands that need them, so `--help` and argument errors answer at once.
 
 Longer than 400 lines because it holds the argument parser and one handler per command (six),
@@ -103,7 +103,7 @@ from diffmoe.problem.config import (
 from diffmoe.problem.numerics import EXAMPLE as NUMERICS_EXAMPLE
 from diffmoe.problem.numerics import MAX_NUMERICS_FILE_CHARS, PROFILE_NAMES, parse_spec, profile_from_toml
 from diffmoe.adapters.families import FAMILIES as FAMILY_NAMES
-from diffmoe.adapters.contract import (
+from diffmoe.contract import (
     CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ConfigRefused, Schedule, WorkspacePlan,
     factory_attribute, factory_plan,
 )
@@ -430,7 +430,7 @@ def _bounds_leave_a_supported_config(strategy, bounds, factory, name: str) -> No
     """A usage error (one line, naming the bounds and one refusal) when every bounded draw is a
     config the implementation's own `supports` refuses (`fuzz --impl vllm --quant fp8-token --fused`):
     otherwise the fuzz would end in an internal error, every example rejected."""
-    from diffmoe.adapters.contract import SUPPORTS, factory_attribute, unsupported
+    from diffmoe.contract import SUPPORTS, factory_attribute, unsupported
 
     if factory is None or factory_attribute(factory, SUPPORTS) is None:
         return
@@ -628,7 +628,7 @@ def require_cached_wheel(factory, spec: str) -> None:
     """A peer whose pinned wheel is not in the cache (the factory's `peer_wheel`): a usage error naming
     the `diffmoe peers fetch` to run, before any run (it would be a crash finding of a kernel that
     never ran: issue 28)."""
-    from diffmoe.adapters.contract import factory_peer_wheel
+    from diffmoe.contract import factory_peer_wheel
 
     try:
         wheel = factory_peer_wheel(factory)
@@ -807,7 +807,7 @@ def _sigterm_interrupts():
 def _plan_phase(args, factory, name, seed: int | None):
     """The static first phase of a fuzz (every tier; the whole fuzz with --tier plan): the plan
     tier's outcome, or None when it does not run (--plan-examples 0, no cheap plan)."""
-    from diffmoe.adapters.contract import PLAN_WORKSPACES, factory_attribute
+    from diffmoe.contract import PLAN_WORKSPACES, factory_attribute
     from diffmoe.fuzz.plan_tier import fuzz_plans
 
     only = args.tier == "plan"
@@ -824,7 +824,7 @@ def _plan_phase(args, factory, name, seed: int | None):
     if factory is not None and factory_attribute(factory, PLAN_WORKSPACES) is None:
         if only:
             raise UsageError(f"--tier plan: {name} declares no cheap plan (a {PLAN_WORKSPACES} attribute on its factory, "
-                             "see diffmoe/adapters/contract.py)")
+                             "see diffmoe/contract.py)")
         print(f"{PROG}: fuzz: no plan tier for {name} (its factory has no {PLAN_WORKSPACES} attribute)", file=sys.stderr)
         return None
     plan_seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
@@ -1159,7 +1159,7 @@ def default_factory():
 def refuse_unsupported(factory, name: str, config: MoEConfig) -> None:
     """A config the implementation's own `supports` refuses: a usage error in one line (as `check`'s
     ConfigRefused), before the implementation is asked for anything."""
-    from diffmoe.adapters.contract import unsupported
+    from diffmoe.contract import unsupported
 
     try:
         reason = unsupported(factory, config)
@@ -1183,7 +1183,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"{PROG}: the implementation's plan failed: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_FINDINGS
     if not isinstance(plan, WorkspacePlan):
-        print(f"{PROG}: the implementation's plan must be a diffmoe.adapters.contract.WorkspacePlan, got {type(plan).__name__}",
+        print(f"{PROG}: the implementation's plan must be a diffmoe.contract.WorkspacePlan, got {type(plan).__name__}",
               file=sys.stderr)
         return EXIT_FINDINGS
     from diffmoe.frontends.plan_view import draw_plan_png, render_plan

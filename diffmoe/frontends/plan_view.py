@@ -6,7 +6,7 @@ marked; never-written slots and buffers kept outside the workspaces shown too). 
 
 from __future__ import annotations
 
-from diffmoe.adapters.contract import WorkspacePlan
+from diffmoe.contract import WorkspacePlan
 
 
 def _live_ranges(plan: WorkspacePlan):

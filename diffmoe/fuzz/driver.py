@@ -70,7 +70,7 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Unsatisfiable
 
 from diffmoe.problem.config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
-from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
+from diffmoe.contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
 from diffmoe.fuzz.database import ResumingDatabase
 from diffmoe.fuzz.draws import seed_only_draws
 from diffmoe.fuzz.database_spec import open_database

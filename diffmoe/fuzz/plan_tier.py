@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterator
 from diffmoe.problem.config import (
     MAX_PROBLEM_BYTES, MAX_SEED, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, MoEConfig, check_int,
 )
-from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, PLAN_WORKSPACES, SUPPORTS, factory_attribute
+from diffmoe.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, PLAN_WORKSPACES, SUPPORTS, factory_attribute
 from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.fuzz.driver import FuzzOutcome
 from diffmoe.fuzz.waivers import Waivers

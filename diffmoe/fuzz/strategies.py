@@ -52,7 +52,7 @@ The opt-in inputs (drawn after the seed, so they shrink away first; each shrinks
   (tests/test_bug_zoo_fuzzed.py). `special_rows=False` is `diffmoe fuzz --no-special-rows`.
 
 numerics is never drawn (always None): the rounding profile is the implementation's to declare
-(diffmoe.adapters.contract.NUMERICS), and the fuzzer resolves it as run_differential does.
+(diffmoe.contract.NUMERICS), and the fuzzer resolves it as run_differential does.
 
 The MoE-model features (only with `features=True`; drawn last, each shrinks to off). Off by
 default: with them drawn, the default fuzz from a cold start (seed 0, 60 examples, T <= 32,
@@ -116,7 +116,7 @@ from diffmoe.problem.config import (
     QUANT_SCHEMES, ROUTERS, ROUTING_SKEWS, SCALE_PAIRS, WEIGHT_SCALES_OF_SCHEME, MoEConfig, check_int,
 )
 from diffmoe.problem.config import MAX_EXPERTS as CONFIG_MAX_EXPERTS
-from diffmoe.adapters.contract import SCHEDULE_KINDS, Schedule
+from diffmoe.contract import SCHEDULE_KINDS, Schedule
 
 QUANT_ORDER = ("fp8-tensor", "fp8-token", "bf16", "fp8-block")
 OUTPUT_ORDER = ("separate", "workspace")

@@ -45,7 +45,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from diffmoe.adapters.contract import LaunchInfo
+from diffmoe.contract import LaunchInfo
 from diffmoe.interpreter.triton_pin import pinned_interpreter_problem, triton_release
 from diffmoe.interpreter import wrap_watch
 from diffmoe.interpreter.address_analysis import _access_intervals, _element_bytes, _view_extent

@@ -13,7 +13,7 @@ numbers blocks, p = x + nx * (y + ny * z) (the race recorder's program number to
 
 Kernels need nothing (no order table): this is how the schedule oracle reorders a plug-in's
 kernels (diffmoe.check.execution wraps `run` in it unless the implementation sets
-`orders_programs`, diffmoe.adapters.contract.ORDERS_PROGRAMS) and the vLLM adapter its own launches.
+`orders_programs`, diffmoe.contract.ORDERS_PROGRAMS) and the vLLM adapter its own launches.
 The shipped kernels keep their order table (optimized/kernels/program_order.py), which also
 works compiled; they declare `orders_programs` and are never reordered twice.
 
@@ -43,7 +43,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 from diffmoe.interpreter.triton_pin import triton_release
 
 SUPPORTED_TRITON = (3, 9)
@@ -175,7 +175,7 @@ def program_order(schedule: Schedule) -> Iterator[ProgramOrder]:
     docstring). Identity, and any schedule when kernels are compiled, changes nothing. A
     RuntimeError when a non-identity schedule meets an interpreter this was not written for."""
     if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a diffmoe.adapters.contract.Schedule, got {type(schedule).__name__}")
+        raise TypeError(f"schedule must be a diffmoe.contract.Schedule, got {type(schedule).__name__}")
     control = ProgramOrder(schedule, steering=not schedule.is_identity and interpreting())
     if control.steering:
         problem = control_problem()

@@ -40,7 +40,7 @@ def check_isolation(isolation: object) -> str:
 
 
 def _preload(spec: str) -> tuple[str, ...]:
-    from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS
+    from diffmoe.contract import IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS
 
     module = IMPLEMENTATION_ALIASES.get(spec, spec).split(":")[0]
     module = WHEEL_FUNCTIONS.get(module, module).split(":")[0]  # a peer wheel's function: its adapter's module

@@ -30,8 +30,8 @@ _LENGTH = struct.Struct("<Q")
 # missing here is a MessageError on either side, never a pickle.
 _CLASSES = (
     ("diffmoe.problem.config", "MoEConfig"), ("diffmoe.problem.inputs", "Problem"),
-    ("diffmoe.adapters.contract", "Schedule"), ("diffmoe.adapters.contract", "WorkspacePlan"),
-    ("diffmoe.adapters.contract", "Placement"), ("diffmoe.problem.vocabulary", "StageSpec"),
+    ("diffmoe.contract", "Schedule"), ("diffmoe.contract", "WorkspacePlan"),
+    ("diffmoe.contract", "Placement"), ("diffmoe.problem.vocabulary", "StageSpec"),
     ("diffmoe.check.report", "Finding"), ("diffmoe.check.report", "ByteRange"),
     ("diffmoe.check.candidate", "Run"), ("diffmoe.check.candidate", "Executed"),
     ("diffmoe.check.candidate", "TensorIdentity"), ("diffmoe.check.recording", "LaunchLog"),

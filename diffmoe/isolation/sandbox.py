@@ -315,7 +315,7 @@ def describe(conn, factory_ref, judge_pid: int, environ: dict) -> None:
     its attributes once, then `supports` and `plan` per request, under the judge's environment (a
     plan read the peer cache of the zygote's start: a fuzz whose command named an empty cache found
     the wheel a test before it had used, and judged a plan the user's cache could not build)."""
-    from diffmoe.adapters import contract
+    from diffmoe import contract
     from diffmoe.adapters.loading import load_factory
     from diffmoe.check.candidate import crash_finding
 
@@ -397,7 +397,7 @@ def _warm_interpreter() -> None:
     try:
         import torch
 
-        from diffmoe.adapters.contract import DEFAULT_IMPLEMENTATION, Schedule
+        from diffmoe.contract import DEFAULT_IMPLEMENTATION, Schedule
         from diffmoe.adapters.loading import load_factory
         from diffmoe.check.candidate import Candidate
         from diffmoe.check.guards import POISON_PATTERNS

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from diffmoe.adapters.contract import unsupported
+from diffmoe.contract import unsupported
 from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig
 
 # the smallest sizes every scheme takes: one 1x128 group, one 128x128 weight block

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from diffmoe.adapters.contract import default_device, factory_numerics
+from diffmoe.contract import default_device, factory_numerics
 from diffmoe.check.report import Finding
 from diffmoe.check.worker import check_time_limit
 from diffmoe.problem.config import MoEConfig

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 from diffmoe.check.execution import Check, Crash
 from diffmoe.check.guards import POISON_PATTERNS
 from diffmoe.problem.config import MoEConfig

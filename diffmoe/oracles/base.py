@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from diffmoe.adapters.contract import WorkspacePlan
+from diffmoe.contract import WorkspacePlan
 from diffmoe.check.report import Finding
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ makes the 2T + 1 call it made while the oracle was opt-in, issue 48).
 
 Batch-dependent by design, reported as such (a skip with that reason, not a finding): fp8-tensor,
 whose dynamic activation scale is the amax of the whole batch. An implementation that declares
-`batch_invariant = False` (a factory attribute, diffmoe.adapters.contract) is not held to it.
+`batch_invariant = False` (a factory attribute, diffmoe.contract) is not held to it.
 
 In a check's default selection since issue 48: reusing call-sequence's call, it costs a default
 check a comparison (docs/oracles.md has the figures). Must not judge values against the
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from diffmoe.adapters.contract import BATCH_INVARIANT, factory_batch_invariant
+from diffmoe.contract import BATCH_INVARIANT, factory_batch_invariant
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.oracles.base import Oracle
 from diffmoe.problem.inputs import ROUTED_ROW_BUFFERS, make_problem, tokens_of

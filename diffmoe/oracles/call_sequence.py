@@ -17,7 +17,7 @@ import torch
 
 from dataclasses import replace
 
-from diffmoe.adapters.contract import Schedule
+from diffmoe.contract import Schedule
 from diffmoe.problem.inputs import Problem, tokens_of
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.problem.vocabulary import Buffers, Stages, producer_stage

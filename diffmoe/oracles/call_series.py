@@ -33,7 +33,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
-from diffmoe.adapters.contract import unsupported
+from diffmoe.contract import unsupported
 from diffmoe.check.candidate import Crash
 from diffmoe.check.report import Finding, Oracles
 from diffmoe.problem.config import MoEConfig

@@ -1,4 +1,4 @@
-"""The contract oracle: what the plug-in contract (diffmoe/adapters/contract.py) asks of a run.
+"""The contract oracle: what the plug-in contract (diffmoe/contract.py) asks of a run.
 
 Owns the checks of the first order's run: the output's shape, dtype and device, the caller's
 output tensor used, every written buffer declared, every materialised buffer written, and, under

@@ -37,7 +37,7 @@ class Metamorphic(Oracle):
 
         if check.problem.num_tokens == 0 or not check.config.is_fp8:
             return []
-        from diffmoe.adapters.contract import unsupported
+        from diffmoe.contract import unsupported
 
         sibling_cfg = check.config.replace(fused=not check.config.fused)
         refused = unsupported(check.factory, sibling_cfg)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffmoe.adapters.contract import Placement, WorkspacePlan
+from diffmoe.contract import Placement, WorkspacePlan
 from diffmoe.check.report import ByteRange, Finding, Oracles
 from diffmoe.problem.vocabulary import WORKSPACE_NAMES, workspace_name
 from diffmoe.oracles.base import Oracle

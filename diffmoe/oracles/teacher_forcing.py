@@ -34,7 +34,7 @@ class TeacherForcing(Oracle):
         if check.problem.num_tokens == 0:
             return []  # a zero-token call has no stage to force: nothing to judge, nothing skipped
         if not check.has_run_stage(check.impl):
-            check.skipped[self.name] = "the implementation has no run_stage (diffmoe/adapters/contract.py)"
+            check.skipped[self.name] = "the implementation has no run_stage (diffmoe/contract.py)"
             return []
         found: list[Finding] = []
         failed: list[tuple[str, Comparison]] = []

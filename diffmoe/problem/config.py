@@ -78,7 +78,7 @@ MAX_RANDOM_ORDERS = 16
 # The built-in names: diffmoe's own (DESIGN.md's numerics), vLLM 0.33.0's, Liger-Kernel 0.8.5's and
 # lmdeploy 0.18.0's (fp8-block only: its ratio-rescaled GEMM describes no other scheme); any of
 # them may be followed by +point=choice overrides. A config's numerics=None means the profile the
-# implementation under test declares (diffmoe.adapters.contract.NUMERICS), diffmoe's when it
+# implementation under test declares (diffmoe.contract.NUMERICS), diffmoe's when it
 # declares none.
 NUMERICS_PROFILES = PROFILE_NAMES
 DEFAULT_NUMERICS = DEFAULT_PROFILE

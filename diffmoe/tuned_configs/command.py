@@ -76,7 +76,7 @@ def _usage(prog: str, message: str) -> int:
 
 
 def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
-    from diffmoe.adapters.contract import factory_peer_wheel
+    from diffmoe.contract import factory_peer_wheel
     from diffmoe.adapters.loading import load_factory
     from diffmoe.adapters.peer_wheels import PeerError, peer_root
     from diffmoe.frontends.progress import Progress

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from diffmoe.adapters.contract import unsupported
+from diffmoe.contract import unsupported
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig, quoted
 
 from .files import ConfigFile, Entry, config_files, for_model, model_key
 
-# The factory's optional tuned-config attributes (beside diffmoe.adapters.contract's): the folder of
+# The factory's optional tuned-config attributes (beside diffmoe.contract's): the folder of
 # its peer wheel's cache holding the tile-config JSON files the release ships, and `with_tile_config(tile)`,
 # the factory with that tile config forced through the release's own override mechanism.
 TUNED_CONFIG_DIR = "tuned_config_dir"

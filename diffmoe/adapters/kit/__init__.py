@@ -26,6 +26,7 @@ Owns nothing but the kit's public names. Must not import an implementation (peer
 from .attribution import ACTIVE, Attribution, ReportingKernel, launch_grid
 from .loading import LoadedModules, PackageSource, load_modules
 from .stubs import Placeholder, StubModule, Stubs
+from . import standins  # noqa: E402 - the stand-ins are the kit's public module too (docs/plugging-in.md)
 
 __all__ = ["ACTIVE", "Attribution", "LoadedModules", "PackageSource", "Placeholder", "ReportingKernel", "StubModule",
-           "Stubs", "launch_grid", "load_modules"]
+           "Stubs", "launch_grid", "load_modules", "standins"]

@@ -154,7 +154,7 @@ class Attribution:
         return tensor
 
     def _report(self, kernel, grid, reads, writes_in, run, triton: bool):
-        from diffmoe.adapters.contract import LaunchInfo
+        from diffmoe.contract import LaunchInfo
 
         stage, stage_writes = self._stage(kernel, reads)
         if B.TOPK_WEIGHTS in reads:  # passed to both GEMMs, read by the one the pipeline says
