@@ -19,7 +19,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports Triton
 import torch  # noqa: E402
 
 import optimized  # noqa: E402,F401 - installs the interpreter fixes and the fast path
-from diffmoe.check.runner import run_differential  # noqa: E402
+from diffmoe.judge.runner import run_differential  # noqa: E402
 from diffmoe.oracles import call_sequence  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402
 

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import optimized  # noqa: E402,F401 - installs the interpreter fixes and the fast path
-from diffmoe.check.runner import run_differential  # noqa: E402
+from diffmoe.judge.runner import run_differential  # noqa: E402
 from diffmoe.fuzz.tiers import CHEAP_ORACLES, cheap_schedule  # noqa: E402
 from diffmoe.interpreter import dot_rows, fixes  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402

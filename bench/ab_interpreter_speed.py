@@ -28,7 +28,7 @@ from diffmoe.interpreter import bounds_guard  # noqa: E402
 from diffmoe.interpreter import fast_path as interpreter_speed  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402
 from diffmoe.fuzz.tiers import CHEAP_ORACLES, cheap_schedule  # noqa: E402
-from diffmoe.check.runner import run_differential  # noqa: E402
+from diffmoe.judge.runner import run_differential  # noqa: E402
 
 # drawn by `diffmoe fuzz --seed 5` (its 7th, 6th and 10th examples): a many-expert block-scaled
 # check, a small per-token one and a wide unfused one

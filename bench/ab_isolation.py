@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from diffmoe.check.runner import run_differential
+from diffmoe.judge.runner import run_differential
 from diffmoe.isolation.client import candidate_cpu_seconds
 from diffmoe.problem.config import MoEConfig
 

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from diffmoe.check.runner import DEFAULT_INTERPRETER_TIME_LIMIT, run_differential
+from diffmoe.judge.runner import DEFAULT_INTERPRETER_TIME_LIMIT, run_differential
 from diffmoe.isolation import boundary
 from diffmoe.problem.config import MoEConfig
 

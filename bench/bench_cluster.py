@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from diffmoe.check.runner import run_differential
+from diffmoe.judge.runner import run_differential
 from diffmoe.cluster.board import start_board
 from diffmoe.cluster.runtime import ClusterSpec, connected
 from diffmoe.fuzz.workers import fuzz_in_workers

@@ -26,7 +26,7 @@ import importlib
 
 import pytest
 
-from diffmoe.check.runner import run_differential
+from diffmoe.judge.runner import run_differential
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 
 SEED = 0

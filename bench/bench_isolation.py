@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffmoe.check.runner import DEFAULT_INTERPRETER_TIME_LIMIT, run_differential
+from diffmoe.judge.runner import DEFAULT_INTERPRETER_TIME_LIMIT, run_differential
 from diffmoe.isolation.client import ISOLATIONS
 from diffmoe.problem.config import MoEConfig
 

@@ -28,8 +28,8 @@ import pytest
 from diffmoe.problem.config import MoEConfig
 from diffmoe.fuzz.tiers import CHEAP_ORACLES, cheap_schedule
 from diffmoe.oracles.static_aliasing import check_static_aliasing
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import ALL_ORACLES, default_schedules, run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import ALL_ORACLES, default_schedules, run_differential
 from diffmoe.oracles.registry import DEFAULT_ORACLES
 from optimized.workspace_planner import plan_workspaces
 

@@ -31,8 +31,8 @@ from benchkit import PEER_COST_BOUND
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
 from diffmoe.contract import DEFAULT_IMPLEMENTATION_NAME
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import load_factory, run_differential
 
 SHAPE = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128, seed=0)
 # (peer, quant, fused): each peer's runnable configs at SHAPE (peers/vllm_0_33.py, peers/lmdeploy_0_18.py,

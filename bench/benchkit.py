@@ -217,7 +217,7 @@ WATCH_CONFIG = MoEConfig(num_tokens=16, num_experts=8, topk=2, hidden=128, inter
 def time_a_default_check(benchmark, device: torch.device, group: str, side: str, config: MoEConfig = WATCH_CONFIG) -> None:
     """Time one default check (every default oracle and schedule) in the judge's process, 7
     rounds after a first call that pays the interpreter's first-call costs."""
-    from diffmoe.check.runner import DEFAULT_INTERPRETER_TIME_LIMIT, run_differential
+    from diffmoe.judge.runner import DEFAULT_INTERPRETER_TIME_LIMIT, run_differential
 
     def check():
         return run_differential(config, device=device, isolation="none", time_limit=DEFAULT_INTERPRETER_TIME_LIMIT)

@@ -4,7 +4,7 @@ native and software-fallback traits, summarised as the compile tables of docs/gp
     TRITON_INTERPRET=0 .venv/bin/python bench/compile_sweep.py [--write docs/gpu.md] [--json OUT.json]
 
 No GPU needed (diffmoe/backend/compile_gate.py). Progress on stderr as `diffmoe compile-check --sweep`
-shows it (diffmoe/frontends/progress.py). Rows group specializations by stage, scheme and (for the
+shows it (diffmoe/cluster/progress.py). Rows group specializations by stage, scheme and (for the
 GEMMs, whose BLOCK_M follows it) tile class; each cell is the worst over the group: the most
 registers, spill bytes and shared memory, and every matrix instruction seen.
 """

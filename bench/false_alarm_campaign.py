@@ -10,7 +10,7 @@ false alarm; the exit status is 1 if there is any.
 One line per config as it finishes (index, seconds, PASS or the findings and a replay
 command), then a summary: configs run, false alarms, wall time, and how far each axis of the
 profile was covered. Progress (configs done, rate, time left) goes to stderr: a bar on a
-terminal, a line per config otherwise (diffmoe/frontends/progress.py). A reduced campaign runs
+terminal, a line per config otherwise (diffmoe/cluster/progress.py). A reduced campaign runs
 in the test suite (tests/test_false_alarm_campaign.py).
 
 Each config is a task of diffmoe/cluster/tasks.py (campaign.check_config): `--workers 1` runs them
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from diffmoe.cluster.tasks import Task, checked_cluster, run_tasks  # noqa: E402
 from diffmoe.fuzz.campaign import (DEFAULT_COST_CAP, CampaignCheck, CampaignResult, check_config, corner_configs, model_configs,  # noqa: E402
                                    cost_units, sampled_configs)
-from diffmoe.frontends.progress import Progress  # noqa: E402
+from diffmoe.cluster.progress import Progress  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402
 
 

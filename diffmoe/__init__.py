@@ -37,17 +37,18 @@ from diffmoe.problem.vocabulary import Buffers, Stages  # noqa: E402
 
 if TYPE_CHECKING:  # what the lazy names below are, for readers and static tools
     from diffmoe.check.recording import ChainedRecorder
-    from diffmoe.check.report import Finding, Report
-    from diffmoe.check.runner import load_factory, run_differential
+    from diffmoe.check.report import Report
+    from diffmoe.findings import Finding
+    from diffmoe.judge.runner import load_factory, run_differential
 
 # Read on first use: the check's modules import the oracles, isolation and the worker, which a
 # config or a contract type alone does not need.
 _LAZY = {
     "ChainedRecorder": "diffmoe.check.recording",
-    "Finding": "diffmoe.check.report",
+    "Finding": "diffmoe.findings",
     "Report": "diffmoe.check.report",
-    "load_factory": "diffmoe.check.runner",
-    "run_differential": "diffmoe.check.runner",
+    "load_factory": "diffmoe.judge.runner",
+    "run_differential": "diffmoe.judge.runner",
 }
 
 __all__ = [

@@ -17,7 +17,7 @@ largest batch it will be asked to run. It then:
   and runs it on CPU tensors while `compile_target()` says which GPU the launches are for
   (diffmoe.backend.compile_gate records each Triton launch instead of running it).
 
-What the harness holds an implementation to (diffmoe.check.runner reports each breach as a
+What the harness holds an implementation to (diffmoe.judge.runner reports each breach as a
 finding): T may be anything from 0 to the maximum (`problem.num_tokens`; a zero-token call
 returns a [0, H] output); the problem's input tensors (`Problem.inputs()`) belong to the
 caller and are never written; the output is [T, H] bfloat16 on the problem's device, and is

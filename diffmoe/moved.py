@@ -33,9 +33,17 @@ import warnings
 from typing import Any, Callable
 
 # Old module path -> where it lives now. The flat layout's modules (diffmoe 0.1.0, before the
-# concept folders) and the paths moved since.
+# concept folders) and the paths moved since (issue 44's layers: the contract to the ground, the
+# judge above the oracles, the museum a feature folder, progress beside the long runs). The flat
+# `diffmoe.museum` is the museum's folder now, which exports the old module's names.
 MOVED: dict[str, str] = {
     "diffmoe.adapters.contract": "diffmoe.contract",
+    "diffmoe.adapters.museum": "diffmoe.museum.exhibits",
+    "diffmoe.check.differential_run": "diffmoe.judge.differential_run",
+    "diffmoe.check.runner": "diffmoe.judge.runner",
+    "diffmoe.frontends.progress": "diffmoe.cluster.progress",
+    "diffmoe.oracles.address_analysis": "diffmoe.interpreter.address_analysis",
+    "diffmoe.oracles.guards": "diffmoe.check.guards",
     "diffmoe.call_environment": "diffmoe.check.call_environment",
     "diffmoe.campaign": "diffmoe.fuzz.campaign",
     "diffmoe.cli": "diffmoe.frontends.cli",
@@ -54,7 +62,6 @@ MOVED: dict[str, str] = {
     "diffmoe.hypothesis_profiles": "diffmoe.fuzz.profiles",
     "diffmoe.interpreter_fixes": "diffmoe.interpreter.fixes",
     "diffmoe.interpreter_speed": "diffmoe.interpreter.fast_path",
-    "diffmoe.museum": "diffmoe.adapters.museum",
     "diffmoe.oracles.interpreter_races": "diffmoe.interpreter.address_recorder",
     "diffmoe.peer_wheels": "diffmoe.adapters.peer_wheels",
     "diffmoe.plan_tier": "diffmoe.fuzz.plan_tier",

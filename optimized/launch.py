@@ -31,8 +31,10 @@ def install_interpreter_fixes() -> interpreter_fixes.FixStatus | None:
     """Fix the interpreter's numeric defects (idempotent); None when the interpreter is not in use."""
     if not interpreter_enabled():
         return None
+    from diffmoe.backend.conformance import gated_probe  # the probes decide the gated fixes (interpreter/fixes.py)
+
     interpreter_speed.install()  # exact: helpers skip re-patching triton.language (diffmoe/interpreter/fast_path.py)
-    return interpreter_fixes.install()
+    return interpreter_fixes.install(probe=gated_probe)
 
 
 install_interpreter_fixes()

@@ -66,11 +66,12 @@ def install_interpreter_fixes() -> None:
     probe-gated fixes third-party kernels need, and the interpreter fast path."""
     if not interpreting():
         return
+    from diffmoe.backend.conformance import gated_probe
     from diffmoe.interpreter import fixes as interpreter_fixes
     from diffmoe.interpreter import fast_path as interpreter_speed
 
     interpreter_speed.install()
-    interpreter_fixes.install()
+    interpreter_fixes.install(probe=gated_probe)
 
 
 def check_problem(impl, problem) -> None:

@@ -16,8 +16,8 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-from diffmoe.check.report import Oracles  # noqa: E402
-from diffmoe.check.runner import run_differential  # noqa: E402
+from diffmoe.findings import Oracles  # noqa: E402
+from diffmoe.judge.runner import run_differential  # noqa: E402
 from diffmoe.problem.edge_cases import edge_cases  # noqa: E402
 
 

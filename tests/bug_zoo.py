@@ -39,7 +39,8 @@ from diffmoe.interpreter import fixes as interpreter_fixes
 from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
 from diffmoe.contract import RunResult
-from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.check.report import Report
+from diffmoe.findings import Finding, Oracles
 from diffmoe.problem.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
 import optimized.act_quant as act_quant_module  # noqa: E402
 import optimized.kernels.act_quant_kernel as act_quant_kernel_module  # noqa: E402

@@ -30,8 +30,9 @@ sys.path.insert(0, os.path.dirname(HERE))  # the repository root: diffmoe, optim
 sys.path.insert(0, HERE)  # bug_zoo
 
 import bug_zoo  # noqa: E402  (imports optimized first, which selects the interpreter without a GPU)
-from diffmoe.check.report import Oracles, check_command  # noqa: E402
-from diffmoe.check.runner import ALL_ORACLES, run_differential  # noqa: E402
+from diffmoe.check.report import check_command  # noqa: E402
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import ALL_ORACLES, run_differential  # noqa: E402
 from diffmoe.cluster.tasks import Task, run_tasks  # noqa: E402
 
 START = "<!-- bug-zoo:start -->"

@@ -71,7 +71,7 @@ def install() -> None:
         return judge(config, *args, **kwargs)
 
     fake.run_differential = run_differential
-    sys.modules["diffmoe.check.runner"] = fake
+    sys.modules["diffmoe.judge.runner"] = fake
 
 
 def runtime_env(**variables: str) -> dict:

@@ -216,6 +216,99 @@ def test_the_circle_checker_sees_lazy_relative_and_type_checking_imports(tmp_pat
     assert import_circles(graph) == [["diffmoe.a", "diffmoe.b"], ["diffmoe.c", "diffmoe.sub.d"]]
 
 
+# ---- the layers: a declared folder order no import runs up (issue 44) -----------------------
+
+# diffmoe's folders and top-level modules, lowest first (docs/flow.md draws it). A module may import
+# one of its own folder or of a lower layer, never of a higher one nor a sibling folder of its
+# own layer; the package's __init__ (the verbs, read lazily) sits above them all.
+LAYERS = (
+    ("moved",),  # the table of moved paths: imports nothing of diffmoe
+    ("problem",),  # the problem's language: config, vocabulary, inputs, models
+    ("contract", "findings"),  # what an implementation provides; what anything that judges reports
+    ("tolerance",),  # how close is close enough
+    ("interpreter",),  # Triton interpreter hooks and the address record
+    ("backend",),  # the backend's probes, the doctor, the compile gate
+    ("adapters",),  # loading a factory, the kit, families, peer wheels
+    ("check",),  # one check's machinery: the candidate's runs, recording, guards, workers, report
+    ("isolation",),  # the candidate's process and its boundary
+    ("oracles",),  # one module per oracle
+    ("judge",),  # run_differential: one check orchestrated
+    ("cluster",),  # long runs' tasks, runtime and progress
+    ("fuzz", "numerics_fit"),  # searches over checks
+    ("museum", "tuned_configs"),  # feature folders: each a command over checks
+    ("frontends",),  # the command line and the pytest plugin
+    ("config", "runner", "strategies", "pytest_plugin", "__main__"),  # the public modules
+)
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """(layer, folder) of a diffmoe module; None for the package itself and for other packages."""
+    parts = module.split(".")
+    if parts[0] != "diffmoe" or len(parts) == 1:
+        return None
+    for index, names in enumerate(LAYERS):
+        if parts[1] in names:
+            return index, parts[1]
+    raise AssertionError(f"{module}: its folder {parts[1]!r} has no place in LAYERS (tests/test_architecture.py)")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """'a -> b (why)' for each import that runs up LAYERS or across to a sibling folder."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        here = layer_of(module)
+        for target in sorted(targets):
+            there = layer_of(target)
+            if here is None or there is None or here[1] == there[1]:
+                continue
+            if there[0] > here[0]:
+                bad.append(f"{module} -> {target} ({here[1]} is below {there[1]})")
+            elif there[0] == here[0]:
+                bad.append(f"{module} -> {target} ({here[1]} and {there[1]} are siblings)")
+    return bad
+
+
+def test_every_folder_has_its_place_in_the_layers():
+    placed = [name for names in LAYERS for name in names]
+    assert len(placed) == len(set(placed))
+    present = {p.stem for p in HARNESS.glob("*.py")} - {"__init__"}
+    present |= {p.name for p in HARNESS.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert present == set(placed), f"not placed: {sorted(present - set(placed))}; gone: {sorted(set(placed) - present)}"
+
+
+def test_no_import_runs_up_the_layers():
+    """Lazy and TYPE_CHECKING imports count: a reader follows the layers down from any module."""
+    bad = upward_imports(import_graph(REPO))
+    assert not bad, "imports that run up the declared layers:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("planted, found", [
+    ("interpreter/fixes.py", "diffmoe.interpreter.fixes -> diffmoe.backend.conformance (interpreter is below backend)"),
+    ("fuzz/driver.py", "diffmoe.fuzz.driver -> diffmoe.numerics_fit.fit (fuzz and numerics_fit are siblings)"),
+    (None, None),
+])
+def test_the_layer_checker_sees_a_planted_import(tmp_path, planted, found):
+    """The rule above can fail: a function-level import of a higher layer, an import of a sibling
+    folder; imports down the layers and within a folder pass."""
+    pkg = tmp_path / "diffmoe"
+    files = {"__init__.py": "from diffmoe.judge.runner import run\n", "contract.py": "from diffmoe.problem import config\n",
+             "problem/__init__.py": "", "problem/config.py": "", "backend/__init__.py": "",
+             "backend/conformance.py": "from diffmoe.interpreter import fixes\n", "interpreter/__init__.py": "",
+             "interpreter/fixes.py": "from . import dot_rows\n", "interpreter/dot_rows.py": "", "judge/__init__.py": "",
+             "judge/runner.py": "def run():\n    from diffmoe.backend import conformance\n", "fuzz/__init__.py": "",
+             "fuzz/driver.py": "from diffmoe.judge.runner import run\n", "numerics_fit/__init__.py": "",
+             "numerics_fit/fit.py": "import diffmoe.contract\n"}
+    for path, text in files.items():
+        (pkg / path).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / path).write_text(text, encoding="utf-8")
+    if planted == "interpreter/fixes.py":
+        (pkg / planted).write_text("def probe():\n    from diffmoe.backend import conformance\n", encoding="utf-8")
+    elif planted == "fuzz/driver.py":
+        (pkg / planted).write_text("from diffmoe.numerics_fit.fit import fit\n", encoding="utf-8")
+    bad = upward_imports(import_graph(tmp_path, packages=("diffmoe",)))
+    assert (found in bad) if found else not bad, bad
+
+
 # ---- the house: concept folders and the package's face ------------------------------------
 
 # The public modules users import (README, docs, examples; docs/api.md), besides `diffmoe` itself
@@ -224,17 +317,18 @@ def test_the_circle_checker_sees_lazy_relative_and_type_checking_imports(tmp_pat
 # reader and a static tool follow one import, issue 44).
 FACES = {
     "diffmoe.config": "diffmoe.problem.config",
-    "diffmoe.runner": "diffmoe.check.runner",
+    "diffmoe.runner": "diffmoe.judge.runner",
     "diffmoe.strategies": "diffmoe.fuzz.strategies",
     "diffmoe.pytest_plugin": "diffmoe.frontends.pytest_plugin",
 }
-# Modules at diffmoe/'s top besides the faces: the contract itself, and the table of moved paths
-TOP_MODULES = {"contract", "moved"}
+# Modules at diffmoe/'s top besides the faces: the contract and the findings (the ground every layer
+# speaks), and the table of moved paths
+TOP_MODULES = {"contract", "findings", "moved"}
 
 
 def test_every_module_lives_in_a_concept_folder_but_the_face():
     """diffmoe/ holds folders; the only modules at its top are __init__, __main__, the faces, the
-    contract and the moved paths' table."""
+    contract, the findings and the moved paths' table."""
     top = {p.stem for p in HARNESS.glob("*.py")} - {"__init__", "__main__"}
     assert top == {face.split(".")[1] for face in FACES} | TOP_MODULES, f"modules outside a concept folder: {sorted(top)}"
     for folder in (p for p in HARNESS.iterdir() if p.is_dir() and p.name != "__pycache__"):
@@ -395,7 +489,7 @@ def test_the_candidates_side_imports_no_judging_code():
 
 @pytest.mark.parametrize("planted, found", [
     ("diffmoe/check/candidate.py", "diffmoe.isolation.sandbox -> diffmoe.check.candidate -> diffmoe.tolerance.compare"),
-    ("diffmoe/check/runner.py", "diffmoe.check.runner -> diffmoe.tolerance.compare"),
+    ("diffmoe/judge/runner.py", "diffmoe.judge.runner -> diffmoe.tolerance.compare"),
     ("diffmoe/contract.py", "diffmoe.contract -> diffmoe.tolerance.compare"),
     (None, None),
 ])
@@ -405,10 +499,10 @@ def test_the_judge_reach_checker_sees_a_planted_import(tmp_path, planted, found)
     (run_differential's own) is no arrow."""
     pkg = tmp_path / "diffmoe"
     files = {
-        "__init__.py": "", "runner.py": "from diffmoe.check import runner\n",
+        "__init__.py": "", "runner.py": "from diffmoe.judge import runner\n",
         "isolation/__init__.py": "", "isolation/sandbox.py": "def serve():\n    from diffmoe.check import candidate\n",
         "check/__init__.py": "", "check/candidate.py": "import torch\n",
-        "check/runner.py": "def run_differential():\n    from diffmoe.tolerance import compare\n",
+        "judge/runner.py": "def run_differential():\n    from diffmoe.tolerance import compare\n",
         "adapters/__init__.py": "", "adapters/contract.py": "",
         "tolerance/__init__.py": "", "tolerance/compare.py": "",
     }

@@ -20,8 +20,8 @@ import pytest
 
 from diffmoe.contract import factory_batch_invariant
 from diffmoe.check import execution
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.fuzz.tiers import CHEAP_ORACLES
 from diffmoe.oracles.registry import ALL_ORACLES, DEFAULT_ORACLES, resolve_oracles
 from diffmoe.problem.config import MoEConfig

@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.interpreter import address_recorder, bounds_guard
 from diffmoe.interpreter.bounds_guard import MemoryGuard, guard_for_call
 from diffmoe.oracles.bounds import bounds_finding

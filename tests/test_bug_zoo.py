@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from bug_zoo import MUTANTS, Mutant, finding_names, names_expected
-from diffmoe.check.report import Oracles, Report
-from diffmoe.check.runner import ALL_ORACLES, run_differential
+from diffmoe.check.report import Report
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import ALL_ORACLES, run_differential
 from diffmoe.frontends import cli
 
 # Mutants feed corrupted values (NaN poison, clobbered rows) into the kernels; numpy's

@@ -22,7 +22,7 @@ from diffmoe.frontends import cli
 from diffmoe.problem.config import MoEConfig
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.check.report import check_command
-from diffmoe.check.runner import run_differential
+from diffmoe.judge.runner import run_differential
 from diffmoe.fuzz.strategies import size_floor
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from bug_zoo import make_amax_pass_cached_across_calls
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.problem.config import MoEConfig
 from optimized.moe import TritonFP8MoE
 

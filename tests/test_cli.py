@@ -13,7 +13,8 @@ import pytest
 
 from diffmoe.frontends import cli
 from diffmoe.problem.config import MoEConfig
-from diffmoe.check.report import Finding, Oracles, Report, check_command
+from diffmoe.check.report import Report, check_command
+from diffmoe.findings import Finding, Oracles
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from diffmoe.problem.vocabulary import Buffers
 
@@ -36,7 +37,7 @@ def alias_finding():
 @pytest.fixture
 def fake_runner(monkeypatch):
     """A runner whose reports have findings exactly for fused configs with the legacy planner."""
-    fake = types.ModuleType("diffmoe.check.runner")
+    fake = types.ModuleType("diffmoe.judge.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None, implementation_name="optimized"):
@@ -51,7 +52,7 @@ def fake_runner(monkeypatch):
 
     fake.run_differential = run_differential
     fake.load_factory = load_factory
-    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
     # these tests drive the execution fuzz through the stand-in: no plan-tier first phase by
     # default (test_fuzz_plan_tier_finds_the_legacy_planner_first runs it for real)
     monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)

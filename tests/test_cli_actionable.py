@@ -110,7 +110,7 @@ def test_compile_check_of_a_refused_config_is_a_usage_error(capsys, monkeypatch)
 
 @pytest.fixture
 def fake_runner(monkeypatch):
-    fake = types.ModuleType("diffmoe.check.runner")
+    fake = types.ModuleType("diffmoe.judge.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, implementation_name="optimized", **_):
@@ -119,7 +119,7 @@ def fake_runner(monkeypatch):
 
     fake.run_differential = run_differential
     fake.load_factory = lambda spec: refuses_fused
-    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
     monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
     monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
     monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in's factory exists only here
@@ -188,7 +188,7 @@ def test_a_factory_naming_its_wheel_is_asked_before_it_runs(monkeypatch, tmp_pat
 
 def test_every_peer_factory_names_its_wheel():
     """What the check above relies on: each alias's factory says which wheel it runs from."""
-    from diffmoe.check.runner import load_factory
+    from diffmoe.judge.runner import load_factory
 
     for alias in IMPLEMENTATION_ALIASES:
         wheel = getattr(load_factory(alias), "peer_wheel", None)
@@ -261,7 +261,7 @@ def test_the_replay_line_carries_the_whole_spec(spec):
 
 def test_a_release_factory_passed_from_python_replays_as_its_release():
     """A factory object (no spec given) is named `module:make`, the module that pins the release."""
-    from diffmoe.check.runner import factory_name, load_factory
+    from diffmoe.judge.runner import factory_name, load_factory
 
     for alias in ("vllm==0.28.0", "vllm==0.30.0"):
         name = factory_name(load_factory(alias))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from diffmoe.contract import Schedule
-from diffmoe.check.report import ByteRange, Finding
+from diffmoe.findings import ByteRange, Finding
 from diffmoe.isolation.codec import MessageError, decode, encode
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.inputs import make_problem

@@ -19,10 +19,10 @@ from diffmoe.tolerance.compare import DERIVED, Rule, compare
 from diffmoe.problem.config import MoEConfig
 from diffmoe.contract import Schedule
 from diffmoe.check.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
-from diffmoe.check.report import Oracles
+from diffmoe.findings import Oracles
 from diffmoe.oracles.differential import bf16_steps, derived_output_bound, down_row_ends
 from diffmoe.problem.ulps import ulp_distance
-from diffmoe.check.runner import DifferentialRun, run_differential
+from diffmoe.judge.runner import DifferentialRun, run_differential
 from diffmoe.problem.vocabulary import Buffers
 from diffmoe.problem.inputs import make_problem
 from optimized import make_implementation

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 
 from diffmoe.fuzz.tiers import TIER_RUN, TierPolicy
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.fuzz.strategies import moe_configs
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.inputs import make_problem
-from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.judge.runner import load_factory, run_differential
 from diffmoe.problem.vocabulary import Buffers
 from hang_bounds import SUBPROCESS_HANG_S
 

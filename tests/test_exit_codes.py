@@ -27,7 +27,7 @@ import torch
 
 from diffmoe.frontends import cli
 from diffmoe.contract import RunResult
-from diffmoe.check.report import Oracles
+from diffmoe.findings import Oracles
 from optimized.moe import TritonFP8MoE
 from signal_dispositions import sigint_as
 
@@ -234,7 +234,7 @@ def test_an_impl_module_that_fails_to_import_is_one_usage_line(capsys, tmp_path,
 
 
 def test_a_harness_error_is_exit_3_with_one_line_and_the_traceback(capsys, monkeypatch):
-    import diffmoe.check.runner as runner
+    import diffmoe.judge.runner as runner
 
     def broken(*args, **kwargs):
         raise runner.WorkerError("run_differential failed in the worker: ZeroDivisionError: x\nTraceback ...")
@@ -249,7 +249,7 @@ def test_a_harness_error_is_exit_3_with_one_line_and_the_traceback(capsys, monke
 
 
 def test_a_system_exit_escaping_a_command_is_never_exit_0(capsys, monkeypatch):
-    import diffmoe.check.runner as runner
+    import diffmoe.judge.runner as runner
 
     monkeypatch.setattr(runner, "run_differential", lambda *a, **k: sys.exit(0))
     code = cli.main(["check", *SMALL])
@@ -417,7 +417,7 @@ def test_a_plan_the_implementation_cannot_make_is_its_finding_not_an_internal_er
 
 def test_a_fuzz_whose_only_failure_is_the_harness_crashing_exits_3(monkeypatch, capsys):
     """run_differential itself raising is shrunk like any failure, but nothing was judged: exit 3, not 1."""
-    import diffmoe.check.runner as runner_module
+    import diffmoe.judge.runner as runner_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("harness bug")

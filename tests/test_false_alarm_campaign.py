@@ -20,7 +20,7 @@ from diffmoe.fuzz.campaign import (
     sampled_configs,
 )
 from diffmoe.problem.config import QUANT_SCHEMES, SCALE_PAIRS
-from diffmoe.check.runner import run_differential
+from diffmoe.judge.runner import run_differential
 
 # A reduced campaign's sample: cheap configs only (about 5 s each on the interpreter).
 CI_CONFIGS, CI_SEED, CI_COST_CAP = 6, 2026, 30

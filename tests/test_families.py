@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from diffmoe.adapters import families, peer_wheels
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import load_factory, run_differential
 from diffmoe.frontends.cli import main
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import Stages

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import bug_zoo
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import Stages
 from diffmoe.tolerance.compare import Rule, compare

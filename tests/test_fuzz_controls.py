@@ -1,7 +1,7 @@
 """Fuzz controls: field bounds (`--quant fp8-block --topk 1..2 --fused`), waivers of known findings
 (`--waive oracle@stage`, `--waive-file`), and `--keep-going N` distinct failures, each shrunk.
 
-A stand-in runner judges every example (diffmoe.check.runner replaced), so these measure the
+A stand-in runner judges every example (diffmoe.judge.runner replaced), so these measure the
 driver and the CLI, not the kernels.
 """
 
@@ -12,7 +12,8 @@ import types
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from diffmoe.check.report import Finding, Oracles, Report, check_command
+from diffmoe.check.report import Report, check_command
+from diffmoe.findings import Finding, Oracles
 from diffmoe.frontends import cli
 from diffmoe.fuzz import bounds as bounds_module
 from diffmoe.fuzz import strategies
@@ -37,7 +38,7 @@ def two_experts(c):
 
 def make_runner(rules):
     """rules: (predicate, finding) pairs; a config's findings are those whose predicate holds."""
-    fake = types.ModuleType("diffmoe.check.runner")
+    fake = types.ModuleType("diffmoe.judge.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None,
@@ -55,7 +56,7 @@ def make_runner(rules):
 def runner(monkeypatch):
     def install(*rules):
         fake = make_runner(rules)
-        monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+        monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
         monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
         monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
         monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
@@ -303,7 +304,7 @@ def test_keep_going_same_seed_same_failures(runner):
 
 
 def test_keep_going_with_workers_is_refused(monkeypatch):
-    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", make_runner([]))
+    monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", make_runner([]))
     with pytest.raises(ValueError, match="keep_going=2 needs workers=1"):
         fuzz_in_workers(workers=2, max_examples=4, seed=1, keep_going=2)
 

@@ -1,6 +1,6 @@
 """The execution tier: which oracles judge each fuzz example (diffmoe/fuzz/tiers.py).
 
-A recording stand-in for diffmoe.check.runner shows the policy exactly (cheap set, every
+A recording stand-in for diffmoe.judge.runner shows the policy exactly (cheap set, every
 FULL_EVERY-th example full, escalation, full shrinking, full database replay); real runs show
 that a bug only the full set sees is still found from a cold start, and that the cheap set
 alone catches what it claims to.
@@ -14,11 +14,12 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from diffmoe.fuzz.tiers import CHEAP_ORACLES, FULL_EVERY, TierPolicy, cheap_schedule, full_phase
 from diffmoe.fuzz.driver import fuzz
-from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.check.report import Report
+from diffmoe.findings import Finding, Oracles
 
 
 def recording_runner(fails=lambda config, oracles: False):
-    fake = types.ModuleType("diffmoe.check.runner")
+    fake = types.ModuleType("diffmoe.judge.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None,
@@ -35,7 +36,7 @@ def recording_runner(fails=lambda config, oracles: False):
 def runner(monkeypatch):
     def install(**kwargs):
         fake = recording_runner(**kwargs)
-        monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+        monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
         return fake
 
     return install

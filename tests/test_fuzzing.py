@@ -1,6 +1,6 @@
 """fuzz(): shrinking to the documented minimal config, progress, interruption, crashes.
 
-Most tests stand a fake runner in for diffmoe.check.runner, so they measure the driver, not the
+Most tests stand a fake runner in for diffmoe.judge.runner, so they measure the driver, not the
 kernels; one slow test fuzzes the real optimized implementation with the legacy planner.
 """
 
@@ -10,7 +10,8 @@ import types
 import pytest
 
 from diffmoe.fuzz.driver import FailingReport, FuzzOutcome, fuzz
-from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.check.report import Report
+from diffmoe.findings import Finding, Oracles
 from diffmoe.fuzz.strategies import MINIMAL_CONFIG, MINIMAL_FUSED_CONFIG
 from diffmoe.problem.config import SCALE_PAIRS
 from diffmoe.fuzz.pairs import force_pair
@@ -28,7 +29,7 @@ def alias_finding():
 
 def make_fake_runner(fails=lambda c: c.planner == "legacy" and c.fused, raises=None, findings=None):
     """A module with run_differential: findings exactly when `fails(config)` (or `findings(config)`'s)."""
-    fake = types.ModuleType("diffmoe.check.runner")
+    fake = types.ModuleType("diffmoe.judge.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None, implementation_name="optimized"):
@@ -47,7 +48,7 @@ def make_fake_runner(fails=lambda c: c.planner == "legacy" and c.fused, raises=N
 def fake_runner(monkeypatch):
     def install(**kwargs):
         fake = make_fake_runner(**kwargs)
-        monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+        monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
         return fake
 
     return install
@@ -206,7 +207,7 @@ def metamorphic_finding(config):
 
 def install_metamorphic_runner(monkeypatch, fused_fails=True):
     """Legacy configs: the fused one aliases (when fused_fails), and both disagree bitwise."""
-    fake = types.ModuleType("diffmoe.check.runner")
+    fake = types.ModuleType("diffmoe.judge.runner")
     fake.calls = []
 
     def run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None, implementation_name="optimized"):
@@ -219,7 +220,7 @@ def install_metamorphic_runner(monkeypatch, fused_fails=True):
         return Report(config, implementation_name, ["static-aliasing", "metamorphic"], ["identity"], findings)
 
     fake.run_differential = run_differential
-    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
     return fake
 
 

@@ -28,8 +28,8 @@ from diffmoe.problem.config import MoEConfig
 from diffmoe.contract import LaunchInfo, Schedule
 from diffmoe.interpreter.grid_order import program_order
 from diffmoe.interpreter.address_recorder import RaceRecorder
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import load_factory, run_differential
 from diffmoe.problem.vocabulary import Buffers, Stages
 
 SUPPORTED, WHY = grid_order.status()

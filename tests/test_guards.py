@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffmoe.check.guards import CANARY, POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
-from diffmoe.check.report import ByteRange, Oracles
+from diffmoe.findings import ByteRange, Oracles
 from diffmoe.problem.vocabulary import FP8_DTYPE
 
 

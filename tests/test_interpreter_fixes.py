@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from diffmoe.backend.conformance import gated_probe
 from diffmoe.interpreter import fixes
 from optimized.backend import interpreter_enabled
 from optimized.kernels.act_quant_kernel import _quantize_tile
@@ -33,7 +34,7 @@ BLOCK = 1 << 20  # Triton's largest block: interpreter cost is per program and o
 @pytest.fixture(autouse=True)
 def _fixes_installed_after():
     yield
-    fixes.install()  # every test leaves the process as the optimized path expects it
+    fixes.install(probe=gated_probe)  # every test leaves the process as the optimized path expects it
 
 
 def unpatched():

@@ -28,9 +28,9 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(autouse=True)
 def _fixes_installed_after():
-    fixes.install()
+    fixes.install(probe=conformance.gated_probe)
     yield
-    fixes.install()
+    fixes.install(probe=conformance.gated_probe)
 
 
 @pytest.mark.parametrize("key", fixes.GATED_FIXES)
@@ -42,6 +42,20 @@ def test_each_probe_finds_its_defect_without_the_fix_and_none_with_it(key):
     assert key in fixes.gated_installed()
     with_fix = conformance.run_probe(key, CPU, True)
     assert with_fix.status == OK and with_fix.mismatches == 0, with_fix
+
+
+def test_without_a_probe_the_gated_fixes_wait_for_one(monkeypatch):
+    """The interpreter layer does not import the backend's probes (issue 44): a bare install()
+    patches the casts and dots and says the gated fixes were not checked; the first call that
+    gives the probe applies them."""
+    fixes.uninstall()
+    monkeypatch.setattr(fixes, "_probe", None)
+    monkeypatch.setattr(fixes, "_gated_verdicts", {})
+    bare = fixes.install()
+    assert bare.installed and bare.reason.endswith(fixes.NO_PROBE) and fixes.gated_installed() == ()
+    probed = fixes.install(probe=conformance.gated_probe)
+    assert set(fixes.gated_installed()) == set(fixes.GATED_FIXES) and "probe-gated fixes applied" in probed.reason
+    assert fixes.DEFECT == conformance.DEFECT
 
 
 def test_suspended_keeps_the_gated_fixes_and_gated_suspends_them_too():

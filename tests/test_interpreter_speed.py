@@ -287,7 +287,7 @@ def test_warm_rewrites_caches_what_triton_would_rewrite_in_the_worker():
 
 def test_the_runner_warms_the_cache_before_forking_a_check(monkeypatch):
     from diffmoe.interpreter import fast_path as speed
-    from diffmoe.check.runner import run_differential
+    from diffmoe.judge.runner import run_differential
 
     calls = []
     monkeypatch.setattr(speed, "warm_rewrites", lambda: calls.append(1) or 0)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.isolation.import_guard import refused
 from diffmoe.problem.config import MoEConfig
 from isolated_kernels import FindsThePeerCache, ReportsWhatItsProcessHolds, SleepsForever
@@ -34,7 +34,7 @@ def test_the_import_guard_refuses_the_reference_and_the_judging_code_and_nothing
     for name in ("reference", "reference.moe", "reference.rounding.quant", "diffmoe.oracles", "diffmoe.oracles.registry",
                  "diffmoe.tolerance", "diffmoe.tolerance.compare"):
         assert refused(name), name
-    for name in ("diffmoe", "diffmoe.check.candidate", "diffmoe.check.runner", "diffmoe.check.guards",
+    for name in ("diffmoe", "diffmoe.check.candidate", "diffmoe.judge.runner", "diffmoe.check.guards",
                  "diffmoe.frontends.cli", "diffmoe.oraclesque", "optimized", "peers", "referenced", "torch"):
         assert not refused(name), name
 
@@ -45,7 +45,7 @@ README_MODULE = """
     from diffmoe import MoEConfig
     from diffmoe.pytest_plugin import report_failure_message
     from diffmoe.runner import load_factory, run_differential
-    from diffmoe.check.runner import run_differential as same
+    from diffmoe.judge.runner import run_differential as same
 
 
     def honest(config):
@@ -79,10 +79,10 @@ def test_the_candidates_side_imports_under_the_guard():
     no oracle and no tolerance; the judge's own modules need no reference when imported."""
     guard = "import sys; from diffmoe.isolation import import_guard; sys.meta_path.insert(0, import_guard.ImportGuard()); "
     candidate = (guard + "import diffmoe.check.candidate, diffmoe.adapters.loading, diffmoe.isolation.sandbox, optimized, "
-                 "peers, diffmoe, diffmoe.runner, diffmoe.check.runner, diffmoe.pytest_plugin, diffmoe.strategies; "
+                 "peers, diffmoe, diffmoe.runner, diffmoe.judge.runner, diffmoe.pytest_plugin, diffmoe.strategies; "
                  "from diffmoe.runner import load_factory, run_differential")
     judge = ("from diffmoe.isolation import import_guard; import_guard.REFUSED_PACKAGES = ('reference',); " + guard
-             + "import diffmoe.check.runner, diffmoe.frontends.cli, diffmoe.fuzz.driver, diffmoe.check.differential_run; "
+             + "import diffmoe.judge.runner, diffmoe.frontends.cli, diffmoe.fuzz.driver, diffmoe.judge.differential_run; "
              "from diffmoe.oracles.registry import ALL_ORACLES, active_oracles; active_oracles(ALL_ORACLES)")
     for code in (candidate, judge):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)

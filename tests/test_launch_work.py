@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.check.runner import run_differential
+from diffmoe.judge.runner import run_differential
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import pipeline_stages
 from hostile_kernels import RunsADoNothingKernel, StoresHalfItsViews, WritesItsViewsFromTheHost

@@ -20,8 +20,9 @@ from diffmoe.problem.config import MAX_SWIGLU_LIMIT, SHARED_EXPERT_WEIGHT, MoECo
 from diffmoe.problem.edge_cases import edge_cases  # noqa: E402
 from diffmoe.fuzz.driver import fuzz  # noqa: E402
 from diffmoe.problem.inputs import make_problem  # noqa: E402
-from diffmoe.check.report import Oracles, check_command  # noqa: E402
-from diffmoe.check.runner import run_differential  # noqa: E402
+from diffmoe.check.report import check_command  # noqa: E402
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential  # noqa: E402
 from reference import reference_moe  # noqa: E402
 
 FEATURE_LABELS = ("swiglu-limit", "swiglu-limit-below-almost-every-value", "dropped-slots",
@@ -97,7 +98,7 @@ def test_the_fuzzer_draws_the_features_only_when_asked(monkeypatch, asked):
     from test_fuzzing import make_fake_runner
 
     fake = make_fake_runner(fails=lambda c: False)
-    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
     args = cli.build_parser().parse_args(["fuzz", *(["--model-features"] if asked else [])])
     assert args.model_features is asked
     assert fuzz(max_examples=30, seed=0, features=args.model_features).passed

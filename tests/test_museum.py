@@ -1,4 +1,4 @@
-"""The museum of real vLLM, SGLang and Liger-Kernel bugs (diffmoe/adapters/museum.py): every runnable
+"""The museum of real vLLM, SGLang and Liger-Kernel bugs (diffmoe/museum/exhibits.py): every runnable
 exhibit behaves as recorded (each buggy release fails with the recorded oracle at the recorded stage,
 the fixed release passes the same config and inputs), the verdict can fail, the mechanism behind
 each exhibit is what its row says (exhibit 1: a zero-filled workspace hides it, a poisoned one shows
@@ -20,11 +20,11 @@ import json
 import pytest
 import torch
 
-from diffmoe.adapters import museum
+from diffmoe.museum import exhibits as museum
 from diffmoe.adapters import peer_wheels
-from diffmoe.check.report import Oracles
+from diffmoe.findings import Oracles
 from diffmoe.problem.vocabulary import Stages
-from diffmoe.check.runner import load_factory
+from diffmoe.judge.runner import load_factory
 from reference import reference_moe
 
 RUNNABLE = [e for e in museum.EXHIBITS if e.pending is None]
@@ -156,7 +156,7 @@ def test_the_shrinker_reaches_exhibit_ones_minimal_config_from_a_broader_domain(
     0.33.0 passes B_scale.stride(0)). Held at the forced floors T=4 E=2 K=2 by the shrink, the descent
     below them (diffmoe/fuzz/descent.py) takes it to T=1 E=2 K=1, its minimum: one expert has one scale."""
     from diffmoe.fuzz.driver import fuzz
-    from diffmoe.check.runner import run_differential
+    from diffmoe.judge.runner import run_differential
 
     outcome = fuzz(implementation=load_factory("vllm==0.28.0"), implementation_name="vllm==0.28.0", max_examples=40,
                    seed=0, features=True, max_experts=8, max_tokens=16, keep_going=2)

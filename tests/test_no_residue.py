@@ -43,7 +43,7 @@ def test_a_python_programs_checks_leave_nothing_when_it_exits(tmp_path):
     stopped (and its folder removed) when the program exits."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    program = ("from diffmoe.check.runner import run_differential\n"
+    program = ("from diffmoe.judge.runner import run_differential\n"
                "from diffmoe.problem.config import MoEConfig\n"
                "from optimized.moe import TritonFP8MoE\n"
                "config = MoEConfig(num_tokens=2, num_experts=2, topk=1, hidden=16, inter=16, quant='fp8-tensor')\n"

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from bug_zoo import MUTANTS, OUTCOME_MUTANTS, _patched
 from diffmoe.adapters import peer_wheels
-from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.judge.runner import load_factory, run_differential
 from diffmoe.frontends.cli import main
 from diffmoe.numerics_fit import fit_profile
 from diffmoe.numerics_fit.calibration import FEATURES, calibration_configs, scheme_pairs

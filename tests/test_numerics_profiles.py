@@ -19,8 +19,8 @@ from diffmoe import contract
 from diffmoe.problem.config import MoEConfig
 from diffmoe.contract import NUMERICS, factory_attribute, factory_numerics, judged_config
 from diffmoe.problem.inputs import make_problem
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.problem.vocabulary import Stages
 
 SMALL = dict(num_tokens=4, num_experts=4, topk=3, hidden=128, inter=128, quant="bf16")
@@ -159,9 +159,10 @@ def test_the_fuzzer_judges_and_reports_the_resolved_config(monkeypatch):
     import types
 
     from diffmoe.fuzz.driver import fuzz
-    from diffmoe.check.report import Finding, Report
+    from diffmoe.check.report import Report
+    from diffmoe.findings import Finding
 
-    fake = types.ModuleType("diffmoe.check.runner")
+    fake = types.ModuleType("diffmoe.judge.runner")
     fake.calls = []
 
     def fake_run_differential(config, implementation=None, *, schedules=None, oracles=None, device=None,
@@ -171,7 +172,7 @@ def test_the_fuzzer_judges_and_reports_the_resolved_config(monkeypatch):
         return Report(config, implementation_name, ["differential"], ["identity"], findings)
 
     fake.run_differential = fake_run_differential
-    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
     outcome = fuzz(implementation=vllm_numerics_factory, max_examples=30, seed=0)
     assert fake.calls and all(c.numerics == "vllm" for c in fake.calls)
     assert not outcome.passed and outcome.report.config.numerics == "vllm" and not outcome.notes

@@ -28,8 +28,9 @@ import triton.language as tl  # noqa: E402
 
 import optimized.kernels.act_quant_kernel as act_quant_kernel  # noqa: E402
 from diffmoe.contract import factory_numerics, judged_config  # noqa: E402
-from diffmoe.check.report import Oracles, check_command  # noqa: E402
-from diffmoe.check.runner import run_differential  # noqa: E402
+from diffmoe.check.report import check_command  # noqa: E402
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential  # noqa: E402
 from diffmoe.frontends import cli  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402
 from diffmoe.problem.inputs import make_problem  # noqa: E402

@@ -12,8 +12,8 @@ import pytest
 from diffmoe.frontends import cli
 from diffmoe.oracles import registry
 from diffmoe.oracles.base import Oracle
-from diffmoe.check.report import Finding, Oracles
-from diffmoe.check.runner import ALL_ORACLES, run_differential
+from diffmoe.findings import Finding, Oracles
+from diffmoe.judge.runner import ALL_ORACLES, run_differential
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 
 ORACLES_PAGE = Path(__file__).resolve().parent.parent / "docs" / "oracles.md"
@@ -85,7 +85,7 @@ def test_an_oracle_added_by_one_row_runs_through_every_hook(monkeypatch):
 def test_the_runner_judges_nothing_itself():
     """Every verdict lives in an oracle module: the runner names no oracle but through the registry
     (and the call-sequence oracle's question whether it makes the last order's run)."""
-    from diffmoe.check import runner
+    from diffmoe.judge import runner
 
     source = inspect.getsource(runner)
     named = set(re.findall(r"Oracles\.([A-Z_]+)", source))

@@ -16,7 +16,7 @@ import pytest
 
 from diffmoe.problem.config import QUANT_SCHEMES
 from diffmoe.problem.edge_cases import edge_cases
-from diffmoe.check.runner import ALL_ORACLES, run_differential
+from diffmoe.judge.runner import ALL_ORACLES, run_differential
 
 pytestmark = pytest.mark.slow
 

@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.interpreter import bounds_guard
 from diffmoe.interpreter.bounds_guard import MemoryGuard, guard_for_call
 

@@ -23,8 +23,9 @@ import torch
 
 from diffmoe.frontends import cli
 from diffmoe.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME
-from diffmoe.check.report import Oracles, Report, check_command
-from diffmoe.check.runner import factory_name, load_factory, run_differential
+from diffmoe.check.report import Report, check_command
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import factory_name, load_factory, run_differential
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from hang_bounds import SUBPROCESS_HANG_S
 
@@ -111,7 +112,7 @@ def test_the_cli_names_its_impl_in_the_report_and_the_replay(capsys):
 
 PLUGIN_PROBE = textwrap.dedent(
     """
-    from diffmoe.check.runner import run_differential
+    from diffmoe.judge.runner import run_differential
     from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 
     def exploding(config):

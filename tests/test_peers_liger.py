@@ -19,7 +19,7 @@ from diffmoe.problem.config import MoEConfig
 from diffmoe.contract import IMPLEMENTATION_ALIASES, Schedule, unsupported
 from diffmoe.problem.inputs import make_problem
 from diffmoe.check.recording import LaunchLog
-from diffmoe.check.runner import run_differential
+from diffmoe.judge.runner import run_differential
 from diffmoe.problem.vocabulary import Buffers as B
 from diffmoe.problem.vocabulary import Stages
 

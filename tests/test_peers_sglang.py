@@ -27,8 +27,8 @@ from diffmoe.contract import (
     IMPLEMENTATION_ALIASES, Schedule, factory_batch_invariant, factory_numerics, unsupported,
 )
 from diffmoe.check.recording import LaunchLog
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.inputs import make_problem
 from diffmoe.problem.vocabulary import Stages
@@ -65,7 +65,7 @@ def config(**kw) -> MoEConfig:
 
 
 def test_the_aliases_and_the_factory_attributes():
-    from diffmoe.check.runner import factory_name
+    from diffmoe.judge.runner import factory_name
 
     assert factory_name(factory(fallback=True)) == "peers.sglang_0_5_23:make_fallback"  # replay lines name it
     assert IMPLEMENTATION_ALIASES["sglang"] == IMPLEMENTATION_ALIASES["sglang==0.5.23"] == "peers.sglang_0_5_23:make"

@@ -19,8 +19,8 @@ import shutil
 import pytest
 
 from diffmoe.adapters import peer_wheels
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.vocabulary import Buffers, Stages
 

@@ -29,8 +29,8 @@ from diffmoe.contract import Schedule, factory_numerics, factory_plan
 from diffmoe.oracles.registry import DEFAULT_ORACLES
 from diffmoe.oracles.static_aliasing import check_static_aliasing
 from diffmoe.problem.inputs import make_problem
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import factory_name, run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import factory_name, run_differential
 from diffmoe.problem.vocabulary import Buffers as B, pipeline_stages
 from diffmoe.problem.vocabulary import Stages
 

@@ -19,8 +19,8 @@ from diffmoe.adapters import peer_wheels
 from diffmoe.problem.config import MoEConfig
 from diffmoe.contract import IMPLEMENTATION_ALIASES
 from diffmoe.oracles.registry import DEFAULT_ORACLES
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import load_factory, run_differential
 
 SPECS = ("vllm==0.28.0", "vllm==0.30.0", "vllm==0.33.0")
 CHECK_ORACLES = [o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC]  # vLLM has no fused/unfused sibling

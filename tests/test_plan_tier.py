@@ -12,7 +12,7 @@ from diffmoe.fuzz.plan_tier import (
     PHASE_GENERATE, PLAN_MAX_EXPERTS, PLAN_MAX_SIZE, PLAN_MAX_TOPK, PlanFuzzOutcome, fuzz_plans, judge_config,
     plan_configs,
 )
-from diffmoe.check.report import Oracles
+from diffmoe.findings import Oracles
 from diffmoe.problem.vocabulary import Buffers
 from optimized import make_implementation, plan_workspaces
 

@@ -1,4 +1,4 @@
-"""Progress of long runs (diffmoe/frontends/progress.py): on a terminal a live bar with counts,
+"""Progress of long runs (diffmoe/cluster/progress.py): on a terminal a live bar with counts,
 rate and time left, rewritten in place; anywhere else plain lines, never a carriage return, at a
 bounded rate, the fuzz's line byte for byte as before; with --json, JSON lines at the same moments. Then each long run, in plain mode: `diffmoe
 fuzz`, `diffmoe compile-check` (and its gate progress, the one `--sweep` and bench/compile_sweep.py
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from diffmoe.frontends import cli
-from diffmoe.frontends.progress import Progress, format_seconds, live_terminal, pace, time_left
+from diffmoe.cluster.progress import Progress, format_seconds, live_terminal, pace, time_left
 from test_cli import fake_runner  # noqa: F401 - the CLI tests' stand-in runner fixture, shared
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -312,9 +312,10 @@ def test_fuzz_on_a_terminal_shows_a_bar_of_max_examples(fake_runner, monkeypatch
 
 
 def test_museum_reports_each_release_run_in_plain_lines(monkeypatch, capsys):
-    from diffmoe.adapters import museum
-    from diffmoe.check import runner
-    from diffmoe.check.report import Finding, Report
+    from diffmoe.museum import exhibits as museum
+    from diffmoe.judge import runner
+    from diffmoe.check.report import Report
+    from diffmoe.findings import Finding
 
     exhibit = next(e for e in museum.EXHIBITS if e.name == "stale-ep-rows")
 

@@ -88,10 +88,10 @@ def test_the_surface_checker_sees_a_private_import():
     files = {
         "a.py": "from diffmoe.problem.vocabulary import Buffers\nimport torch\nfrom peers import vllm\n",
         "b.py": "from diffmoe import MoEConfig, make_problem\nfrom diffmoe.contract import Buffers\n",
-        "c.md": _code_of_markdown("text\n```python\nimport diffmoe.check.runner\n```\n```bash\nfrom diffmoe.x import y\n```\n"),
+        "c.md": _code_of_markdown("text\n```python\nimport diffmoe.judge.runner\n```\n```bash\nfrom diffmoe.x import y\n```\n"),
     }
     assert private_imports(files, offered) == ["a.py: diffmoe.problem.vocabulary", "b.py: diffmoe.make_problem",
-                                               "c.md: diffmoe.check.runner"]
+                                               "c.md: diffmoe.judge.runner"]
 
 
 def test_every_public_name_resolves_without_a_warning():
@@ -104,8 +104,9 @@ def test_every_public_name_resolves_without_a_warning():
 
 def test_the_verbs_are_at_the_top():
     import diffmoe
-    from diffmoe.check.report import Finding, Report
-    from diffmoe.check.runner import load_factory, run_differential
+    from diffmoe.check.report import Report
+    from diffmoe.findings import Finding
+    from diffmoe.judge.runner import load_factory, run_differential
 
     assert (diffmoe.run_differential, diffmoe.load_factory, diffmoe.Report, diffmoe.Finding) == (
         run_differential, load_factory, Report, Finding)
@@ -124,8 +125,8 @@ def _python(code: str, *flags: str) -> subprocess.CompletedProcess:
 
 def test_a_new_process_reaches_a_verb_from_the_top():
     """`python -c "import diffmoe; diffmoe.run_differential"`: the verb loads on first use."""
-    done = _python("import diffmoe, sys; assert 'diffmoe.check.runner' not in sys.modules; diffmoe.run_differential; "
-                   "print('diffmoe.check.runner' in sys.modules)")
+    done = _python("import diffmoe, sys; assert 'diffmoe.judge.runner' not in sys.modules; diffmoe.run_differential; "
+                   "print('diffmoe.judge.runner' in sys.modules)")
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
 
 

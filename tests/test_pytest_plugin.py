@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from diffmoe.fuzz.profiles import CI_MAX_EXAMPLES, DEV_MAX_EXAMPLES, PROFILES, ci_requested, load_profile
-from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.check.report import Report
+from diffmoe.findings import Finding, Oracles
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from hang_bounds import SUBPROCESS_HANG_S
 

@@ -15,7 +15,7 @@ import triton.language as tl
 from diffmoe.contract import LaunchInfo
 from diffmoe.interpreter import address_recorder as races
 from diffmoe.interpreter.address_recorder import RaceRecorder, instrumentation_installed, races_supported
-from diffmoe.check.report import ByteRange, Oracles
+from diffmoe.findings import ByteRange, Oracles
 
 SUPPORTED, WHY = races_supported()
 needs_interpreter = pytest.mark.skipif(not SUPPORTED, reason=WHY)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 
-import diffmoe.check.runner as runner
+import diffmoe.judge.runner as runner
 import diffmoe.check.worker as worker
 from bug_zoo import MUTANTS, OUTCOME_MUTANTS, TritonFP8MoE, make_fused_tile_not_power_of_two
 from diffmoe.frontends import cli
@@ -29,7 +29,8 @@ from diffmoe.problem.config import MAX_PROBLEM_BYTES, MoEConfig
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.problem.inputs import make_problem
 from diffmoe.check.recording import LaunchLog
-from diffmoe.check.report import Oracles, Report, check_command
+from diffmoe.check.report import Report, check_command
+from diffmoe.findings import Oracles
 from diffmoe.fuzz.strategies import MINIMAL_CONFIG, MINIMAL_FUSED_CONFIG
 from diffmoe.problem.vocabulary import Buffers, Stages
 from optimized import make_implementation

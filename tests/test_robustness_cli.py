@@ -144,7 +144,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# With --json the progress on stderr is JSON lines (diffmoe/frontends/progress.py); the first line of
+# With --json the progress on stderr is JSON lines (diffmoe/cluster/progress.py); the first line of
 # a phase names the config under way as its detail.
 FIRST_EXAMPLE = '{"progress": "fuzz", "phase": "generate"'
 SHRINKING = '{"progress": "fuzz", "phase": "shrink"'

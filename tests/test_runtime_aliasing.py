@@ -12,7 +12,7 @@ from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces
 from diffmoe.oracles.runtime_aliasing import check_runtime_aliasing
 from diffmoe.oracles.static_aliasing import check_static_aliasing
 from diffmoe.check.recording import LaunchLog
-from diffmoe.check.report import ByteRange, Oracles
+from diffmoe.findings import ByteRange, Oracles
 from diffmoe.problem.vocabulary import FP8_DTYPE, Buffers, Stages, buffer_spec
 from optimized.workspace_planner import plan_workspaces
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, find, settings  # noqa: E402
 from bug_zoo import make_expert_zero_weight_scale  # noqa: E402
 from dense_moe import dense_moe_float64  # noqa: E402
 from diffmoe.check.report import check_command  # noqa: E402
-from diffmoe.check.runner import run_differential  # noqa: E402
+from diffmoe.judge.runner import run_differential  # noqa: E402
 from diffmoe.frontends import cli  # noqa: E402
 from diffmoe.fuzz.strategies import moe_configs  # noqa: E402
 from diffmoe.problem.config import MAX_ROUTED_SCALING_FACTOR, SCALE_PAIRS, MoEConfig  # noqa: E402

@@ -14,8 +14,8 @@ import torch
 from diffmoe.adapters import peer_wheels
 from diffmoe.contract import Schedule
 from diffmoe.check.recording import LaunchLog
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import load_factory, run_differential
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.inputs import make_problem
 from diffmoe.problem.vocabulary import Stages

@@ -8,7 +8,7 @@ import pytest
 from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig
 from diffmoe.contract import Placement, WorkspacePlan
 from diffmoe.oracles.static_aliasing import check_static_aliasing, check_workspace_fit, live_ranges
-from diffmoe.check.report import ByteRange, Oracles
+from diffmoe.findings import ByteRange, Oracles
 from diffmoe.problem.vocabulary import Buffers, Stages, StageSpec, buffer_spec
 from optimized.workspace_planner import plan_workspaces
 

@@ -17,8 +17,8 @@ from diffmoe.problem.config import MoEConfig
 from diffmoe.contract import IMPLEMENTATION_ALIASES, unsupported
 from diffmoe.fuzz.driver import fuzz
 from diffmoe.fuzz.plan_tier import fuzz_plans
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import load_factory, run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import load_factory, run_differential
 from optimized import make_implementation, plan_workspaces
 from test_fuzzing import make_fake_runner
 
@@ -67,7 +67,7 @@ def test_metamorphic_is_skipped_with_the_reason_when_the_sibling_is_refused():
 
 def test_the_execution_fuzzer_draws_around_refused_configs(monkeypatch):
     fake = make_fake_runner(fails=lambda c: c.fused)  # would fail at once on any fused draw
-    monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
+    monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
     outcome = fuzz(max_examples=30, seed=0, implementation=no_fused)
     assert outcome.passed and fake.calls and not any(c.fused for c in fake.calls)
 

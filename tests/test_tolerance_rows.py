@@ -27,8 +27,8 @@ from diffmoe.problem.edge_cases import edge_cases
 from diffmoe.tolerance.gemm_interval import GEMM_STAGES, compare_stage, stage_bound
 from diffmoe.problem.inputs import make_problem
 from diffmoe.problem.numerics import SCHEME_ONLY
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.tolerance.table import BACKENDS, FORCED, INTERPRETER, PROFILE_ROWS, TOLERANCES, rule_for, tolerance_row
 from diffmoe.problem.vocabulary import Buffers, Stages, pipeline_stages
 from reference.moe import dequantize_activation, dequantize_weight, local_expert_ids, reference_moe, reference_stage

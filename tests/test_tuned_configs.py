@@ -78,7 +78,7 @@ def test_a_resume_file_carries_every_verdict_to_the_next_sweep(configs_folder, t
 def test_the_forced_tile_reaches_the_releases_launches(impl):
     """The override is the release's own: a tile forced through it is the one its GEMMs launch with
     (a tile no launch can take crashes at the first GEMM, the release's own choice passes)."""
-    from diffmoe.check.runner import run_differential
+    from diffmoe.judge.runner import run_differential
     from diffmoe.problem.config import MoEConfig
 
     try:
@@ -156,7 +156,7 @@ def test_a_glob_matching_no_file_is_a_usage_error(configs_folder, capsys):
 def test_an_sglang_entry_asking_for_tma_runs_its_tma_path_and_passes():
     """SGLang's fused_moe.py pops USE_TMA and logs it with its logger's warning_once: before the
     adapter's logger had it, every such entry (20 of triton_3_7_1's) crashed, a diffmoe defect."""
-    from diffmoe.check.runner import run_differential
+    from diffmoe.judge.runner import run_differential
     from diffmoe.problem.config import MoEConfig
 
     try:

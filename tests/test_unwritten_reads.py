@@ -14,8 +14,8 @@ import torch
 
 from optimized.moe import TritonFP8MoE
 
-from diffmoe.check.report import Oracles
-from diffmoe.check.runner import run_differential
+from diffmoe.findings import Oracles
+from diffmoe.judge.runner import run_differential
 from diffmoe.problem.config import MoEConfig
 
 CONFIG = MoEConfig(num_tokens=2, num_experts=2, topk=2, hidden=128, inter=128, quant="fp8-token", fused=True)

@@ -89,7 +89,7 @@ def test_the_marker_shows_an_import(marked_impl, capsys):
     assert marker.exists()
 
 
-HEAVY = ("ray", "triton", "optimized", "reference", "diffmoe.check.runner", "diffmoe.isolation.client")
+HEAVY = ("ray", "triton", "optimized", "reference", "diffmoe.judge.runner", "diffmoe.isolation.client")
 
 
 def test_a_refused_fuzz_imports_neither_ray_nor_a_kernel(tmp_path):

@@ -134,8 +134,10 @@ class FamilyFunction:
         from diffmoe.interpreter import fast_path, fixes, grid_order
 
         if interpreter_enabled():  # a Triton function: the interpreter's exact casts and dots, as optimized/ runs
+            from diffmoe.backend.conformance import gated_probe
+
             fast_path.install()
-            fixes.install()
+            fixes.install(probe=gated_probe)
         attribution = Attribution(self.config, problem, recorder, self.buffer_names)
         ids = attribution.name(problem.topk_ids.to(torch.int32), "topk_ids")
         self.active.reporter = attribution

@@ -928,6 +928,12 @@ def run_probe(key: str, device: torch.device, full: bool, hooks: ConformanceHook
 
 
 
+def gated_probe(key: str) -> str:
+    """The status of one probe-gated fix's probe on the CPU interpreter: what
+    `diffmoe.interpreter.fixes.install(probe=...)` decides a gated fix by."""
+    return run_probe(key, torch.device("cpu"), False).status
+
+
 def run_probes(keys, device: torch.device, full: bool = False) -> dict[str, ProbeResult]:
     """Probes `keys` (cheap ones unless `full`), keyed by primitive in the order of PRIMITIVES:
     what an implementation derives its workaround switches from (small inputs that still hit

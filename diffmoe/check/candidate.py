@@ -51,7 +51,7 @@ import torch
 from diffmoe.contract import ImplementationFactory, Schedule, WorkspacePlan, applies_own_order
 from diffmoe.check.call_environment import HardExit, allocations_poisoned, exits_intercepted, numpy_quiet
 from diffmoe.check.recording import ChainedRecorder, LaunchLog
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.check.watchers import InputWatch, LateWatch, RedZoneWatch, StageTracker, UnwrittenReads
 from diffmoe.interpreter import grid_order
 from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces

@@ -29,7 +29,7 @@ from diffmoe.check.candidate import (  # noqa: F401 - Crash, crash_finding, impl
 )
 from diffmoe.check.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
 from diffmoe.problem.inputs import Problem, make_problem, settle_uncomputed_rows, tokens_of
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 
 # The reference (pure PyTorch, Triton-free like the harness) is imported where it runs, not with
 # this module: a module that imports diffmoe's API beside its factory (a test file) must load in

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from diffmoe.check.report import ByteRange, Finding, Oracles
+from diffmoe.findings import ByteRange, Finding, Oracles
 from diffmoe.problem.vocabulary import WORKSPACE_NAMES
 
 POISON_PATTERNS = (0xFF, 0xA5)

@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping
 
-import numpy as np
 import torch
 
 from diffmoe.contract import LaunchInfo, LaunchRecorder
 from diffmoe.interpreter.program_count import programs_run
+from diffmoe.interpreter.store_coverage import StoreGap  # noqa: F401 - a RecordedLaunch holds them
 
 
 @dataclass(frozen=True)
@@ -64,33 +64,6 @@ def region_of(name: str, tensor: torch.Tensor) -> TensorRegion:
         last = sum((n - 1) * stride for n, stride in zip(tensor.shape, tensor.stride()))
         end = start + last * size + size
     return TensorRegion(name, storage.data_ptr(), start, end, str(tensor.device), storage.nbytes())
-
-
-@dataclass(frozen=True)
-class StoreGap:
-    """Bytes of one declared write view of a Triton launch that no store of its Triton programs
-    touched (diffmoe.interpreter.store_coverage): `nbytes` of the view's `declared` bytes, the
-    first run of them at byte offsets [first[0], first[1]) from the view's first byte, and per
-    row of the view's first dimension that has any (`rows`), how many (`row_bytes`)."""
-
-    buffer: str
-    nbytes: int
-    declared: int
-    first: tuple[int, int]
-    rows: tuple[int, ...] = ()
-    row_bytes: tuple[int, ...] = ()
-    row_count: int = 0  # rows of the view (its first dimension; 1 for a scalar)
-
-    @classmethod
-    def of(cls, buffer: str, mask: np.ndarray, declared: int, per_row: np.ndarray) -> StoreGap:
-        at = np.flatnonzero(mask)
-        if not at.size:
-            return cls(buffer, 0, declared, (0, 0), row_count=per_row.size)
-        breaks = np.flatnonzero(np.diff(at) > 1)
-        end = int(at[breaks[0]]) + 1 if breaks.size else int(at[-1]) + 1
-        rows = np.flatnonzero(per_row)
-        return cls(buffer, int(at.size), declared, (int(at[0]), end), tuple(int(r) for r in rows),
-                   tuple(int(n) for n in per_row[rows]), per_row.size)
 
 
 @dataclass(frozen=True)

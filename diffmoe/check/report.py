@@ -1,10 +1,8 @@
-"""Findings and the Report: what every oracle returns and what the CLI, pytest and JSON show.
+"""The Report: the findings of one check (diffmoe.findings) as the CLI, pytest and JSON show them.
 
-A finding names the oracle, the stage, the buffers and (where relevant) the bytes, with a
-message a kernel engineer understands at a glance and the figures behind it. A Report is
-passed when it holds no finding.
+A Report is passed when it holds no finding; it renders them, and says how to replay the check.
 
-Owns the finding and report types, their rendering and replay commands. Must not run anything.
+Owns the report type, its rendering and replay commands. Must not run anything.
 """
 
 from __future__ import annotations
@@ -14,37 +12,16 @@ from collections.abc import Sequence
 import json
 import re
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from diffmoe.problem.config import ALWAYS_NAMED, OPT_IN_FIELDS, MoEConfig
 from diffmoe.problem.models import ep_placement
 from diffmoe.contract import DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, WHEEL_FUNCTIONS
+from diffmoe.findings import ByteRange, Finding, Oracles  # noqa: F401 - a report holds findings; old imports read them here
 
 
-class Oracles:
-    """Oracle names, as they appear in findings and in `--oracles` selections."""
-
-    DIFFERENTIAL = "differential"  # every materialised buffer against the reference
-    TEACHER_FORCING = "teacher-forcing"  # one stage on the reference's inputs
-    METAMORPHIC = "metamorphic"  # fused vs unfused quanted_down_input
-    STATIC_ALIASING = "static-aliasing"  # the declared plan alone
-    RUNTIME_ALIASING = "runtime-aliasing"  # the views each launch really used
-    BOUNDS = "bounds"  # every interpreted load and store inside its launch's allocations (refused otherwise)
-    OVERFLOW = "overflow"  # no interpreted load or store through an integer offset that wrapped
-    RACES = "races"  # per-program addresses under the interpreter
-    STORE_EXTENT = "store-extent"  # every stored byte inside the launch's declared write views (interpreter)
-    CALL_SEQUENCE = "call-sequence"  # a call does not depend on the calls before it on the same workspaces
-    SCHEDULE = "schedule"  # result depends on program order
-    POISON = "poison"  # result depends on workspace contents before the call
-    RED_ZONE = "red-zone"  # guard bytes around a workspace changed
-    CONTRACT = "contract"  # shapes, dtypes, declared buffers, input writes
-    BATCH_INVARIANCE = "batch-invariance"  # a token's results do not depend on its batch
-    CRASH = "crash"  # the implementation raised
-    TIMEOUT = "timeout"  # the example ran past its time limit
-
-
-# What `--impl` (diffmoe.check.runner.load_factory) can load: MODULE:FACTORY, one colon, a top-level
+# What `--impl` (diffmoe.judge.runner.load_factory) can load: MODULE:FACTORY, one colon, a top-level
 # attribute of an importable module. Anything else (a lambda, a closure, a label) is a name only.
 _FACTORY_SPEC = re.compile(r"[^\s:<>()]+:[^\s:<>().]+")
 # A fused_experts function inside a pinned peer wheel, NAME==V:[MODULE:]FUNCTION@FAMILY (contract.WHEEL_FUNCTIONS):
@@ -114,49 +91,6 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
                 "define its factory at module level and name it here, or pass it to run_differential"
             )
     return " ".join(parts)
-
-
-@dataclass(frozen=True)
-class ByteRange:
-    """Bytes [start, end) of a workspace (ws1, ws2) or another named storage."""
-
-    region: str
-    start: int
-    end: int
-
-    def __str__(self) -> str:
-        return f"{self.region}[{self.start}:{self.end}]"
-
-
-@dataclass
-class Finding:
-    oracle: str
-    message: str
-    stage: str | None = None
-    buffers: list[str] = field(default_factory=list)
-    byte_ranges: list[ByteRange] = field(default_factory=list)
-    figures: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["byte_ranges"] = [asdict(b) for b in self.byte_ranges]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
-        return cls(
-            oracle=d["oracle"],
-            message=d["message"],
-            stage=d.get("stage"),
-            buffers=list(d.get("buffers", [])),
-            byte_ranges=[ByteRange(**b) for b in d.get("byte_ranges", [])],
-            figures=dict(d.get("figures", {})),
-        )
-
-    def headline(self) -> str:
-        where = f" at {self.stage}" if self.stage else ""
-        bufs = f" [{', '.join(self.buffers)}]" if self.buffers else ""
-        return f"{self.oracle}{where}{bufs}: {self.message}"
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 from diffmoe.contract import LaunchInfo
 from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces
 from diffmoe.check.recording import LaunchLog, region_of
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.problem.vocabulary import Buffers
 
 

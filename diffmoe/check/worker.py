@@ -26,7 +26,8 @@ from contextlib import contextmanager
 import torch
 
 from diffmoe.contract import default_device, interpreter_enabled
-from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.check.report import Report
+from diffmoe.findings import Finding, Oracles
 
 # The CLI's limit per check when --time-limit is not given, on the Triton interpreter, where a
 # kernel that waits for another program instance spins forever (programs run one at a time).

@@ -47,7 +47,7 @@ errors (an unknown arch, a Triton without the ahead-of-time API, nothing capture
 --time-limit S bounds the silence of each check (each fuzz example): when no phase and no
 launch has started for S seconds the check's worker process is killed and the check reports a
 `timeout` finding; a slow check that keeps launching is never one. 0 turns the limit off; without the flag
-the limit is diffmoe.check.runner.default_time_limit(): 120 s on the Triton interpreter, none on
+the limit is diffmoe.judge.runner.default_time_limit(): 120 s on the Triton interpreter, none on
 CUDA. Ctrl-C or SIGTERM stops a fuzz at once: it prints the smallest failure found so far
 (exit 1) or that none was found (exit 130). --database DIR keeps Hypothesis's example
 database there: a failure found (even by an interrupted run) is replayed first by the next
@@ -66,7 +66,7 @@ residue is left (a stage no menu choice explains, or a candidate that fails on a
 usage errors (and a calibration set the implementation refuses whole).
 
 Long runs (fuzz, compile-check and its --sweep, museum, tuned-configs, numerics fit) report progress on stderr through
-diffmoe/frontends/progress.py: a live bar (counts, rate, time left) on a terminal, plain lines
+diffmoe/cluster/progress.py: a live bar (counts, rate, time left) on a terminal, plain lines
 otherwise; stdout and the results are untouched.
 
 The runner, the implementation under test (reached only through diffmoe.contract) and
@@ -107,7 +107,8 @@ from diffmoe.contract import (
     CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ConfigRefused, Schedule, WorkspacePlan,
     factory_attribute, factory_plan,
 )
-from diffmoe.check.report import Oracles, Report, check_command
+from diffmoe.check.report import Report, check_command
+from diffmoe.findings import Oracles
 from diffmoe.frontends import models as model_flags
 
 PROG = "diffmoe"
@@ -122,7 +123,7 @@ DEFAULT_FUZZ_EXAMPLES = 100  # execution-tier examples of a fuzz
 # machine (measured 2026-12-05), longer than a short fuzz; --workers N asks for them (diffmoe/fuzz/workers.py).
 DEFAULT_FUZZ_WORKERS = 1
 DEFAULT_PLAN_EXAMPLES = 10_000  # plans of the static first phase: about a second (bench/bench_plan_tier.py)
-# --time-limit's upper bound, the same as diffmoe.check.runner.MAX_TIME_LIMIT (not imported: the
+# --time-limit's upper bound, the same as diffmoe.judge.runner.MAX_TIME_LIMIT (not imported: the
 # runner pulls in torch, and argument errors must answer at once).
 MAX_TIME_LIMIT_S = 7 * 24 * 3600
 # An error is one line on stderr; a message quoting a hostile value is cut to this length.
@@ -585,7 +586,7 @@ def config_from_file(path: str) -> MoEConfig:
 
 def _runner():
     # Imported on use: it pulls in the implementations; tests may stand a fake in its place.
-    return importlib.import_module("diffmoe.check.runner")
+    return importlib.import_module("diffmoe.judge.runner")
 
 
 def load_implementation(spec: str | None, isolation: str = "none"):
@@ -749,7 +750,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 class ProgressPrinter:
-    """Fuzz progress on stderr (diffmoe/frontends/progress.py). On a terminal a live bar per phase:
+    """Fuzz progress on stderr (diffmoe/cluster/progress.py). On a terminal a live bar per phase:
     the generate phase counts examples against `total` (--max-examples: rate and time left), the
     shrink phase has no total (count and rate). Otherwise the plain line
     "fuzz: N examples  phase=P  S s  <config>" at each phase change and every `interval` seconds
@@ -765,7 +766,7 @@ class ProgressPrinter:
         self._examples = 0
 
     def __call__(self, examples: int, phase: str, elapsed: float, config: str) -> None:
-        from diffmoe.frontends.progress import Progress
+        from diffmoe.cluster.progress import Progress
 
         line = f"fuzz: {examples} example{'s' if examples != 1 else ''}  phase={phase}  {elapsed:6.1f} s  {config}"
         if self._progress is None:
@@ -1233,7 +1234,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 
 def cmd_museum(args: argparse.Namespace) -> int:
-    from diffmoe.adapters.museum import run as museum_run
+    from diffmoe.museum.exhibits import run as museum_run
 
     return museum_run(args, prog=f"{PROG} museum")
 
@@ -1249,7 +1250,7 @@ def cmd_tuned_configs(args: argparse.Namespace) -> int:
 
 
 class FitProgress:
-    """`numerics fit` progress on stderr (diffmoe/frontends/progress.py): a bar of calibration configs
+    """`numerics fit` progress on stderr (diffmoe/cluster/progress.py): a bar of calibration configs
     on a terminal, otherwise a plain line per config and stage ("numerics fit: 2/14 CONFIG: STAGE")."""
 
     def __init__(self, stream: TextIO, live: bool | None = None, json_lines: bool = False) -> None:
@@ -1257,7 +1258,7 @@ class FitProgress:
 
     def __call__(self, done: int, total: int, what: str) -> None:
         if self.bar is None:
-            from diffmoe.frontends.progress import Progress
+            from diffmoe.cluster.progress import Progress
 
             self.bar = Progress(self.stream, "numerics fit", total=total, unit="config", each=True, live=self.live,
                                 json_lines=self.json_lines)
@@ -1326,7 +1327,7 @@ def _csv(text: str | None) -> list[str] | None:
 
 
 class GateProgress:
-    """The compile gate's progress on stderr (diffmoe/frontends/progress.py), `compile-check` and
+    """The compile gate's progress on stderr (diffmoe/cluster/progress.py), `compile-check` and
     `--sweep` (and bench/compile_sweep.py): first the capture, the configs run with every launch
     intercepted (on a terminal a bar of configs; otherwise a line at most every PLAIN_INTERVAL_S
     seconds, none for the last config, which the compile lines follow at once), then the compile,
@@ -1339,7 +1340,7 @@ class GateProgress:
         self.compile = None
 
     def _progress(self, label: str, total: int, unit: str, each: bool):
-        from diffmoe.frontends.progress import Progress
+        from diffmoe.cluster.progress import Progress
 
         return Progress(self.stream, label, total=total, unit=unit, each=each, live=self.live, clock=self.clock,
                         json_lines=self.json_lines)
@@ -1516,10 +1517,10 @@ def build_parser() -> argparse.ArgumentParser:
     peers.add_argument("rest", nargs=argparse.REMAINDER, help="fetch NAME [--wheel FILE.whl], or list")
     peers.set_defaults(handler=cmd_peers)
 
-    from diffmoe.adapters import museum as museum_module  # the exhibit table names the arguments
+    from diffmoe.museum import exhibits as museum_module  # the exhibit table names the arguments
 
     museum = sub.add_parser(
-        "museum", help="real vLLM, SGLang and Liger-Kernel bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/adapters/museum.py)",
+        "museum", help="real vLLM, SGLang and Liger-Kernel bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/museum/exhibits.py)",
         description=museum_module.DESCRIPTION)
     museum_module.add_arguments(museum)
     museum.set_defaults(handler=cmd_museum)

@@ -7,5 +7,5 @@ database), `plan_tier` (a static fuzz of declared workspace
 plans), `profiles` (the Hypothesis settings profiles) and `campaign` (the false-alarm campaign).
 
 Owns drawing and searching. Must not judge a config itself: every example goes through
-diffmoe.check.runner.
+diffmoe.judge.runner.
 """

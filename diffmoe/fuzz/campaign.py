@@ -222,7 +222,7 @@ def run_campaign(configs: list[MoEConfig], *, check: Callable | None = None,
     """Every config through `check` (default: run_differential with every oracle and the
     default schedules, the shipped implementation), one result each, in order."""
     if check is None:
-        from diffmoe.check.runner import run_differential  # the runner imports torch; the profile above does not
+        from diffmoe.judge.runner import run_differential  # the runner imports torch; the profile above does not
         check = run_differential
     for index, config in enumerate(configs):
         start = time.perf_counter()
@@ -252,7 +252,7 @@ def check_config(item: CampaignCheck) -> CampaignResult:
     """A task (diffmoe/cluster/tasks.py): `item.config` judged by every oracle against `item.impl`."""
     if item.impl is None:
         return next(run_campaign([item.config]))
-    from diffmoe.check.runner import load_factory, run_differential
+    from diffmoe.judge.runner import load_factory, run_differential
 
     factory = _factories.get(item.impl)
     if factory is None:

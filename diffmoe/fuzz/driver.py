@@ -44,7 +44,7 @@ at a round that finds nothing, or at an interrupt; `FuzzOutcome.failures` holds 
 order found, `report` the first.
 
 Crashes, timeouts and contract violations of the implementation are findings of the report
-(diffmoe.check.runner), so they shrink like any other failure. A crash of the harness itself on
+(diffmoe.judge.runner), so they shrink like any other failure. A crash of the harness itself on
 some config (an exception out of `run_differential`) is treated as a failure too, reported
 under the crash oracle. `time_limit` bounds every example (a `timeout` finding past it), so
 a hanging implementation cannot stall the search.
@@ -75,7 +75,8 @@ from diffmoe.fuzz.database import ResumingDatabase
 from diffmoe.fuzz.draws import seed_only_draws
 from diffmoe.fuzz.database_spec import open_database
 from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
-from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.check.report import Report
+from diffmoe.findings import Finding, Oracles
 from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.fuzz import descent as descent_limits
 from diffmoe.fuzz.descent import descend
@@ -297,7 +298,7 @@ def fuzz(
                            features=features, bounds=bounds)
     # Imported here, not at module import: tests replace the module, and importing the
     # runner pulls in the optimized implementation only when a fuzz actually starts.
-    runner = importlib.import_module("diffmoe.check.runner")
+    runner = importlib.import_module("diffmoe.judge.runner")
     # Bad oracle or schedule names would otherwise fail every example as a "crash".
     if oracles is not None and hasattr(runner, "resolve_oracles"):
         runner.resolve_oracles(oracles)

@@ -55,7 +55,8 @@ from diffmoe.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME
 from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.fuzz.driver import FuzzOutcome
 from diffmoe.fuzz.waivers import Waivers
-from diffmoe.check.report import Finding, Oracles, Report
+from diffmoe.check.report import Report
+from diffmoe.findings import Finding, Oracles
 from diffmoe.fuzz.strategies import MIN_SIZE, QUANT_ORDER
 
 PHASE_GENERATE = "generate"
@@ -355,7 +356,7 @@ def fuzz_plans(
     _check_arguments(max_examples, seed, planner, implementation, implementation_name, progress, time_budget)
     # imported here: the runner (torch, the oracles) and the default implementation (Triton)
     # only when a session starts, never when this module is imported
-    from diffmoe.check import runner
+    from diffmoe.judge import runner
 
     factory = runner.load_factory(DEFAULT_IMPLEMENTATION) if implementation is None else implementation
     plan = plan_function(factory)

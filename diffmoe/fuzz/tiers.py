@@ -42,7 +42,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from diffmoe.problem.config import MoEConfig
-from diffmoe.check.report import Oracles
+from diffmoe.findings import Oracles
 
 TIER_RUN = "run"
 TIER_FULL = "full"

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 
 ANY_STAGE = "*"
 COMMENT = "#"

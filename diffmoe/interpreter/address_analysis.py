@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from diffmoe.check.report import ByteRange, Finding, Oracles
+from diffmoe.findings import ByteRange, Finding, Oracles
 
 # Access kinds. Atomic read-modify-write, compare-and-swap and atomic store are atomic writes;
 # atomic load and poll are atomic reads.

@@ -43,7 +43,9 @@ Finite float32 beyond +-448 and +-Inf saturate to +-448 in the e4m3 cast, as `sa
 
 Probe-gated fixes (what a third-party kernel needs: lmdeploy 0.18's blocked-FP8 MoE, peers/):
 five more defects of triton 3.9's interpreter, each patched only where its `diffmoe doctor`
-probe (diffmoe.backend.conformance, run once per process on triton's own methods) finds it:
+probe finds it (run once per process on triton's own methods; the caller passes the probe,
+`install(probe=diffmoe.backend.conformance.gated_probe)`, as optimized/, peers/ and the
+families do: the interpreter layer sits below the backend's probes):
 
   * `bf16_arith`: bf16 add/sub/mul, min/max, comparisons and negation run on the raw uint16
     storage (triton-lang/triton#5424): fixed in `binary_op` / `create_fneg` as the float32 op
@@ -95,6 +97,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 from diffmoe.interpreter import dot_rows
 from diffmoe.interpreter.dot_rows import matmul_by_rows
@@ -109,6 +112,7 @@ PATCHED_METHODS = {
     "create_exp": ("arg",),
 }
 E4M3_MAX = 448.0
+DEFECT = "DEFECT"  # a probe's status when it finds its defect (diffmoe.backend.conformance reports in these)
 CANONICAL_NAN_F32 = 0x7FC00000
 
 _lock = threading.Lock()
@@ -281,13 +285,19 @@ def _make_patches(interpreter):
     return {"cast_impl": cast_impl, "create_fp_to_fp": create_fp_to_fp, "create_dot": create_dot, "create_exp": create_exp}
 
 
-def install() -> FixStatus:
+def install(probe: Callable[[str], str] | None = None) -> FixStatus:
     """Patch the interpreter (idempotent; thread-safe). Never raises: on a Triton version the
-    fixes were not written for it patches nothing and the status says why."""
-    global _last
+    fixes were not written for it patches nothing and the status says why. `probe` (key -> status,
+    diffmoe.backend.conformance.gated_probe) decides the probe-gated fixes; the first one given is
+    kept for the process, and without one they are left out until a call gives it."""
+    global _last, _probe
     with _lock:
+        if probe is not None and _probe is None:
+            _probe = probe
         if _suspended:
             return FixStatus(False, "suspended (interpreter_fixes.suspended(): the defects are wanted)")
+        if _originals and _last is not None and _last.reason.endswith(NO_PROBE) and _probe is not None:
+            _last = _installed_status(_install_gated_locked())  # installed before a probe was given
         if _originals or _last is not None:
             return _last  # already installed, or already refused (the version does not change)
         problem = _triton_problem()
@@ -302,12 +312,15 @@ def install() -> FixStatus:
             _originals[name] = cls.__dict__[name]
         for name, fn in _make_patches(interpreter).items():
             setattr(cls, name, fn)
-        import triton
-
-        gated = _install_gated_locked()
-        _last = FixStatus(True, "float32<->bf16 and float32<->e4m3fn casts and the bf16 and fp8 dots of the "
-                                f"triton {triton.__version__} interpreter computed exactly, float32 exp as torch's; {gated}")
+        _last = _installed_status(_install_gated_locked())
         return _last
+
+
+def _installed_status(gated: str) -> FixStatus:
+    import triton
+
+    return FixStatus(True, "float32<->bf16 and float32<->e4m3fn casts and the bf16 and fp8 dots of the "
+                           f"triton {triton.__version__} interpreter computed exactly, float32 exp as torch's; {gated}")
 
 
 def uninstall(keep_gated: bool = False) -> None:
@@ -374,6 +387,11 @@ GATED_FIXES = ("bf16_arith", "bf16_reduce", "scalar_mask", "builtin_alias", "aut
 _gated_originals: dict[tuple[int, str], tuple[object, str, object]] = {}  # (id(owner), name) -> (owner, name, original)
 _gated_verdicts: dict[str, str] = {}  # probe key -> its status on triton's own methods (once per process)
 _gated_reason: str | None = None  # what the last gated install did, or why it patched nothing
+# The probe of a gated fix's defect, given by the caller (issue 44: the interpreter layer does not
+# reach up into the backend's conformance probes; optimized/, peers/ and the families pass
+# diffmoe.backend.conformance.gated_probe): key -> the probe's status on triton's own methods.
+_probe: Callable[[str], str] | None = None
+NO_PROBE = "probe-gated fixes not checked: no probe given (install(probe=diffmoe.backend.conformance.gated_probe))"
 
 
 def _gated_problem() -> str | None:
@@ -543,16 +561,15 @@ def _install_gated_locked() -> str:
     if problem is not None:
         _gated_reason = problem
         return problem
-    import torch
+    if _probe is None and not all(key in _gated_verdicts for key in GATED_FIXES):
+        return NO_PROBE  # not remembered: a later install(probe=...) checks them
     from triton.runtime import interpreter
-
-    from diffmoe.backend import conformance
 
     applied, clean = [], []
     for key in GATED_FIXES:
         if key not in _gated_verdicts:  # triton's own methods: the gated patches are not in place yet
-            _gated_verdicts[key] = conformance.run_probe(key, torch.device("cpu"), False).status
-        if _gated_verdicts[key] != conformance.DEFECT:
+            _gated_verdicts[key] = _probe(key)
+        if _gated_verdicts[key] != DEFECT:
             clean.append(f"{key} {_gated_verdicts[key]}")
             continue
         for owner, name, new in _gated_patches(interpreter, key):
@@ -574,10 +591,13 @@ def _uninstall_gated_locked() -> None:
     _gated_originals.clear()
 
 
-def install_gated() -> str:
+def install_gated(probe: Callable[[str], str] | None = None) -> str:
     """The probe-gated fixes alone (idempotent): a peer adapter that needs them calls install()
     and may check this."""
+    global _probe
     with _lock:
+        if probe is not None and _probe is None:
+            _probe = probe
         if _suspended:
             return "suspended"
         return _install_gated_locked()
@@ -590,4 +610,4 @@ def gated_installed() -> tuple[str, ...]:
 
 
 def _applied_keys() -> set[str]:
-    return {k for k, v in _gated_verdicts.items() if v == "DEFECT"} if _gated_originals else set()
+    return {k for k, v in _gated_verdicts.items() if v == DEFECT} if _gated_originals else set()

@@ -9,7 +9,7 @@ one. Under `TRITON_INTERPRET=1` every store a program makes goes through a few
 reads them); while a `StoreWatch` is active they are wrapped, and for each Triton launch the
 launch log opens a watch on (`begin`/`end`), every stored byte inside a declared write view is
 marked in a bitmap of that view's bytes. The view's bytes are also copied at `begin` and compared
-at `end`. What `end` returns per view (a `recording.StoreGap`):
+at `end`. What `end` returns per view (a `StoreGap`, defined here):
 
 * `unstored`: declared bytes no store of the launch touched and that did not change;
 * `host_written`: declared bytes that changed during the launch though no store touched them:
@@ -35,12 +35,41 @@ oracle does), nor change what a store writes.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 
 from diffmoe.interpreter.triton_pin import pinned_interpreter_problem
+
+
+@dataclass(frozen=True)
+class StoreGap:
+    """Bytes of one declared write view of a Triton launch that no store of its Triton programs
+    touched (diffmoe.interpreter.store_coverage): `nbytes` of the view's `declared` bytes, the
+    first run of them at byte offsets [first[0], first[1]) from the view's first byte, and per
+    row of the view's first dimension that has any (`rows`), how many (`row_bytes`)."""
+
+    buffer: str
+    nbytes: int
+    declared: int
+    first: tuple[int, int]
+    rows: tuple[int, ...] = ()
+    row_bytes: tuple[int, ...] = ()
+    row_count: int = 0  # rows of the view (its first dimension; 1 for a scalar)
+
+    @classmethod
+    def of(cls, buffer: str, mask: np.ndarray, declared: int, per_row: np.ndarray) -> StoreGap:
+        at = np.flatnonzero(mask)
+        if not at.size:
+            return cls(buffer, 0, declared, (0, 0), row_count=per_row.size)
+        breaks = np.flatnonzero(np.diff(at) > 1)
+        end = int(at[breaks[0]]) + 1 if breaks.size else int(at[-1]) + 1
+        rows = np.flatnonzero(per_row)
+        return cls(buffer, int(at.size), declared, (int(at[0]), end), tuple(int(r) for r in rows),
+                   tuple(int(n) for n in per_row[rows]), per_row.size)
+
 
 SUPPORTED_TRITON = (3, 9)
 # method: (pointer parameter, mask parameter), a parameter as (position after self, name), as
@@ -100,7 +129,6 @@ class _View:
             self.stored[at[(at >= 0) & (at < self.n)]] = True
 
     def gaps(self) -> tuple[Any, Any]:
-        from diffmoe.check.recording import StoreGap
 
         changed = (self.bytes != self.before).numpy()
         if changed.any():  # an element whose value changed changed whole (7.0 over 0.0 keeps two zero bytes)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from diffmoe.check.candidate import Crash, Executed
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.isolation import boundary
 from diffmoe.isolation.messages import (
     AddressVerdicts, Handle, MessageError, RemoteOutput, RemoteWorkspaces, Unsendable, dumps, recv, send, series_answer,

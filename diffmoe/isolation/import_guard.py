@@ -10,7 +10,7 @@ Refused: the reference package (`reference` and below), the one place expected v
 computed; the oracles (`diffmoe.oracles`) and the tolerance (`diffmoe.tolerance`), the code that
 judges (issue 43: inside the OS boundary their folders are not in the candidate's view at all,
 boundary.py). A test module that defines a factory beside its tests imports the public faces
-(`diffmoe.runner`, `diffmoe.check.runner`, `diffmoe.frontends.cli`, `diffmoe.pytest_plugin`):
+(`diffmoe.runner`, `diffmoe.judge.runner`, `diffmoe.frontends.cli`, `diffmoe.pytest_plugin`):
 those read the judge's names when first used (PEP 562), so importing them here needs none of the
 refused packages (tests/test_architecture.py holds the candidate's modules to it).
 """

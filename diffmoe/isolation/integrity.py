@@ -48,7 +48,7 @@ def changed_findings() -> list:
     """A `contract` finding per judge source file changed, added or removed since `prepare`."""
     if not _HASHES:
         return []
-    from diffmoe.check.report import Finding, Oracles
+    from diffmoe.findings import Finding, Oracles
 
     now = {str(p): _digest(p) for p in _sources()}
     changed = sorted(p for p in set(now) | set(_HASHES) if now.get(p) != _HASHES.get(p))

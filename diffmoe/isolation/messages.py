@@ -93,7 +93,7 @@ def series_answer(answer, calls: int) -> bool:
     accesses; at most `calls`, the series stopping at a call with refused accesses), and findings."""
     import torch
 
-    from diffmoe.check.report import Finding
+    from diffmoe.findings import Finding
     from diffmoe.interpreter.bounds_guard import OutOfBounds
 
     def one(a) -> bool:

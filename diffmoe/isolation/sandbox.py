@@ -302,7 +302,7 @@ def serve(conn) -> None:
 
 def not_data_finding(what: str, exc: BaseException):
     """The `contract` finding for an answer that is not data of the wire format (codec.py)."""
-    from diffmoe.check.report import Finding, Oracles
+    from diffmoe.findings import Finding, Oracles
 
     return Finding(oracle=Oracles.CONTRACT,
                    message=f"the implementation's answer to {what} is not data the judge reads: {exc} (only numbers, "

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from diffmoe.contract import default_device, factory_numerics
-from diffmoe.check.report import Finding
+from diffmoe.findings import Finding
 from diffmoe.check.worker import check_time_limit
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.numerics import PROFILE_NAMES, PROFILES, Profile, parse_spec

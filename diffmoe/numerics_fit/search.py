@@ -43,7 +43,7 @@ from diffmoe.tolerance.compare import DERIVED, Comparison, Rule, compare
 from diffmoe.tolerance.gemm_interval import stage_bound
 from diffmoe.tolerance.table import FORCED, rule_for
 from diffmoe.check.call_environment import numpy_quiet
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.numerics_fit.watchdog import Silence, silence_limit
 from reference.moe import reference_stage  # pure PyTorch, as diffmoe.check.execution imports it
 

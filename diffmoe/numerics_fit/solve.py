@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diffmoe.check.report import Finding
+from diffmoe.findings import Finding
 from diffmoe.problem.numerics import MENUS, POINT_NAMES, PROFILE_NAMES, PROFILES, Profile, parse_spec
 from diffmoe.numerics_fit.search import NAN_OF_FINITE, ORACLE, ConfigRun, StageSearch
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from diffmoe.contract import WorkspacePlan
-from diffmoe.check.report import Finding
+from diffmoe.findings import Finding
 
 if TYPE_CHECKING:
     from diffmoe.check.execution import Check, Run

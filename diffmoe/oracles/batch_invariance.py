@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from diffmoe.contract import BATCH_INVARIANT, factory_batch_invariant
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.oracles.base import Oracle
 from diffmoe.problem.inputs import ROUTED_ROW_BUFFERS, make_problem, tokens_of
 from diffmoe.problem.vocabulary import Buffers, materialised_buffers, producer_stage

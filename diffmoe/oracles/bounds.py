@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from diffmoe.check.report import ByteRange, Finding, Oracles
+from diffmoe.findings import ByteRange, Finding, Oracles
 from diffmoe.oracles.base import Oracle
 from diffmoe.problem.vocabulary import Buffers
 

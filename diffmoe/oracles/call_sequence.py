@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from diffmoe.contract import Schedule
 from diffmoe.problem.inputs import Problem, tokens_of
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.problem.vocabulary import Buffers, Stages, producer_stage
 from diffmoe.tolerance.compare import Rule, compare
 from diffmoe.tolerance.table import END_TO_END, rule_for

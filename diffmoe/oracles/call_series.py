@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from diffmoe.contract import unsupported
 from diffmoe.check.candidate import Crash
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.inputs import Problem, make_problem
 from diffmoe.problem.vocabulary import Buffers, producer_stage

@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.problem.inputs import ROUTED_ROW_BUFFERS
 from diffmoe.problem.vocabulary import Buffers, Stages, materialised_buffers, producer_stage
 from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:
     from diffmoe.check.execution import Check, Run
-    from diffmoe.check.recording import RecordedLaunch, StoreGap
+    from diffmoe.check.recording import RecordedLaunch
+    from diffmoe.interpreter.store_coverage import StoreGap
 
 # Implementation-private buffers a launch may write besides the declared pipeline buffers: these,
 # and any name under Buffers.PRIVATE_PREFIX (an implementation's own scratch, Buffers.private).

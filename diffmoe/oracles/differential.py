@@ -13,7 +13,7 @@ import torch
 
 from diffmoe.tolerance.compare import Comparison, Rule, compare
 from diffmoe.tolerance.gemm_interval import outward_float32, stage_bound
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.tolerance.table import END_TO_END, FORCED, rule_for
 from diffmoe.problem.vocabulary import Buffers, Stages, pipeline_stages
 from diffmoe.oracles.base import Oracle

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from diffmoe.tolerance.compare import Rule, compare
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.problem.vocabulary import Buffers, producer_stage
 from diffmoe.oracles.base import Oracle
 

@@ -17,7 +17,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.oracles.base import Oracle
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diffmoe.check.recording import LaunchLog, RecordedLaunch, TensorRegion
-from diffmoe.check.report import ByteRange, Finding, Oracles
+from diffmoe.findings import ByteRange, Finding, Oracles
 from diffmoe.problem.vocabulary import Buffers
 from diffmoe.oracles.base import Oracle
 

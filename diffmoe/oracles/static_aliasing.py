@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffmoe.contract import Placement, WorkspacePlan
-from diffmoe.check.report import ByteRange, Finding, Oracles
+from diffmoe.findings import ByteRange, Finding, Oracles
 from diffmoe.problem.vocabulary import WORKSPACE_NAMES, workspace_name
 from diffmoe.oracles.base import Oracle
 

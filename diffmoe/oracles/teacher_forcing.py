@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from diffmoe.tolerance.compare import Comparison
 from diffmoe.tolerance.gemm_interval import compare_stage
-from diffmoe.check.report import Finding, Oracles
+from diffmoe.findings import Finding, Oracles
 from diffmoe.tolerance.table import FORCED, rule_for
 from diffmoe.problem.vocabulary import Stages, pipeline_stages
 from diffmoe.oracles.base import Oracle

@@ -9,7 +9,7 @@ Two judging modes:
               legitimate one-code flips carried past an elementwise bound); the rows document
               and measure the propagated differences (bench/measure_tolerances.py). The output
               is judged end to end by a bound derived per check from the candidate's own
-              down-GEMM input (diffmoe.check.runner.DERIVED_OUTPUT_REASON).
+              down-GEMM input (diffmoe.judge.runner.DERIVED_OUTPUT_REASON).
 
 Every bound is derived from a step size of the formats involved and comes with a one-line
 reason: adjacent e4m3 codes are at most 2^-3 apart relative (round-to-nearest moves a value

@@ -4,7 +4,7 @@
                           [--config-dir DIR] [--workers N [--cluster local|auto|ray://HOST:PORT]] [--json]
 
 stdout: a table (file, batch, config, verdict, first finding) and the files skipped with their
-reason, or one JSON object with --json; stderr: progress (diffmoe/frontends/progress.py) and usage
+reason, or one JSON object with --json; stderr: progress (diffmoe/cluster/progress.py) and usage
 errors. Exit 0 only when every judged entry passed, 1 when one failed, 2 for usage errors (an
 --impl without tuned configs, a release not in the peer cache: its fetch command, a glob matching
 no file, a bad number, a --cluster that is not a cluster spec or cannot be reached). --workers N > 1
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, prog: str = "diffmoe tuned-configs") -> int:
     from diffmoe.contract import factory_peer_wheel
     from diffmoe.adapters.loading import load_factory
     from diffmoe.adapters.peer_wheels import PeerError, peer_root
-    from diffmoe.frontends.progress import Progress
+    from diffmoe.cluster.progress import Progress
 
     from diffmoe.cluster.tasks import checked_cluster
 

@@ -7,7 +7,7 @@ straddles a scale block is seen), I = QUANT_BLOCK, T = min(the entry's batch, MA
 (a batch of a few tokens fills a fraction of one BLOCK_SIZE_M tile, as on the GPU; past
 MAX_TOKENS only the cost grows). fused, and I = 2 * QUANT_BLOCK where I = QUANT_BLOCK is refused,
 are the release's own choices for the scheme (its `supports`). Every oracle judges but metamorphic (the peers run one pipeline per scheme: the
-museum's set, diffmoe/adapters/museum.py).
+museum's set, diffmoe/museum/exhibits.py).
 
 Many entries force the same run (the same tile on the same shrunk problem, and on the interpreter the
 same tile less the compile options it drops, INTERPRETER_IGNORED: the 5252 entries of vLLM 0.33.0's
@@ -160,7 +160,7 @@ def load_resume(path: Path | None) -> dict[str, dict]:
 
 def judge(config: MoEConfig, factory: Callable, name: str, oracles: Sequence[str]) -> tuple[bool, list[str]]:
     """One check: passed, and "oracle@stage: message" per finding."""
-    from diffmoe.check.runner import run_differential
+    from diffmoe.judge.runner import run_differential
 
     report = run_differential(config, factory, oracles=list(oracles), implementation_name=name)
     return report.passed, [f"{f.oracle}@{f.stage}: {' '.join(str(f.message).split())}" for f in report.findings]
@@ -225,7 +225,7 @@ def sweep(factory: Callable, folder: Path, impl: str, pattern: str = "*.json", m
     loads (files.for_model).
     """
     from diffmoe.check.execution import default_device
-    from diffmoe.check.report import Oracles
+    from diffmoe.findings import Oracles
     from diffmoe.cluster.tasks import Task, run_tasks
     from diffmoe.interpreter.grid_order import interpreting
     from diffmoe.oracles.registry import DEFAULT_ORACLES

@@ -15,7 +15,7 @@ exits 0 only when every selected exhibit behaved as recorded, 1 when one did not
 errors (an unknown exhibit; releases not in the peer cache: one line each naming its fetch
 command, before any run). It fetches nothing unless told: `--fetch` fetches the missing releases
 first (network; one line each on stderr), and a failed fetch exits 2. While the
-releases run, their progress goes to stderr (diffmoe/frontends/progress.py: a bar on a terminal,
+releases run, their progress goes to stderr (diffmoe/cluster/progress.py: a bar on a terminal,
 a line per release run otherwise); stdout holds only the verdicts. Each release run is a task
 (`run_release`, diffmoe/cluster/tasks.py): `--workers N > 1` runs N at a time as Ray tasks on
 `--cluster` (a local Ray runtime by default), the verdicts printed in the table's order.
@@ -232,7 +232,7 @@ def run_release(run: ReleaseRun) -> Verdict:
     """A task: the exhibit's config run on the release and judged; a buggy release must be named by
     (exhibit.oracle, exhibit.stage), the fixed one must pass."""
     from diffmoe.contract import unsupported
-    from diffmoe.check.runner import load_factory, run_differential
+    from diffmoe.judge.runner import load_factory, run_differential
 
     exhibit = run.exhibit
     start = time.perf_counter()
@@ -257,7 +257,7 @@ def run_exhibits(exhibits: Sequence[Exhibit], oracles: Sequence[str] | None = No
     Ray tasks on `cluster` (a --cluster spec; default a local runtime) with more. `on_verdict(exhibit,
     verdict)` as each run's verdict arrives; the results keep the exhibits' and releases' order. Ctrl-C
     raises KeyboardInterrupt once the runs under way are cancelled."""
-    from diffmoe.check.report import Oracles
+    from diffmoe.findings import Oracles
     from diffmoe.check.execution import default_device
     from diffmoe.cluster.tasks import Task, run_tasks
     from diffmoe.oracles.registry import DEFAULT_ORACLES
@@ -376,10 +376,10 @@ def run(args: argparse.Namespace, prog: str = "diffmoe museum") -> int:
         except PeerError as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    from diffmoe.frontends.progress import Progress
+    from diffmoe.cluster.progress import Progress
 
     try:
-        # on stderr: a bar on a terminal, else a line per release run (diffmoe/frontends/progress.py)
+        # on stderr: a bar on a terminal, else a line per release run (diffmoe/cluster/progress.py)
         with Progress(sys.stderr, "museum", total=runs_of(chosen), unit="release", json_lines=args.json) as progress:
             def on_verdict(exhibit: Exhibit, verdict: Verdict) -> None:
                 got = "as recorded" if verdict.as_recorded else "NOT AS RECORDED"

@@ -59,7 +59,8 @@ from diffmoe.check.candidate import Crash
 from diffmoe.isolation import boundary, integrity
 from diffmoe.isolation.client import RemoteCandidate, check_isolation, factory_reference, zygote
 from diffmoe.problem.inputs import Problem
-from diffmoe.check.report import Finding, Report, is_factory_spec
+from diffmoe.check.report import Report, is_factory_spec
+from diffmoe.findings import Finding
 from diffmoe.check.worker import (  # noqa: F401 - part of this module's API since before worker.py existed
     DEFAULT_INTERPRETER_TIME_LIMIT,
     MAX_TIME_LIMIT,
@@ -84,7 +85,7 @@ __all__ = [
 _LAZY = {
     "ALL_ORACLES": "diffmoe.oracles.registry", "resolve_oracles": "diffmoe.oracles.registry",
     "SMALL_CALL_DIVISOR": "diffmoe.oracles.call_sequence", "DERIVED_OUTPUT_REASON": "diffmoe.oracles.differential",
-    "DifferentialRun": "diffmoe.check.differential_run", "ProgressCallback": "diffmoe.check.execution",
+    "DifferentialRun": "diffmoe.judge.differential_run", "ProgressCallback": "diffmoe.check.execution",
 }
 
 
@@ -300,7 +301,7 @@ class _Job:
         candidate = None
         if self.isolated is not None:
             candidate = functools.partial(RemoteCandidate, factory_ref=self.isolated[0], preload=self.isolated[1])
-        from diffmoe.check.differential_run import DifferentialRun
+        from diffmoe.judge.differential_run import DifferentialRun
 
         state = DifferentialRun(self.config, factory, self.oracles, self.schedules, self.device,
                                 self.implementation_name, self.problem, progress, candidate)

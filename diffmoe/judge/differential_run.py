@@ -1,4 +1,4 @@
-"""`DifferentialRun`: one check's phases (diffmoe/check/runner.py's docstring), each active
+"""`DifferentialRun`: one check's phases (diffmoe/judge/runner.py's docstring), each active
 oracle's hooks called in turn.
 
 Apart from runner.py, which a module beside a factory imports (and so the candidate's process):
