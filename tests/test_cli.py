@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from diffmoe.frontends import cli
+from diffmoe.frontends import cli, flags
 from diffmoe.problem.config import MoEConfig
 from diffmoe.check.report import Finding, Oracles, Report, check_command
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
@@ -59,7 +59,7 @@ def fake_runner(monkeypatch):
     # (tests/test_cluster_fuzz.py and test_robustness_cli.py run those)
     monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
     # and the implementation in this process: the stand-in's factories exist only here
-    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")
+    monkeypatch.setattr(flags, "DEFAULT_ISOLATION", "none")
     monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake
 

@@ -20,7 +20,7 @@ import torch
 from diffmoe.adapters import peer_wheels
 from diffmoe.adapters.contract import IMPLEMENTATION_ALIASES
 from diffmoe.check.report import Report, check_command, is_factory_spec
-from diffmoe.frontends import cli
+from diffmoe.frontends import cli, flags
 from diffmoe.problem.config import MoEConfig
 from hang_bounds import SUBPROCESS_HANG_S
 
@@ -122,7 +122,7 @@ def fake_runner(monkeypatch):
     monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
     monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
     monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
-    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in's factory exists only here
+    monkeypatch.setattr(flags, "DEFAULT_ISOLATION", "none")  # the stand-in's factory exists only here
     monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake
 

@@ -72,6 +72,9 @@ otherwise; stdout and the results are untouched.
 The runner, the implementation under test (reached only through diffmoe.adapters.contract) and
 matplotlib are imported inside the commands that need them, so `--help` and argument errors answer at once.
 
+The options commands share are in flags.py and config_flags.py, the exit codes in exits.py, the
+loading of --impl in implementation.py, stdout's discipline in output.py (all in diffmoe/frontends/).
+
 Longer than 400 lines because it holds the argument parser and one handler per command (six),
 with the argument checks each needs and the progress adapters of fuzz and compile-check; a
 handler only turns arguments into calls of the modules that do the work (runner, fuzzing,
@@ -82,101 +85,50 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import random
-import signal
 import sys
 import time
 import warnings
-from typing import Any, Sequence, TextIO
+from typing import Sequence, TextIO
 
-from diffmoe.problem.config import (
-    ALL_ROUTING_SKEWS, MAX_CONFIG_JSON_CHARS, MAX_EXPERT_SCALE_SPREAD, MAX_OUTLIER_CHANNELS, MAX_RANDOM_ORDERS, MAX_SEED, MAX_TOKENS,
-    OUTPUT_PLACEMENTS, PLANNERS, QUANT_SCHEMES, ROUTER_WEIGHT_PLACEMENTS, ROUTERS, MoEConfig, quoted,
-)
-from diffmoe.problem.config import (
-    ACT_SCALES, MAX_ROUTED_SCALING_FACTOR, MAX_SHARED_EXPERTS, MAX_SWIGLU_LIMIT, SCALE_PAIRS, SCHEME_OF_ACT_SCALES,
-    WEIGHT_SCALES,
-)
-from diffmoe.problem.numerics import EXAMPLE as NUMERICS_EXAMPLE
-from diffmoe.problem.numerics import MAX_NUMERICS_FILE_CHARS, PROFILE_NAMES, parse_spec, profile_from_toml
-from diffmoe.adapters.families import FAMILIES as FAMILY_NAMES
+from diffmoe.problem.config import MAX_SEED, MAX_SWIGLU_LIMIT, MAX_TOKENS, PLANNERS, QUANT_SCHEMES, MoEConfig, quoted
+from diffmoe.problem.numerics import PROFILE_NAMES
 from diffmoe.adapters.contract import (
-    CONFORMANCE_HOOKS, DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, ConfigRefused, Schedule, WorkspacePlan,
-    factory_attribute, factory_plan,
+    CONFORMANCE_HOOKS, ConfigRefused, Schedule, WorkspacePlan, factory_attribute, factory_plan,
 )
 from diffmoe.check.report import Oracles, Report, check_command
 from diffmoe.frontends import models as model_flags
+from diffmoe.frontends.config_flags import (
+    CONFIG_FLAGS, MODEL_FLAGS, _add_config_options, config_from_args, numerics_spec, parse_expert_map,
+)
+from diffmoe.frontends.exits import (
+    EXIT_BROKEN_PIPE, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, PROG, UsageError, _one_line,
+    _sigterm_interrupts,
+)
+from diffmoe.frontends.flags import (
+    MAX_TIME_LIMIT_S, _add_impl_option, _add_isolation_option, _check_writable, _csv, _isolation_kwargs,  # noqa: F401 - MAX_TIME_LIMIT_S re-exported
+    _non_negative_int, _oracle_registry, _positive_int, _read_small_text, _time_limit, fold_fn, parse_device,
+    parse_oracles, time_limit_kwargs,
+)
+from diffmoe.frontends.implementation import _runner, default_factory, load_implementation, refuse_unsupported
+from diffmoe.frontends.output import _print_json, implementation_output_to_stderr
 
-PROG = "diffmoe"
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 # Printed on stderr before a check that runs in this process (no worker to outlive it).
 IN_PROCESS_NOTICE = (f"{PROG}: running in process (no time limit): an implementation that ends the process from "
                      f"below Python (C's exit(), a signal) ends {PROG} with its status; trust exit 0 only with the "
                      "report printed")
-EXIT_BROKEN_PIPE = 141  # stdout closed by its reader: 128 + SIGPIPE, as a shell reports it
 DEFAULT_FUZZ_EXAMPLES = 100  # execution-tier examples of a fuzz
 # One search in this process: more workers start a local Ray runtime, 10 to 17 s on a loaded 2-core
 # machine (measured 2026-12-05), longer than a short fuzz; --workers N asks for them (diffmoe/fuzz/workers.py).
 DEFAULT_FUZZ_WORKERS = 1
 DEFAULT_PLAN_EXAMPLES = 10_000  # plans of the static first phase: about a second (bench/bench_plan_tier.py)
-# --time-limit's upper bound, the same as diffmoe.check.runner.MAX_TIME_LIMIT (not imported: the
-# runner pulls in torch, and argument errors must answer at once).
-MAX_TIME_LIMIT_S = 7 * 24 * 3600
-# An error is one line on stderr; a message quoting a hostile value is cut to this length.
-MAX_ERROR_CHARS = 400
 
-# Config flags -> MoEConfig fields. Unset flags keep MoEConfig's defaults.
-CONFIG_FLAGS = {
-    "tokens": "num_tokens",
-    "experts": "num_experts",
-    "topk": "topk",
-    "hidden": "hidden",
-    "inter": "inter",
-    "quant": "quant",
-    "fused": "fused",
-    "planner": "planner",
-    "output": "output",
-    "router_weight": "router_weight",
-    "skew": "skew",
-    "expert_map": "expert_map",
-    "seed": "seed",
-    "call_tokens": "call_tokens",
-    "router": "router",
-    "renormalize": "renormalize",
-    "expert_scale_spread": "expert_scale_spread",
-    "outlier_channels": "outlier_channels",
-    "zero_rows": "zero_rows",
-    "nan_rows": "nan_rows",
-    "inf_rows": "inf_rows",
-    "tie_heavy": "tie_heavy",
-    "random_orders": "random_orders",
-    "numerics": "numerics",
-    "swiglu_limit": "swiglu_limit",
-    "dropped_slots": "dropped_slots",
-    "shared_experts": "shared_experts",
-    "weight_scales": "weight_scales",
-    "act_scales": "act_scales",
-    "routed_scaling_factor": "routed_scaling_factor",
-}
-# The flags that set several config fields at once (diffmoe/frontends/models.py): a preset and a placement.
-MODEL_FLAGS = ("model", "ep")
 # Config flags a fuzz does not bound (yet): the granularity axes and the routed scaling factor are drawn
 # by the strategies (diffmoe.fuzz.strategies) and pinned per check only.
 UNBOUNDED_FUZZ_FLAGS = ("weight_scales", "act_scales", "routed_scaling_factor")
 
-
-
-def _oracle_registry():
-    """The one table of oracles (diffmoe/oracles/registry.py; its names cost no torch import), read
-    when a command line is parsed: a module beside a factory that imports this one loads in the
-    candidate's process, where diffmoe.oracles is refused (issue 43). crash and timeout are
-    outcomes, not checks one can select."""
-    from diffmoe.oracles import registry
-
-    return registry
 
 # The demo: small enough for the interpreter, with more routed rows (T*K = 48) than one
 # row block, so the legacy alias is visible to the race and schedule oracles as well as
@@ -184,10 +136,6 @@ def _oracle_registry():
 DEMO_CONFIG = MoEConfig(
     num_tokens=24, num_experts=4, topk=2, hidden=128, inter=128, quant="fp8-token", fused=True, seed=0
 )
-
-
-class UsageError(Exception):
-    """Bad arguments or an invalid config: reported as one line, exit code 2."""
 
 
 class _Exit(Exception):
@@ -211,82 +159,6 @@ class _Parser(argparse.ArgumentParser):
 # ---- argument helpers -------------------------------------------------------------------
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _time_limit(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 <= value <= MAX_TIME_LIMIT_S:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_TIME_LIMIT_S}] seconds (0 turns the limit off), got {text}")
-    return value
-
-
-def time_limit_kwargs(runner, requested: float | None, device: str | None) -> dict[str, float]:
-    """run_differential's time_limit argument: {} for no limit. Without --time-limit, the
-    runner's documented default for the device (a stand-in runner without one: no limit)."""
-    if requested is None:
-        default = getattr(runner, "default_time_limit", None)
-        limit = default(device) if default is not None else None
-    else:
-        limit = requested or None  # 0 turns the limit off
-    return {} if limit is None else {"time_limit": limit}
-
-
-def _one_line(message: str) -> str:
-    line = " ".join(message.split())
-    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
-def parse_expert_map(text: str) -> tuple[int, ...]:
-    """'0,-1,1' -> (0, -1, 1)."""
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise UsageError(f"--expert-map must be comma-separated integers such as 0,-1,1, got {text!r}") from None
-
-
-def parse_oracles(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    known = _oracle_registry().names()
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise UsageError(f"--oracles must be a comma-separated list from {known}, got {text!r}")
-    return names
-
-
 def parse_schedules(texts: Sequence[str] | None) -> list[Schedule] | None:
     if not texts:
         return None
@@ -294,56 +166,6 @@ def parse_schedules(texts: Sequence[str] | None) -> list[Schedule] | None:
         return [Schedule.parse(t) for t in texts]
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-
-
-def _add_config_options(p: argparse.ArgumentParser) -> None:
-    d = MoEConfig()
-    g = p.add_argument_group("config (defaults are MoEConfig's; or give --config FILE.json)")
-    model_flags.add_flags(g)
-    g.add_argument("--tokens", type=_int, metavar="T", help=f"tokens (default {d.num_tokens}; engines run 1-512 decode, "
-                                                              f"8192-65536 chunked prefill, to 262144 and beyond: up to {MAX_TOKENS})")
-    g.add_argument("--experts", type=_int, metavar="E", help=f"experts (default {d.num_experts})")
-    g.add_argument("--topk", type=_int, metavar="K", help=f"experts per token (default {d.topk})")
-    g.add_argument("--hidden", type=_int, metavar="H", help=f"hidden size (default {d.hidden})")
-    g.add_argument("--inter", type=_int, metavar="I", help=f"intermediate size (default {d.inter})")
-    g.add_argument("--quant", choices=QUANT_SCHEMES, help=f"quant scheme (default {d.quant})")
-    fused = g.add_mutually_exclusive_group()
-    fused.add_argument("--fused", dest="fused", action="store_const", const=True, help="fused activation + FP8 quant")
-    fused.add_argument("--unfused", dest="fused", action="store_const", const=False, help="separate kernels (default)")
-    g.add_argument("--planner", choices=PLANNERS, help=f"workspace planner (default {d.planner})")
-    g.add_argument("--output", choices=OUTPUT_PLACEMENTS, help=f"final output placement (default {d.output})")
-    g.add_argument("--router-weight", choices=ROUTER_WEIGHT_PLACEMENTS, help=f"where the router weight applies (default {d.router_weight})")
-    g.add_argument("--skew", choices=ALL_ROUTING_SKEWS, help=f"routing distribution (default {d.skew})")
-    g.add_argument("--expert-map", metavar="A,B,...", help="global -> local expert map, -1 for remote (write --expert-map=0,-1,1)")
-    g.add_argument("--seed", type=_non_negative_int, metavar="S", help=f"problem seed (default {d.seed})")
-    i = p.add_argument_group("inputs (each changes only its own part of the problem; the spread and the outliers are on by default)")
-    i.add_argument("--call-tokens", type=_int, metavar="N", help="T of the call, 0..--tokens: workspaces are built for --tokens, the call carries N (default: --tokens)")
-    i.add_argument("--router", choices=ROUTERS, help=f"how router weights are made (default {d.router}; softmax-topk: softmax over all E, then top-K)")
-    i.add_argument("--renormalize", action="store_const", const=True, help="softmax-topk: divide the K weights by their sum")
-    i.add_argument("--expert-scale-spread", type=_int, metavar="OCTAVES", help=f"per-expert weight scale spread, 0..{MAX_EXPERT_SCALE_SPREAD} octaves (default {d.expert_scale_spread}; 0 turns it off)")
-    i.add_argument("--outlier-channels", type=_int, metavar="N", help=f"input channels of each expert's weights scaled up 2x..8x, 0..{MAX_OUTLIER_CHANNELS} (default {d.outlier_channels}; 0 turns them off)")
-    i.add_argument("--zero-rows", type=_int, metavar="N", help="all-zero (padding) tokens in the call (default 1 when the call keeps an ordinary token beside it, else 0)")
-    i.add_argument("--nan-rows", type=_int, metavar="N", help="tokens holding one NaN (default 1 when the activations' scales are not per tensor and the call keeps an ordinary token beside it and the padding token, else 0)")
-    i.add_argument("--inf-rows", type=_int, metavar="N", help="tokens holding one +-Inf (default 0)")
-    i.add_argument("--tie-heavy", action="store_const", const=True, help="hidden states with many values on e4m3 rounding midpoints")
-    m = p.add_argument_group("MoE-model features (opt-in)")
-    m.add_argument("--swiglu-limit", type=_float, metavar="LIMIT", help=f"SwiGLU clamp: silu(min(gate, LIMIT)) * clamp(up, -LIMIT, LIMIT), LIMIT in (0, {MAX_SWIGLU_LIMIT:g}] (gpt-oss: 7.0)")
-    m.add_argument("--dropped-slots", type=_int, metavar="N", help="routed slots (of T*K) whose topk_ids entry is -1, contributing nothing (default 0)")
-    m.add_argument("--routed-scaling-factor", type=_float, metavar="F", help=f"the routed sum times F before its last rounding, F in (0, {MAX_ROUTED_SCALING_FACTOR:g}] (DeepSeek-V3: 2.5)")
-    s = p.add_argument_group("scale granularity (--quant names a weights/activations pair; these set each axis)")
-    pairs = ", ".join(f"{w}/{a}" for w, a in SCALE_PAIRS)
-    s.add_argument("--weight-scales", choices=WEIGHT_SCALES, help=f"FP8 weight scales per tensor, per output channel or per 128x128 block (default: --quant's own; weights/activations pairs: {pairs})")
-    s.add_argument("--act-scales", choices=ACT_SCALES, help="FP8 activation scales per tensor, per token or per 1x128 group, computed per call: names --quant (tensor: fp8-tensor, token: fp8-token, group: fp8-block)")
-    m.add_argument("--shared-experts", type=_int, metavar="S", help=f"the last S experts are shared, fused into every token's last S slots with weight 1, 0..min({MAX_SHARED_EXPERTS}, K-1) (default 0)")
-    g.add_argument("--random-orders", type=_int, metavar="N", help=f"random program orders beside identity and reversed, 0..{MAX_RANDOM_ORDERS} (default {d.random_orders}; seeds --seed+1..--seed+N)")
-    numerics = g.add_mutually_exclusive_group()
-    numerics.add_argument("--numerics", metavar="PROFILE[+POINT=CHOICE...]",
-                          help=f"the rounding the reference follows: one of {', '.join(PROFILE_NAMES)}, optionally with "
-                               f"overrides ({NUMERICS_EXAMPLE}; default: the one the implementation declares, diffmoe's "
-                               "unless it names one; vllm's kernel declares vllm)")
-    numerics.add_argument("--numerics-file", metavar="FILE.toml",
-                          help='the same from a TOML file: base = "vllm" and a [points] table of overrides')
-    g.add_argument("--config", metavar="FILE.json", help="read the whole config from a JSON file instead")
 
 
 # `diffmoe fuzz` bounds: check's config flags, each taking N or LO..HI (integers) or A[,B] (choices).
@@ -473,240 +295,6 @@ def fuzz_waivers(args: argparse.Namespace):
     return Waivers(items)
 
 
-def _add_impl_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", metavar="MODULE:FACTORY", help="implementation factory to test (default: the optimized Triton MoE; "
-                                                          "vllm: vLLM 0.33.0's kernel from its wheel, see diffmoe peers; "
-                                                          "vllm==0.28.0, vllm==0.30.0: those releases; lmdeploy, liger, "
-                                                          "sglang (0.5.23), sglang==0.5.20)")
-    p.add_argument("--fn", metavar="MODULE:FUNCTION", help="a fused_experts function to test as it is, called with its "
-                                                          "family's signature (--family); the same as --impl MODULE:FUNCTION@FAMILY; "
-                                                          "NAME==V:FUNCTION or NAME==V:MODULE:FUNCTION is the function inside "
-                                                          "that pinned peer wheel (sglang==0.5.23:fused_experts)")
-    p.add_argument("--family", choices=FAMILY_NAMES, help="the signature --fn is called with: vllm's or sglang's fused_experts")
-
-
-def fold_fn(args: argparse.Namespace) -> None:
-    """--fn MODULE:FUNCTION --family F is --impl MODULE:FUNCTION@F (what replay lines carry)."""
-    fn, family = getattr(args, "fn", None), getattr(args, "family", None)
-    if fn is None and family is None:
-        return
-    if fn is None or family is None:
-        raise UsageError("--fn and --family go together: --fn MODULE:FUNCTION --family vllm|sglang")
-    if getattr(args, "impl", None) is not None:
-        raise UsageError("--fn replaces --impl: give one of them")
-    args.impl = f"{fn}@{family}"
-
-
-# --isolation's default for check and fuzz (docs/robustness.md, "Isolation"); a module constant
-# so a test driving the CLI through a stand-in runner can set it, as DEFAULT_FUZZ_WORKERS.
-DEFAULT_ISOLATION = "process"
-
-
-def _isolation_kwargs(args: argparse.Namespace) -> dict:
-    """run_differential's / fuzz's isolation argument: given only when the candidate is isolated
-    (their default is in process), so a stand-in runner need not know the argument."""
-    return {"isolation": args.isolation} if args.isolation != "none" else {}
-
-
-def _add_isolation_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--isolation", choices=("process", "none"), default=DEFAULT_ISOLATION,
-                   help="process (default): the implementation runs in a process that holds neither the reference nor "
-                        "the judge, and its module is never imported here; none: in this process (for a debugger)")
-
-
-def config_from_args(args: argparse.Namespace) -> MoEConfig:
-    """The config the flags (or --config FILE) describe; UsageError with the config's own message."""
-    given = {flag: getattr(args, flag) for flag in (*CONFIG_FLAGS, *MODEL_FLAGS, "numerics_file")
-             if getattr(args, flag, None) is not None}
-    if args.config is not None:
-        if given:
-            flags = ", ".join("--" + f.replace("_", "-") for f in given)
-            raise UsageError(f"--config cannot be combined with config flags ({flags})")
-        return config_from_file(args.config)
-    fields: dict[str, Any] = {CONFIG_FLAGS[flag]: value for flag, value in given.items() if flag in CONFIG_FLAGS}
-    if "expert_map" in fields:
-        fields["expert_map"] = parse_expert_map(fields["expert_map"])
-    if "numerics" in fields:
-        fields["numerics"] = numerics_spec(fields["numerics"])
-    if "numerics_file" in given:
-        fields["numerics"] = numerics_from_file(given["numerics_file"])
-    if "act_scales" in fields:  # --act-scales names quant's scheme; with --quant too, the config says if they disagree
-        fields.setdefault("quant", SCHEME_OF_ACT_SCALES[fields["act_scales"]])
-    try:
-        fields = model_flags.check_fields(args, fields, given)  # --model's fields under the flags, --ep's map
-        config = MoEConfig(**fields)
-        # one padding token and one NaN token unless --zero-rows / --nan-rows say otherwise
-        # (config.flag_zero_rows and flag_nan_rows say why and when)
-        return config.with_flag_rows(fields)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
-
-
-def numerics_spec(text: str) -> str:
-    """--numerics: the canonical spec of a profile, or a UsageError naming the flag (and the point
-    and its menu, for a bad override)."""
-    try:
-        return parse_spec(text, "--numerics").spec
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def numerics_from_file(path: str) -> str:
-    """--numerics-file: the canonical spec of the profile a TOML file describes, or a UsageError
-    naming the file (and the key, the point and its menu)."""
-    text = _read_small_text(path, "numerics file", MAX_NUMERICS_FILE_CHARS)
-    try:
-        return profile_from_toml(text, f"--numerics-file {path}").spec
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _read_small_text(path: str, what: str, limit: int) -> str:
-    """A small UTF-8 file's text, at most one character past `limit` (enough to tell a too-large
-    file without reading it), or a UsageError naming `what` and the path."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read(limit + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{what} {path} is not UTF-8 text") from None
-
-
-def config_from_file(path: str) -> MoEConfig:
-    text = _read_small_text(path, "config file", MAX_CONFIG_JSON_CHARS)
-    if len(text) > MAX_CONFIG_JSON_CHARS:
-        raise UsageError(f"config file {path} is larger than {MAX_CONFIG_JSON_CHARS} characters; a config is a short JSON object")
-    try:
-        return MoEConfig.from_json(text)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"invalid config in {path}: {exc}") from None
-
-
-def _runner():
-    # Imported on use: it pulls in the implementations; tests may stand a fake in its place.
-    return importlib.import_module("diffmoe.check.runner")
-
-
-def load_implementation(spec: str | None, isolation: str = "none"):
-    """(factory or None for the default, the name reports and replay commands use). Isolated
-    (`isolation="process"`), the factory is a RemoteFactory: its module is imported only in the
-    candidate's process (diffmoe/isolation/client.py); a module that cannot be found is the same
-    usage error, one refused by the import guard is the check's contract finding."""
-    if spec is None:
-        return None, DEFAULT_IMPLEMENTATION_NAME
-    interpreter_on_a_cpu()
-    try:
-        if isolation == "process":
-            from diffmoe.isolation.client import RemoteFactory
-
-            factory = RemoteFactory(spec)
-        else:
-            factory = _runner().load_factory(spec)
-    except (ImportError, TypeError, ValueError) as exc:
-        message = str(exc)
-        raise UsageError(message if "--impl" in message else f"--impl {spec}: {message}") from None
-    require_cached_wheel(factory, spec)
-    return factory, spec
-
-
-def interpreter_on_a_cpu() -> None:
-    """Without CUDA, the Triton interpreter (TRITON_INTERPRET=1) before any --impl module is imported:
-    Triton picks interpreted or compiled kernels when `@triton.jit` decorates them, so an adapter that
-    imports triton before anything of diffmoe did would get compiled kernels on a CPU ("0 active
-    drivers", "Cannot call @triton.jit'd outside of the scope of a kernel"), reported as its crash
-    (issue 28). An explicit TRITON_INTERPRET (compile-check's 0) is left as it is."""
-    if "TRITON_INTERPRET" in os.environ:
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-
-
-def require_cached_wheel(factory, spec: str) -> None:
-    """A peer whose pinned wheel is not in the cache (the factory's `peer_wheel`): a usage error naming
-    the `diffmoe peers fetch` to run, before any run (it would be a crash finding of a kernel that
-    never ran: issue 28)."""
-    from diffmoe.adapters.contract import factory_peer_wheel
-
-    try:
-        wheel = factory_peer_wheel(factory)
-    except TypeError as exc:
-        raise UsageError(f"--impl {spec}: {exc}") from None
-    if wheel is None:
-        return
-    from diffmoe.adapters.peer_wheels import PeerError, cache_dir, is_cached, not_cached_message
-
-    try:
-        if not is_cached(wheel):
-            raise UsageError(f"--impl {spec}: {not_cached_message([wheel], cache_dir())}")
-    except PeerError as exc:  # a name the peer table does not know
-        raise UsageError(f"--impl {spec}: its {wheel!r} wheel: {exc}") from None
-
-
-def parse_device(text: str | None) -> str | None:
-    """--device: a torch device this torch can use, else a UsageError (one line, exit 2), never a
-    traceback from the first tensor put there (e.g. cuda on a CPU-only build of torch)."""
-    if text is None:
-        return None
-    import torch
-
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"--device must be a torch device such as cpu or cuda:0, got {text!r}") from None
-    if device.type == "cpu":
-        return text
-    backend = getattr(torch, device.type, None)
-    available = getattr(backend, "is_available", None)
-    try:
-        usable = bool(available()) if callable(available) else False
-        count = backend.device_count() if usable and hasattr(backend, "device_count") else None
-    except Exception:  # noqa: BLE001 - a backend that cannot even answer is not usable
-        usable, count = False, None
-    if not usable:
-        build = f"torch {torch.__version__}"
-        raise UsageError(f"--device {text}: {device.type} is not available with this torch ({build}); use --device cpu")
-    if device.index is not None and count is not None and device.index >= count:
-        raise UsageError(f"--device {text}: this machine has {count} {device.type} device{'s' if count != 1 else ''}")
-    return text
-
-
-def _print_json(obj: Any, stream: TextIO | None = None) -> None:
-    print(json.dumps(obj, default=str), file=stream or sys.stdout)
-
-
-@contextlib.contextmanager
-def implementation_output_to_stderr():
-    """Around every call that runs (or builds) the implementation under test: what it prints goes
-    to stderr, so stdout holds only what the CLI prints (with --json, exactly one JSON object).
-    Python-level prints through sys.stdout are redirected (contextlib.redirect_stdout), and where
-    stdout is a real file descriptor, fd 1 is pointed at stderr's too, for writes from C code and
-    from worker processes (forked or spawned, they inherit both)."""
-    saved_fd, out_fd, err_fd = None, 1, 2  # the process's descriptors, whatever sys.stdout is now
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            stream.flush()
-    try:
-        os.fstat(err_fd)
-        saved_fd = os.dup(out_fd)
-        os.dup2(err_fd, out_fd)
-    except OSError:  # no fd 1 or 2 (closed): Python level only
-        if saved_fd is not None:
-            os.close(saved_fd)
-        saved_fd = None
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        if saved_fd is not None:
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.flush()
-            os.dup2(saved_fd, out_fd)
-            os.close(saved_fd)
-
-
 # ---- check ------------------------------------------------------------------------------
 
 
@@ -781,27 +369,6 @@ class ProgressPrinter:
         if self._progress is not None:
             self._progress.close(done=self._examples if examples is None else examples)
             self._progress = None
-
-
-def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - exercised via a signal
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """SIGTERM raises KeyboardInterrupt inside the block (as Ctrl-C does); restored afterwards.
-    SIGINT is left as the command found it: a SIGINT ignored on entry (nohup, a background job
-    of a non-interactive shell) stays ignored, and SIGTERM is then the way to stop (docs/robustness.md,
-    "Started with SIGINT ignored")."""
-    try:
-        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    except ValueError:  # not the main thread: Ctrl-C still works
-        previous = None
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _plan_phase(args, factory, name, seed: int | None):
@@ -1097,23 +664,6 @@ def _fuzz_runner(args: argparse.Namespace):
     return searches
 
 
-def _check_writable(path: str, flag: str = "--save-failure") -> None:
-    """A usage error unless `path` can be written (a file is created and removed to find out)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path}: is a folder")
-    existed = os.path.exists(path)
-    try:
-        with open(path, "a", encoding="utf-8"):
-            pass
-        if not existed:
-            os.remove(path)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
-
-
 def _fuzz_summary(outcome, max_examples: int, database: str | None = None) -> str:
     origin = f"seed {outcome.seed}" if outcome.seed is not None else f"database {database}" if database else "unseeded"
     # --max-examples counts the generated examples; shrinking runs and metamorphic siblings come on top
@@ -1149,24 +699,6 @@ def _waived_note(outcome) -> str:
 
 
 # ---- plan -------------------------------------------------------------------------------
-
-
-def default_factory():
-    """The default implementation's factory (contract.DEFAULT_IMPLEMENTATION), loaded on use."""
-    return _runner().load_factory(DEFAULT_IMPLEMENTATION)
-
-
-def refuse_unsupported(factory, name: str, config: MoEConfig) -> None:
-    """A config the implementation's own `supports` refuses: a usage error in one line (as `check`'s
-    ConfigRefused), before the implementation is asked for anything."""
-    from diffmoe.adapters.contract import unsupported
-
-    try:
-        reason = unsupported(factory, config)
-    except TypeError as exc:
-        raise UsageError(f"--impl {name}: {exc}") from None
-    if reason is not None:
-        raise UsageError(f"{name} does not run this config: {reason} (its `supports`; choose a config it runs)")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -1319,10 +851,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 # ---- compile-check ----------------------------------------------------------------------
-
-
-def _csv(text: str | None) -> list[str] | None:
-    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
 
 class GateProgress:
