@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 
 from diffmoe.check.report import Finding, Oracles, Report, check_command
 from diffmoe.frontends import cli
+from diffmoe.frontends.commands import fuzz as fuzz_command
 from diffmoe.fuzz import bounds as bounds_module
 from diffmoe.fuzz import strategies
 from diffmoe.fuzz.bounds import FieldBounds, parse_int_bound
@@ -56,8 +57,8 @@ def runner(monkeypatch):
     def install(*rules):
         fake = make_runner(rules)
         monkeypatch.setitem(sys.modules, "diffmoe.check.runner", fake)
-        monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
-        monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
+        monkeypatch.setattr(fuzz_command, "DEFAULT_PLAN_EXAMPLES", 0)
+        monkeypatch.setattr(fuzz_command, "DEFAULT_FUZZ_WORKERS", 1)
         monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
         return fake
 

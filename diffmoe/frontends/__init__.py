@@ -1,4 +1,5 @@
-"""The ways in: the `diffmoe` command line (`cli`, with `plan_view` for `diffmoe plan` and
+"""The ways in: the `diffmoe` command line (`cli`, its top; `commands/`, one module per subcommand;
+the shared options, exit codes and loading beside them; `plan_view` for `diffmoe plan` and
 `progress` for the long runs' progress on stderr) and the pytest plugin (`pytest_plugin`, entry
 point `diffmoe`).
 

@@ -3,7 +3,7 @@ FILE.json, --model NAME, --ep RANK/SIZE, --numerics / --numerics-file) turned in
 
 Owns the flags' table (CONFIG_FLAGS: flag -> MoEConfig field) and their parsing; the config's own
 checks are MoEConfig's (diffmoe/problem/config.py), whose message a UsageError carries. --model and
---ep are diffmoe/frontends/models.py's.
+--ep are diffmoe/frontends/model_flags.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from diffmoe.problem.config import (
 )
 from diffmoe.problem.numerics import EXAMPLE as NUMERICS_EXAMPLE
 from diffmoe.problem.numerics import MAX_NUMERICS_FILE_CHARS, PROFILE_NAMES, parse_spec, profile_from_toml
-from diffmoe.frontends import models as model_flags
+from diffmoe.frontends import model_flags
 from diffmoe.frontends.exits import UsageError
 from diffmoe.frontends.flags import _float, _int, _non_negative_int, _read_small_text
 
@@ -58,7 +58,7 @@ CONFIG_FLAGS = {
     "act_scales": "act_scales",
     "routed_scaling_factor": "routed_scaling_factor",
 }
-# The flags that set several config fields at once (diffmoe/frontends/models.py): a preset and a placement.
+# The flags that set several config fields at once (diffmoe/frontends/model_flags.py): a preset and a placement.
 MODEL_FLAGS = ("model", "ep")
 
 

@@ -2,8 +2,8 @@
 --device, --impl / --fn / --family, --isolation, small files and writable paths.
 
 Owns turning those arguments into values or a UsageError (one line, exit 2) before anything runs.
-A config's own flags are diffmoe/frontends/config_flags.py's; a command's own flags are
-diffmoe/frontends/cli.py's.
+A config's own flags are diffmoe/frontends/config_flags.py's; a command's own flags are its module's
+(diffmoe/frontends/commands/).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def fold_fn(args: argparse.Namespace) -> None:
 
 # --isolation's default for check and fuzz (docs/robustness.md, "Isolation"); a module constant
 # so a test driving the CLI through a stand-in runner can set it, as DEFAULT_FUZZ_WORKERS
-# (diffmoe/frontends/cli.py).
+# (diffmoe/frontends/commands/fuzz.py).
 DEFAULT_ISOLATION = "process"
 
 
