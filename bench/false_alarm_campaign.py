@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             except UsageError as exc:
                 raise ValueError(str(exc)) from None
         if args.model is not None:
-            from diffmoe.frontends.models import check_fields
+            from diffmoe.frontends.model_flags import check_fields
 
             shape = check_fields(args, {}, {})
             configs = [c for c in model_configs(args.configs * (DRAWS_PER_CONFIG if _IMPLEMENTATION[0] else 1), args.seed, shape)

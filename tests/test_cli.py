@@ -11,7 +11,8 @@ import types
 
 import pytest
 
-from diffmoe.frontends import cli
+from diffmoe.frontends import cli, flags
+from diffmoe.frontends.commands import fuzz as fuzz_command
 from diffmoe.problem.config import MoEConfig
 from diffmoe.check.report import Report, check_command
 from diffmoe.findings import Finding, Oracles
@@ -55,12 +56,12 @@ def fake_runner(monkeypatch):
     monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
     # these tests drive the execution fuzz through the stand-in: no plan-tier first phase by
     # default (test_fuzz_plan_tier_finds_the_legacy_planner_first runs it for real)
-    monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
+    monkeypatch.setattr(fuzz_command, "DEFAULT_PLAN_EXAMPLES", 0)
     # the stand-in records its calls in this process: the fuzz runs here, not in Ray tasks
     # (tests/test_cluster_fuzz.py and test_robustness_cli.py run those)
-    monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
+    monkeypatch.setattr(fuzz_command, "DEFAULT_FUZZ_WORKERS", 1)
     # and the implementation in this process: the stand-in's factories exist only here
-    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")
+    monkeypatch.setattr(flags, "DEFAULT_ISOLATION", "none")
     monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake
 

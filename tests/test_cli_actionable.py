@@ -20,7 +20,8 @@ import torch
 from diffmoe.adapters import peer_wheels
 from diffmoe.contract import IMPLEMENTATION_ALIASES
 from diffmoe.check.report import Report, check_command, is_factory_spec
-from diffmoe.frontends import cli
+from diffmoe.frontends import cli, flags
+from diffmoe.frontends.commands import fuzz as fuzz_command
 from diffmoe.problem.config import MoEConfig
 from hang_bounds import SUBPROCESS_HANG_S
 
@@ -120,9 +121,9 @@ def fake_runner(monkeypatch):
     fake.run_differential = run_differential
     fake.load_factory = lambda spec: refuses_fused
     monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
-    monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
-    monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
-    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")  # the stand-in's factory exists only here
+    monkeypatch.setattr(fuzz_command, "DEFAULT_PLAN_EXAMPLES", 0)
+    monkeypatch.setattr(fuzz_command, "DEFAULT_FUZZ_WORKERS", 1)
+    monkeypatch.setattr(flags, "DEFAULT_ISOLATION", "none")  # the stand-in's factory exists only here
     monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake
 

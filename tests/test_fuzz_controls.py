@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from diffmoe.check.report import Report, check_command
 from diffmoe.findings import Finding, Oracles
 from diffmoe.frontends import cli
+from diffmoe.frontends.commands import fuzz as fuzz_command
 from diffmoe.fuzz import bounds as bounds_module
 from diffmoe.fuzz import strategies
 from diffmoe.fuzz.bounds import FieldBounds, parse_int_bound
@@ -57,8 +58,8 @@ def runner(monkeypatch):
     def install(*rules):
         fake = make_runner(rules)
         monkeypatch.setitem(sys.modules, "diffmoe.judge.runner", fake)
-        monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
-        monkeypatch.setattr(cli, "DEFAULT_FUZZ_WORKERS", 1)
+        monkeypatch.setattr(fuzz_command, "DEFAULT_PLAN_EXAMPLES", 0)
+        monkeypatch.setattr(fuzz_command, "DEFAULT_FUZZ_WORKERS", 1)
         monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
         return fake
 

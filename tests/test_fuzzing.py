@@ -58,10 +58,11 @@ def fake_runner(monkeypatch):
 def cli_runner(fake_runner, monkeypatch):
     """The stand-in runner under `diffmoe fuzz` run in this process: no plan-tier examples, no isolation
     (the stand-in judges in this process only), no shared example database."""
-    from diffmoe.frontends import cli
+    from diffmoe.frontends import flags
+    from diffmoe.frontends.commands import fuzz as fuzz_command
 
-    monkeypatch.setattr(cli, "DEFAULT_PLAN_EXAMPLES", 0)
-    monkeypatch.setattr(cli, "DEFAULT_ISOLATION", "none")
+    monkeypatch.setattr(fuzz_command, "DEFAULT_PLAN_EXAMPLES", 0)
+    monkeypatch.setattr(flags, "DEFAULT_ISOLATION", "none")
     monkeypatch.delenv("DIFFMOE_HYPOTHESIS_DB", raising=False)
     return fake_runner()
 

@@ -1,9 +1,9 @@
 """Real models' shapes (`--model NAME`, `--ep RANK/SIZE`, `diffmoe models`; diffmoe/problem/models.py,
-diffmoe/frontends/models.py): each preset holds the numbers docs/models.md cites, a check and a fuzz
-take them (a flag given wins), the expert-parallel map is vLLM's linear placement with the shared
-experts on every rank and a replay line names it in two numbers, the tuned-config sweep keeps the
-files a model loads, bad input is one line and exit 2, and the shipped kernel passes a real model's
-shape on one expert-parallel rank.
+diffmoe/frontends/model_flags.py, diffmoe/frontends/commands/models.py): each preset holds the numbers
+docs/models.md cites, a check and a fuzz take them (a flag given wins), the expert-parallel map is
+vLLM's linear placement with the shared experts on every rank and a replay line names it in two
+numbers, the tuned-config sweep keeps the files a model loads, bad input is one line and exit 2, and
+the shipped kernel passes a real model's shape on one expert-parallel rank.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 
 from diffmoe.check.report import check_command
 from diffmoe.frontends import cli
-from diffmoe.frontends import models as model_flags
+from diffmoe.frontends import model_flags
+from diffmoe.frontends.commands import models as models_command
 from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.fuzz.campaign import MODEL_FIELDS, model_configs
 from diffmoe.problem.config import MAX_PROBLEM_BYTES, MAX_TOKENS, MoEConfig
@@ -76,7 +77,7 @@ def test_every_preset_is_a_valid_config_on_its_suggested_rank(name):
     shape = MODELS[name]
     fields = shape.fields()
     assert (fields["num_experts"], fields["topk"]) == (shape.experts + shape.shared_experts, shape.topk + shape.shared_experts)
-    row = next(r for r in model_flags.rows() if r["name"] == name)
+    row = next(r for r in models_command.rows() if r["name"] == name)
     size = row["suggested_ep"] or row["smallest_ep"]
     if size is None:  # one expert is over the suggestion (Mixtral-8x22B): the allowed size
         size = row["smallest_ep"]

@@ -19,7 +19,7 @@ Cache directory: $DIFFMOE_PEER_CACHE when set, else ~/.cache/diffmoe/peers; a pe
 (PeerWheel.dirname): two versions of diffmoe keeping different files of one release (a CI cache shared
 by branches) each keep their own entry instead of fetching over each other's.
 
-Command line (wired by diffmoe.frontends.cli as `diffmoe peers ...`; `main(argv)` returns the exit code):
+Command line (wired by diffmoe/frontends/commands/peers.py as `diffmoe peers ...`; `main(argv)` returns the exit code):
 
     diffmoe peers fetch NAME [--wheel FILE.whl]   download (or take FILE.whl), verify, extract;
                                                   NAME: vllm (0.33.0), vllm==0.28.0, vllm==0.30.0,

@@ -47,8 +47,8 @@ def run_doctor(device: torch.device | None = None, hooks: ConformanceHooks | Non
 
 def doctor_main(as_json: bool, device: torch.device | str | None = None, hooks: ConformanceHooks | None = None) -> int:
     """`diffmoe doctor [--json]`: prints the table (or one JSON object) and returns the exit code.
-    `hooks`: the implementation judged with the backend (diffmoe.frontends.cli passes the default
-    implementation's, from its factory's `conformance_hooks`)."""
+    `hooks`: the implementation judged with the backend (diffmoe/frontends/commands/doctor.py passes
+    the default implementation's, from its factory's `conformance_hooks`)."""
     report = run_doctor(torch.device(device) if device is not None else None, hooks)
     if as_json:
         print(json.dumps(report.to_dict(), sort_keys=False))

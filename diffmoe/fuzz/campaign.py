@@ -162,7 +162,7 @@ MODEL_FIELDS = ("num_experts", "topk", "hidden", "inter", "quant", "shared_exper
 
 def model_configs(count: int, seed: int, shape: dict) -> list[MoEConfig]:
     """`count` configs of the profile at one model's shape (`shape`: MODEL_FIELDS' values, as
-    diffmoe.frontends.models.check_fields builds them): each draw of the profile keeps its T, call,
+    diffmoe.frontends.model_flags.check_fields builds them): each draw of the profile keeps its T, call,
     inputs, special rows and seed, takes the shape's fields, and drops what the shape rules out (the
     fused path for bf16, per-tensor weights for another scheme, router weights on the input for K > 1);
     no cost cap (the shape is the point). The same list for the same arguments; ValueError (the

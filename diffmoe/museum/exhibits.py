@@ -316,7 +316,7 @@ def _render(result: ExhibitResult) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`diffmoe museum`'s arguments (diffmoe.frontends.cli adds them to its subcommand)."""
+    """`diffmoe museum`'s arguments (diffmoe/frontends/commands/museum.py adds them to its subcommand)."""
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"exhibits to run (default: all): {', '.join(e.name for e in EXHIBITS)}")
     parser.add_argument("--list", action="store_true", help="list the exhibits without running them")
     parser.add_argument("--workers", type=int, default=1, metavar="N",

@@ -39,7 +39,7 @@ def _count(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`diffmoe tuned-configs`' arguments (diffmoe.frontends.cli adds them to its subcommand)."""
+    """`diffmoe tuned-configs`' arguments (diffmoe/frontends/commands/tuned_configs.py adds them to its subcommand)."""
     parser.add_argument("--impl", required=True, metavar="NAME[==V]",
                         help="the peer release whose shipped tuned configs are judged (vllm, vllm==0.28.0, vllm==0.30.0, vllm==0.33.0, "
                              "sglang, sglang==0.5.20, sglang==0.5.23)")

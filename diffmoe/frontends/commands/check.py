@@ -1,0 +1,89 @@
+"""`diffmoe check`: one config through every oracle (or --oracles), its report printed; the exit status
+its verdict.
+
+Owns check's arguments and the handler; must not judge anything itself (diffmoe.judge.runner's
+run_differential does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from diffmoe.contract import ConfigRefused, Schedule
+from diffmoe.frontends.config_flags import _add_config_options, config_from_args
+from diffmoe.frontends.exits import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, PROG, UsageError, _sigterm_interrupts
+from diffmoe.frontends.flags import (
+    _add_impl_option, _add_isolation_option, _isolation_kwargs, _oracle_registry, _time_limit, parse_device, parse_oracles,
+    time_limit_kwargs,
+)
+from diffmoe.frontends.implementation import _runner, load_implementation
+from diffmoe.frontends.output import _print_json, implementation_output_to_stderr
+
+NAME = "check"
+
+# Printed on stderr before a check that runs in this process (no worker to outlive it).
+IN_PROCESS_NOTICE = (f"{PROG}: running in process (no time limit): an implementation that ends the process from "
+                     f"below Python (C's exit(), a signal) ends {PROG} with its status; trust exit 0 only with the "
+                     "report printed")
+
+
+def parse_schedules(texts: Sequence[str] | None) -> list[Schedule] | None:
+    if not texts:
+        return None
+    try:
+        return [Schedule.parse(t) for t in texts]
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    check = sub.add_parser(NAME, help="run one config through every oracle", description="Run one config through every oracle.")
+    _add_config_options(check)
+    _add_impl_option(check)
+    check.add_argument("--schedule", action="append", metavar="identity|reversed|random:SEED", help="program order (repeatable; default identity, reversed and --random-orders random ones)")
+    check.add_argument("--oracles", metavar="A,B", help="oracles to run (default every one): "
+                            f"{', '.join(_oracle_registry().ALL_ORACLES)}")
+    check.add_argument("--device", help="torch device (default: the implementation's)")
+    check.add_argument("--time-limit", type=_time_limit, metavar="S",
+                       help="stop the check with a timeout finding when it makes no progress (no launch) for S seconds (0: no limit; default 120 on the interpreter, none on CUDA)")
+    _add_isolation_option(check)
+    check.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    check.set_defaults(handler=run)
+    return check
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    schedules = parse_schedules(args.schedule)
+    oracles = parse_oracles(args.oracles)
+    device = parse_device(args.device)  # every argument checked before the implementation loads (issue 48)
+    factory, name = load_implementation(args.impl, args.isolation)
+    runner = _runner()
+    limit = time_limit_kwargs(runner, args.time_limit, device)
+    if not limit:
+        print(IN_PROCESS_NOTICE, file=sys.stderr, flush=True)
+    # SIGTERM as Ctrl-C: KeyboardInterrupt in the waiting parent, whose run_in_worker stops and
+    # reaps the worker's process group on the way out (the worker has its own group, so the
+    # default SIGTERM would leave it running); main() then prints one line and returns 130.
+    try:
+        with _sigterm_interrupts(), implementation_output_to_stderr():
+            report = runner.run_differential(
+                config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name, **limit,
+                **_isolation_kwargs(args),
+            )
+    except ConfigRefused as exc:  # the implementation's `supports` said no: a usage error, one line
+        raise UsageError(f"{exc} (its `supports`; choose a config it runs)") from None
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.render())
+    if not report.passed:
+        return EXIT_FINDINGS
+    # an oracle named with --oracles that could not run: that part was not judged, so no 0
+    asked = [name for name in (oracles or ()) if name in report.skipped]
+    if asked:
+        print(f"{PROG}: not judged: " + "; ".join(f"{n} ({report.skipped[n]})" for n in asked), file=sys.stderr)
+        return EXIT_INTERNAL
+    return EXIT_OK
