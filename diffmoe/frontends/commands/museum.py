@@ -8,23 +8,17 @@ from __future__ import annotations
 
 import argparse
 
-from diffmoe.frontends.exits import PROG
+from diffmoe.frontends.commands.feature import feature_parser, run_feature
 
 NAME = "museum"
+HOME = "diffmoe.museum.exhibits"
+HELP = ("real vLLM, SGLang and Liger-Kernel bugs: each buggy release must fail as recorded, the fixed one pass "
+        "(diffmoe/museum/exhibits.py)")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from diffmoe.museum import exhibits as museum_module  # the exhibit table names the arguments
-
-    museum = sub.add_parser(
-        NAME, help="real vLLM, SGLang and Liger-Kernel bugs: each buggy release must fail as recorded, the fixed one pass (diffmoe/museum/exhibits.py)",
-        description=museum_module.DESCRIPTION)
-    museum_module.add_arguments(museum)
-    museum.set_defaults(handler=run)
-    return museum
+    return feature_parser(sub, NAME, HELP, HOME, run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from diffmoe.museum.exhibits import run as museum_run
-
-    return museum_run(args, prog=f"{PROG} museum")
+    return run_feature(HOME, args, NAME)

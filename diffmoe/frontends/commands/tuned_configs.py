@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import argparse
 
-from diffmoe.frontends.exits import PROG
+from diffmoe.frontends.commands.feature import feature_parser, run_feature
 
 NAME = "tuned-configs"
+HOME = "diffmoe.tuned_configs.command"
+HELP = "judge every tuned tile config a peer's release ships (diffmoe/tuned_configs/)"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from diffmoe.tuned_configs import command as tuned_configs_module
-
-    tuned = sub.add_parser(
-        NAME, help="judge every tuned tile config a peer's release ships (diffmoe/tuned_configs/)",
-        description=tuned_configs_module.DESCRIPTION)
-    tuned_configs_module.add_arguments(tuned)
-    tuned.set_defaults(handler=run)
-    return tuned
+    return feature_parser(sub, NAME, HELP, HOME, run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from diffmoe.tuned_configs.command import run as tuned_configs_run
-
-    return tuned_configs_run(args, prog=f"{PROG} tuned-configs")
+    return run_feature(HOME, args, NAME)
