@@ -31,3 +31,14 @@ def test_every_module_that_names_a_command_is_registered():
 
 def test_the_usage_line_names_every_command_once():
     assert sorted(commands.usage_choices().strip("{}").split(",")) == sorted(c.NAME for c in commands.COMMANDS)
+
+
+def test_no_command_names_every_command(capsys):
+    """The usage error of a bare `diffmoe` lists every command of the one list (it once named 9 of 11)."""
+    from diffmoe.frontends import cli
+    from diffmoe.frontends.commands import COMMANDS
+
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "a command is required:" in err
+    assert all(f" {command.NAME}" in err for command in COMMANDS), err

@@ -168,6 +168,12 @@ def _stdout_closed() -> int:
     return EXIT_BROKEN_PIPE
 
 
+def _command_list() -> str:
+    """Every command, in the usage line's order, from the one list (it once named 9 of 11)."""
+    names = usage_choices().strip("{}").split(",")
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Workspaces are poisoned on purpose, so a kernel that reads stale bytes computes on NaN
     # and huge values; numpy (under the Triton interpreter) warns about each. The oracles
@@ -177,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: check, fuzz, plan, demo, doctor, compile-check, peers, museum or numerics (see diffmoe --help)")
+            raise UsageError(f"a command is required: {_command_list()} (see diffmoe --help)")
         fold_fn(args)
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
