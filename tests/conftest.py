@@ -28,10 +28,9 @@ def pytest_configure(config):
 
 
 # What a shrink ends on must not depend on the machine's load: Hypothesis stops a shrink after
-# five minutes (its engine's MAX_SHRINKING_SECONDS) and so does the descent below the forced
-# pairs' floors (diffmoe/fuzz/descent.py). Beside a second full suite (load 10, 2026-12-06) the
-# museum's shrinker test hit the first and ended at E=8 where its minimum is E=1. In this process
-# both limits are an hour; the tests of a cut shrink set their own. pytest-timeout stays the hang bound.
+# five minutes (its engine's MAX_SHRINKING_SECONDS). diffmoe's fuzz lifts that clock in its own
+# searches (diffmoe/fuzz/shrink_limits.py); this suite's own properties (tests/test_differential_suite.py)
+# get the same: an hour here, and pytest-timeout stays the hang bound.
 UNHURRIED_SHRINK_SECONDS = 3600
 
 
@@ -39,10 +38,7 @@ UNHURRIED_SHRINK_SECONDS = 3600
 def _shrinks_end_by_size_not_by_the_clock(monkeypatch):
     from hypothesis.internal.conjecture import engine
 
-    from diffmoe.fuzz import descent
-
     monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", UNHURRIED_SHRINK_SECONDS)
-    monkeypatch.setattr(descent, "DESCENT_SECONDS", float(UNHURRIED_SHRINK_SECONDS))
 
 
 @pytest.fixture(scope="session")

@@ -7,3 +7,7 @@ Owns the bound only.
 """
 
 SUBPROCESS_HANG_S = 840
+# A test that alone takes minutes: the museum's shrinker test took 251 s in a full suite (2026-12-07,
+# 2 cores), about a third of what it takes beside a second full suite at load 13, so pytest-timeout's
+# 900 s would end it there while it still works. It gets twice the bound, still a hang bound.
+LONG_TEST_S = 1800

@@ -295,6 +295,22 @@ def test_a_database_replay_of_an_interrupted_shrink_shrinks_on(fake_runner, tmp_
     assert len(fake.calls) <= 2 and third.report.config == second.report.config
 
 
+def test_a_database_replay_of_a_shrink_cut_by_its_run_limit_shrinks_on(fake_runner, tmp_path, monkeypatch):
+    # the cut shrink's note says "run the fuzz again to resume with a database": it does
+    from diffmoe.fuzz import shrink_limits
+
+    fake_runner()
+    limit = shrink_limits.SHRINK_RUNS
+    monkeypatch.setattr(shrink_limits, "SHRINK_RUNS", 1)
+    first = fuzz(max_examples=400, seed=None, planner="legacy", database=tmp_path / "db")
+    assert first.shrink_cut is not None and first.report.config != MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    monkeypatch.setattr(shrink_limits, "SHRINK_RUNS", limit)
+    fake = fake_runner()
+    second = fuzz(max_examples=50, seed=None, planner="legacy", database=tmp_path / "db")
+    assert fake.calls[0] == first.report.config  # the cut failure is replayed first...
+    assert second.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy") and second.shrink_cut is None
+
+
 def test_max_examples_counts_generated_examples_not_shrinking_runs(fake_runner):
     fake_runner(fails=lambda c: c.num_tokens >= 17)
     outcome = fuzz(max_examples=50, seed=2)
@@ -334,20 +350,38 @@ def test_a_search_takes_no_constant_from_the_loaded_modules_and_gives_the_pool_b
     assert len(providers._get_local_constants().integers) > 0
 
 
-def test_a_shrink_cut_short_by_its_time_limit_is_not_reported_as_minimal(fake_runner, monkeypatch):
-    """Issue 48 item 4: Hypothesis stops a shrink after five minutes and hands back the smallest
-    failure so far; the outcome says it was cut, why, and how far it got (first vs reported)."""
+def test_a_shrink_does_not_end_on_the_clock(fake_runner, monkeypatch):
+    """Same seed, same result on a busy machine: Hypothesis's five-minute shrink limit (here spent
+    before the first shrinking run) does not cut a diffmoe search (diffmoe/fuzz/shrink_limits.py),
+    and it is back as it was once the fuzz returns."""
     from hypothesis.internal.conjecture import engine
 
     fake_runner()
-    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", -1)  # the limit already spent at the first shrink step
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", -1)
     outcome = fuzz(max_examples=50, seed=1, planner="legacy")
-    assert outcome.report is not None and outcome.shrink_cut is not None
-    assert "five-minute" in outcome.shrink_cut
+    assert outcome.report.config == MINIMAL_FUSED_CONFIG.replace(planner="legacy")
+    assert outcome.shrink_cut is None and outcome.shrink_examples > 1
+    assert engine.MAX_SHRINKING_SECONDS == -1
+
+
+def test_a_shrink_past_its_run_limit_is_not_reported_as_minimal(fake_runner, monkeypatch):
+    """Issue 48 item 4: a shrink stopped before its end hands back the smallest failure so far; the
+    outcome says it was cut, why, and how far it got (first vs reported). The limit is runs, so
+    the same seed is cut at the same config."""
+    from diffmoe.fuzz import shrink_limits
+
+    fake_runner()
+    monkeypatch.setattr(shrink_limits, "SHRINK_RUNS", 2)
+    outcome = fuzz(max_examples=50, seed=1, planner="legacy")
+    assert outcome.report is not None and outcome.shrink_cut == "diffmoe's 2-run shrink limit"
+    assert outcome.report.config != MINIMAL_FUSED_CONFIG.replace(planner="legacy")  # the limit cut it
     assert outcome.first_failing_config is not None
+    assert outcome.shrink_examples == 2  # nothing judged past the limit
     note = next(n for n in outcome.notes if n.startswith("shrinking was cut short"))
     assert "not a minimal one" in note and outcome.first_failing_config.short() in note
     assert outcome.to_dict()["shrink_cut"] == outcome.shrink_cut
+    again = fuzz(max_examples=50, seed=1, planner="legacy")
+    assert again.report.config == outcome.report.config and again.shrink_cut == outcome.shrink_cut
 
 
 def test_a_shrink_run_to_its_end_is_not_said_to_be_cut(fake_runner):
@@ -359,11 +393,10 @@ def test_a_shrink_run_to_its_end_is_not_said_to_be_cut(fake_runner):
 
 
 def test_cli_names_a_cut_shrink_smallest_found_not_minimal(cli_runner, monkeypatch, capsys):
-    from hypothesis.internal.conjecture import engine
-
     from diffmoe.frontends.cli import main
+    from diffmoe.fuzz import shrink_limits
 
-    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", -1)
+    monkeypatch.setattr(shrink_limits, "SHRINK_RUNS", 1)
     assert main(["fuzz", "--seed", "1", "--planner", "legacy", "--max-examples", "30"]) == 1
     out = capsys.readouterr().out
     assert "smallest failing config found (shrinking was cut short, not minimal):" in out
@@ -439,7 +472,17 @@ def test_the_descent_keeps_a_candidate_only_when_it_fails_with_the_same_oracle(f
     assert {f.oracle for f in outcome.report.findings} == {Oracles.DIFFERENTIAL}
 
 
-def test_a_descent_past_its_time_limit_says_it_was_cut(fake_runner, monkeypatch):
+def test_a_descent_past_its_run_limit_says_it_was_cut(fake_runner, monkeypatch):
+    from diffmoe.fuzz import shrink_limits
+
+    monkeypatch.setattr(shrink_limits, "DESCENT_RUNS", 1)  # the walk below T >= 4, K >= 2 judges more
+    fake_runner(fails=lambda c: c.num_tokens >= 4 and c.topk >= 2)
+    outcome = fuzz(max_examples=20, seed=0)
+    assert outcome.shrink_cut == "the descent below the forced floors' 1-run limit"
+    assert any(note.startswith("shrinking was cut short") for note in outcome.notes)
+
+
+def test_a_descent_cut_says_so(fake_runner, monkeypatch):
     import diffmoe.fuzz.driver as driver
 
     monkeypatch.setattr(driver, "descend", lambda config, report, fails, runs: (config, report, True))

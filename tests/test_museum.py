@@ -27,6 +27,8 @@ from diffmoe.problem.vocabulary import Stages
 from diffmoe.judge.runner import load_factory
 from reference import reference_moe
 
+from hang_bounds import LONG_TEST_S
+
 RUNNABLE = [e for e in museum.EXHIBITS if e.pending is None]
 BY_NAME = {e.name: e for e in museum.EXHIBITS}
 
@@ -142,6 +144,7 @@ def test_diffmoe_museum_is_wired_into_the_command_line(capsys):
 
 
 @pytest.mark.slow  # 29 s on 2 cores (issue 30); with the second failure 119 s on 2 loaded cores (2026-12-06)
+@pytest.mark.timeout(LONG_TEST_S)
 def test_the_shrinker_reaches_exhibit_ones_minimal_config_from_a_broader_domain():
     """`diffmoe fuzz --impl vllm==0.28.0 --model-features --seed 0 --max-experts 8 --max-tokens 16 --keep-going 2`:
     drawing clamp limits, -1 slots and shared experts over T <= 16 and E <= 8, the fuzzer finds the

@@ -13,25 +13,23 @@ come down with it; K; E; H; I) tries its smallest value first, then values halvi
 back to the current one (`steps`), in increasing order, and keeps the first candidate that fails
 the same way; the fields are walked again until none moves. The caller judges each candidate (the
 shrink's judge, counted as a shrinking run) and says which it may run (bounds, max sizes, the
-implementation's `supports`); a candidate no valid config gives is skipped. A time limit stops it
-(the caller says so, as for a cut shrink).
+implementation's `supports`); a candidate no valid config gives is skipped. A limit on the
+candidates judged stops it (diffmoe/fuzz/shrink_limits.py: runs, not seconds, so the same seed
+reaches the same config on a busy machine; the caller says so, as for a cut shrink).
 
 Owns the candidate configs and the order they are tried in. Must not judge or count.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Callable, TypeVar
 
+from diffmoe.fuzz import shrink_limits
 from diffmoe.fuzz.strategies import MINIMAL_CONFIG, size_floor
 from diffmoe.problem.config import MoEConfig
 
 R = TypeVar("R")
 
-# Hypothesis's own shrink stops at five minutes (its engine's MAX_SHRINKING_SECONDS); the descent
-# that follows gets as long again, from its start
-DESCENT_SECONDS = 300.0
 FIELDS = ("pair", "num_tokens", "topk", "num_experts", "hidden", "inter")
 
 
@@ -105,13 +103,14 @@ def descend(
     report: R,
     fails: Callable[[MoEConfig], R | None],
     runs: Callable[[MoEConfig], bool],
-    seconds: float | None = None,
+    limit: int | None = None,
 ) -> tuple[MoEConfig, R, bool]:
-    """(the smallest failing config found, its report, whether the time limit cut the descent).
+    """(the smallest failing config found, its report, whether the limit cut the descent).
 
     fails(candidate): the candidate's report when it fails the same way, else None; runs(candidate):
-    whether the fuzz may run it at all; seconds: the time limit (None: DESCENT_SECONDS)."""
-    deadline = time.perf_counter() + (DESCENT_SECONDS if seconds is None else seconds)  # read now: a test lifts it
+    whether the fuzz may run it at all; limit: the candidates it may judge (None: DESCENT_RUNS)."""
+    limit = shrink_limits.DESCENT_RUNS if limit is None else limit  # read now: a test lowers it
+    judged = 0
     tried: set[MoEConfig] = {config}
     moving = True
     while moving:
@@ -120,8 +119,9 @@ def descend(
             for candidate in candidates(config, name):
                 if candidate in tried or not runs(candidate):
                     continue
-                if time.perf_counter() > deadline:
+                if judged >= limit:
                     return config, report, True
+                judged += 1
                 tried.add(candidate)
                 found = fails(candidate)
                 if found is not None:

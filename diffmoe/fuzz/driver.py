@@ -78,7 +78,7 @@ from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_p
 from diffmoe.check.report import Report
 from diffmoe.findings import Finding, Oracles
 from diffmoe.fuzz.bounds import FieldBounds
-from diffmoe.fuzz import descent as descent_limits
+from diffmoe.fuzz import shrink_limits
 from diffmoe.fuzz.descent import descend
 from diffmoe.fuzz.pairs import PairForcing, floors_hold, forced_note
 from diffmoe.fuzz.strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
@@ -130,8 +130,9 @@ class FuzzOutcome:
     waived_examples: int = 0  # distinct configs whose every finding a waiver covered (the search went on)
     failures: list[Report] = field(default_factory=list)  # keep_going: the distinct failures, in the order found
     failure_keys: list[tuple[str, ...]] = field(default_factory=list)  # per failure: the keys no earlier one had
-    # why Hypothesis stopped shrinking before it was done (its five-minute or 500-shrink limit), None when
-    # the shrink ran to its end: the report is then the smallest failure found, not a minimal one
+    # why the shrink stopped before it was done (diffmoe's run limits, diffmoe/fuzz/shrink_limits.py, or
+    # Hypothesis's 500-shrink limit), None when it ran to its end: the report is then the smallest
+    # failure found, not a minimal one
     shrink_cut: str | None = None
     first_failing_config: MoEConfig | None = None  # the first failure met, before any shrinking
 
@@ -378,6 +379,8 @@ def fuzz(
             return
 
     stopped: list[dict] = []  # Hypothesis's statistics of each test run: why its engine stopped
+    shrink_start = [0]  # shrink_examples when this round's first failure was met
+    runs_spent = [False]  # this round's shrink reached SHRINK_RUNS (diffmoe/fuzz/shrink_limits.py)
 
     def run_one(drawn: MoEConfig) -> None:
         generating = not first_failure_at and not replaying[0]
@@ -392,6 +395,13 @@ def fuzz(
         mode = mode if config is not drawn else None
         forcing.slot += generating
         config = judged_config(config, implementation)  # as run_differential resolves it: drawn == reported
+        if first_failure_at and outcome.shrink_examples - shrink_start[0] >= shrink_limits.SHRINK_RUNS:
+            # the shrink's runs are spent: nothing more is judged, so every candidate passes at once
+            # and Hypothesis's shrink ends on the smallest failure, which its last replay raises again
+            runs_spent[0] = True
+            if config == smallest[0].drawn:
+                raise smallest[0]
+            return
         report = verdict(config)
         if not report.passed and not failing(report):
             # only waived findings, or only failures already collected: the search goes on
@@ -401,6 +411,7 @@ def fuzz(
         if not report.passed:
             if not first_failure_at:
                 first_failure_at.append(time.perf_counter())
+                shrink_start[0] = outcome.shrink_examples
                 if outcome.first_failing_config is None:
                     outcome.first_failing_config = report.config
                 if generating and mode is not None:
@@ -458,7 +469,7 @@ def fuzz(
             return smallest[0], True, None
         if floors_hold(drawn):
             outcome.notes.append(forced_note(forcing.pinned[0]))
-        cut = f"the descent below the forced floors' {descent_limits.DESCENT_SECONDS:.0f}-second limit" if cut else None
+        cut = f"the descent below the forced floors' {shrink_limits.DESCENT_RUNS}-run limit" if cut else None
         return FailingReport(report, drawn=judged_config(drawn, implementation)), False, cut
 
     shrinking = [Phase.shrink] if shrink else []
@@ -482,7 +493,7 @@ def fuzz(
         # A database's failures are replayed in a pass of their own, every oracle judging them
         # (one may have been stored by a full check the cheap set cannot repeat), then the search;
         # the draws depend on the seed alone, not on the modules this process has loaded (draws.py)
-        with seed_only_draws(), statistics.collector.with_value(stopped.append):
+        with seed_only_draws(), shrink_limits.clock_lifted(), statistics.collector.with_value(stopped.append):
             if db is not None:
                 replaying[0] = True
                 try:
@@ -495,8 +506,12 @@ def fuzz(
     found_first: list[float] = []  # when the first round's failure was met
     while True:
         stopped.clear()
-        final, stop = search_round(search, db, smallest, outcome)
+        runs_spent[0] = False
+        final, stop = search_round(search, db, smallest, outcome,
+                                   shrink_done=lambda: not runs_spent[0] and shrink_cut(stopped) is None)
         cut = shrink_cut(stopped) if final is not None and not stop else None
+        if final is not None and not stop and runs_spent[0]:
+            cut = f"diffmoe's {shrink_limits.SHRINK_RUNS}-run shrink limit"
         if final is not None and not stop and shrink and forcing.pinned is not None and forcing.pinned[1]:
             final, stop, descent_cut = below_floors(final)
             cut = cut or descent_cut
@@ -540,9 +555,10 @@ def fuzz(
     return outcome
 
 
-# Hypothesis's engine stops a shrink at MAX_SHRINKING_SECONDS (five minutes) or MAX_SHRINKS (500
-# successful shrinks) and reports the smallest failure so far as it would a minimal one; its
-# statistics name the reason ("shrinking was very slow", "shrunk test case 500 times").
+# Hypothesis's engine stops a shrink at MAX_SHRINKING_SECONDS (five minutes, lifted in diffmoe's
+# searches: diffmoe/fuzz/shrink_limits.py) or MAX_SHRINKS (500 successful shrinks) and reports the
+# smallest failure so far as it would a minimal one; its statistics name the reason ("shrinking was
+# very slow", "shrunk test case 500 times").
 _CUT_REASONS = ("shrinking was very slow", "shrunk test case")
 
 
@@ -559,15 +575,17 @@ def _first_short(outcome: FuzzOutcome) -> str:
     return "unknown" if outcome.first_failing_config is None else outcome.first_failing_config.short()
 
 
-def search_round(search: Callable[[], None], db, smallest: list[FailingReport],
-                 outcome: FuzzOutcome) -> tuple[FailingReport | None, bool]:
-    """One search: (its shrunk failure or None, whether the fuzz must stop here: an interrupt)."""
+def search_round(search: Callable[[], None], db, smallest: list[FailingReport], outcome: FuzzOutcome,
+                 shrink_done: Callable[[], bool] = lambda: True) -> tuple[FailingReport | None, bool]:
+    """One search: (its shrunk failure or None, whether the fuzz must stop here: an interrupt).
+    shrink_done(): whether the shrink ran to its end (not cut by a limit): only then is what the
+    database holds marked minimal, so a run cut short resumes on the next run (diffmoe/fuzz/database.py)."""
     try:
         search()
-        if db is not None:
+        if db is not None and shrink_done():
             db.mark_shrunk()
     except FailingReport as exc:
-        if db is not None:
+        if db is not None and shrink_done():
             db.mark_shrunk()  # the shrink completed: what the database holds is minimal
         return exc, False
     except KeyboardInterrupt:
