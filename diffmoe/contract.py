@@ -321,6 +321,19 @@ def factory_peer_wheel(factory: Callable | None) -> str | None:
     return name
 
 
+def declared_attributes(factory: Callable) -> dict:
+    """What the factory declares, as data and unchecked (the isolation's candidate process sends it
+    to the judge, which checks it there): NUMERICS, BATCH_INVARIANT and PEER_WHEEL as set, and
+    whether SUPPORTS and PLAN_WORKSPACES are there."""
+    return {
+        NUMERICS: getattr(factory, NUMERICS, None),
+        BATCH_INVARIANT: getattr(factory, BATCH_INVARIANT, None),
+        PEER_WHEEL: getattr(factory, PEER_WHEEL, None),
+        SUPPORTS: factory_attribute(factory, SUPPORTS) is not None,
+        PLAN_WORKSPACES: factory_attribute(factory, PLAN_WORKSPACES) is not None,
+    }
+
+
 def factory_numerics(factory: Callable | None) -> str | None:
     """The numerics profile the factory declares (its NUMERICS attribute), as its canonical spec;
     None when it declares none; a ValueError naming the attribute and the profiles (or the point

@@ -11,3 +11,8 @@ SUBPROCESS_HANG_S = 840
 # 2 cores), about a third of what it takes beside a second full suite at load 13, so pytest-timeout's
 # 900 s would end it there while it still works. It gets twice the bound, still a hang bound.
 LONG_TEST_S = 1800
+# The bound on a process such a test starts. The local-cluster fuzz of tests/test_cluster_fuzz.py
+# shrinks to its end since a shrink stops by its runs, not the clock (diffmoe/fuzz/shrink_limits.py):
+# 609 s for 10 examples and 40 shrinking runs beside a second full suite at load 9 (2026-12-07),
+# past SUBPROCESS_HANG_S at load 13.
+LONG_SUBPROCESS_S = LONG_TEST_S - 60

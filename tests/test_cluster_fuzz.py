@@ -34,7 +34,7 @@ from ray_standins import runtime_env
 from redis_server import RedisServer, unused_port
 from signal_dispositions import sigint_as
 from test_fuzzing import cli_runner, fake_runner  # noqa: F401 - the stand-in runner fixtures, shared
-from hang_bounds import SUBPROCESS_HANG_S
+from hang_bounds import LONG_SUBPROCESS_S, LONG_TEST_S, SUBPROCESS_HANG_S
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
 
@@ -249,6 +249,7 @@ def test_a_task_killed_mid_run_is_retried_and_the_run_completes(on_cluster, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(LONG_TEST_S)
 def test_cli_local_cluster_finds_the_legacy_planner_with_the_real_kernels_and_leaves_no_process(tmp_path):
     mark = f"DIFFMOE_TEST_MARK={uuid.uuid4().hex}"
     env = dict(os.environ, **dict([mark.split("=", 1)]))
@@ -256,7 +257,7 @@ def test_cli_local_cluster_finds_the_legacy_planner_with_the_real_kernels_and_le
         [sys.executable, "-m", "diffmoe", "fuzz", "--workers", "2", "--cluster", "local", "--seed", "1",
          "--planner", "legacy", "--max-examples", "10", "--max-tokens", "8", "--max-experts", "4",
          "--oracles", "static-aliasing", "--isolation", "none", "--plan-examples", "0"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=SUBPROCESS_HANG_S)
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=LONG_SUBPROCESS_S)
     assert done.returncode == 1, done.stderr[-2000:]
     assert LEGACY_MINIMAL.short() in done.stdout and "found by worker" in done.stdout
     assert processes_left(mark) == []  # the local runtime stopped with the command

@@ -509,3 +509,69 @@ def test_the_forced_pairs_keep_to_the_bounds_and_the_implementations_supports(fa
     assert outcome.passed and len(fake.calls) == 20  # a refused pair's slot runs its draw, no search stalls
     assert not any(c.weight_granularity == "tensor" for c in fake.calls)
     assert any(_shows_a_mix_up(c, ("block", "group")) for c in fake.calls)
+
+
+# ---- one request (diffmoe/fuzz/request.py, issue 44 item 3) -------------------------------------
+
+
+@pytest.mark.parametrize("fields, error, field", [
+    (dict(max_examples=0, seed=1), ValueError, "max_examples"),
+    (dict(max_examples=5, seed=-1), ValueError, "seed"),
+    (dict(max_examples=5, seed=1, planner="lazy"), ValueError, "planner"),
+    (dict(max_examples=5, seed=1, time_limit=0), ValueError, "time_limit"),
+    (dict(max_examples=5, seed=1, shrink="no"), TypeError, "shrink"),
+    (dict(max_examples=5, seed=1, keep_going=0), ValueError, "keep_going"),
+    (dict(max_examples=5, seed=1, database="db"), ValueError, "database"),
+    (dict(max_examples=5, seed=1, tier="fast"), ValueError, "tier"),
+    (dict(max_examples=5, seed=1, max_experts=0), ValueError, "max_experts"),
+    (dict(max_examples=5, seed=1, waive=["no-such-oracle@reduce"]), ValueError, "waive"),
+])
+def test_a_request_is_checked_when_it_is_built(fields, error, field):
+    from diffmoe.fuzz.request import FuzzRequest
+
+    with pytest.raises(error, match=field):
+        FuzzRequest(**fields)
+
+
+def test_a_request_runs_the_search_fuzz_runs(fake_runner):
+    from diffmoe.fuzz.driver import run_request
+    from diffmoe.fuzz.request import FuzzRequest
+    from diffmoe.fuzz.waivers import Waivers
+
+    fake_runner()
+    request = FuzzRequest(max_examples=50, seed=1, planner="legacy", waive=())
+    assert isinstance(request.waive, Waivers)
+    outcome = run_request(request)
+    assert outcome.report.config == fuzz(max_examples=50, seed=1, planner="legacy").report.config
+    with pytest.raises(TypeError, match="FuzzRequest"):
+        run_request(dict(max_examples=50, seed=1))
+
+
+def test_the_cli_hands_the_search_one_request_built_from_its_flags(cli_runner, monkeypatch, capsys):
+    from diffmoe.frontends.cli import main
+    from diffmoe.fuzz import workers
+    from diffmoe.fuzz.request import FuzzRequest
+
+    seen = []
+
+    def searches(*, workers, progress, request, **rest):
+        assert set(rest) <= {"cluster", "runtime_env"}  # nothing beside the request but where to run it
+        seen.append(request)
+        return fuzz(max_examples=request.max_examples, seed=request.seed, planner=request.planner)
+
+    monkeypatch.setattr(workers, "fuzz_in_workers", searches)
+    main(["fuzz", "--seed", "3", "--planner", "legacy", "--max-examples", "7", "--no-shrink", "--keep-going", "2",
+          "--tier", "full", "--waive", "crash@reduce"])
+    (request,) = seen
+    assert isinstance(request, FuzzRequest)
+    assert (request.seed, request.planner, request.max_examples, request.shrink, request.keep_going, request.tier) == (
+        3, "legacy", 7, False, 2, "full")
+    assert str(request.waive) == "crash@reduce"
+
+
+def test_fuzz_in_workers_takes_a_request_or_its_fields_not_both():
+    from diffmoe.fuzz.request import FuzzRequest
+    from diffmoe.fuzz.workers import fuzz_in_workers
+
+    with pytest.raises(TypeError, match="not both"):
+        fuzz_in_workers(workers=1, max_examples=3, request=FuzzRequest(max_examples=3, seed=0))

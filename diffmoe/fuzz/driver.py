@@ -69,27 +69,24 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Unsatisfiable
 
-from diffmoe.problem.config import MAX_SEED, MAX_TOKENS, PLANNERS, MoEConfig, check_int
+from diffmoe.problem.config import MoEConfig
 from diffmoe.contract import DEFAULT_IMPLEMENTATION_NAME, ImplementationFactory, Schedule, judged_config, unsupported
 from diffmoe.fuzz.database import ResumingDatabase
 from diffmoe.fuzz.draws import seed_only_draws
 from diffmoe.fuzz.database_spec import open_database
-from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy, full_phase
+from diffmoe.fuzz.tiers import FULL_EVERY, TIER_RUN, Judging, TierPolicy
 from diffmoe.check.report import Report
 from diffmoe.findings import Finding, Oracles
 from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.fuzz import shrink_limits
 from diffmoe.fuzz.descent import descend
 from diffmoe.fuzz.pairs import PairForcing, floors_hold, forced_note
-from diffmoe.fuzz.strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS, moe_configs
+from diffmoe.fuzz.strategies import DEFAULT_MAX_TOKENS, MAX_EXPERTS
 from diffmoe.fuzz.waivers import Waiver, Waivers, finding_key, report_keys
+from diffmoe.fuzz.request import MAX_EXAMPLES_LIMIT, MAX_KEEP_GOING, FuzzRequest
 
 PHASE_GENERATE = "generate"
 PHASE_SHRINK = "shrink"
-MAX_EXAMPLES_LIMIT = 1_000_000
-# --keep-going's bound: one failure per oracle@stage key; 15 oracles (crash and timeout
-# included, waivers.waivable_oracles()) at 8 stages each is 120 keys, so 1000 never cuts a search short.
-MAX_KEEP_GOING = 1000
 
 ProgressCallback = Callable[[int, str, float, str], None]
 """progress(examples_run_so_far, phase, elapsed_seconds, config.short())"""
@@ -270,33 +267,32 @@ def fuzz(
     (diffmoe.fuzz.waivers: `oracle@stage`). keep_going: collect up to this many distinct failures
     (module doc), 1..MAX_KEEP_GOING.
     """
-    check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)
-    if seed is not None:
-        check_int("seed", seed, 0, MAX_SEED)
-    if planner is not None and planner not in PLANNERS:
-        raise ValueError(f"planner must be None or one of {list(PLANNERS)}, got {planner!r}")
-    check_int("max_tokens", max_tokens, 1, MAX_TOKENS)
+    return run_request(FuzzRequest(
+        max_examples=max_examples, seed=seed, planner=planner, implementation=implementation,
+        implementation_name=implementation_name, max_tokens=max_tokens, max_experts=max_experts, database=database,
+        oracles=oracles, schedules=schedules, device=device, time_limit=time_limit, special_rows=special_rows,
+        features=features, tier=tier, full_every=full_every, full_offset=full_offset, shrink=shrink, bounds=bounds,
+        waive=waive, keep_going=keep_going, isolation=isolation), progress)
+
+
+def run_request(request: FuzzRequest, progress: ProgressCallback | None = None) -> FuzzOutcome:
+    """The search `request` describes (`fuzz()`'s docstring says what each field does); progress:
+    called after each example (ProgressCallback)."""
+    if not isinstance(request, FuzzRequest):
+        raise TypeError(f"request must be a FuzzRequest, got {type(request).__name__}")
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable or None, got {progress!r}")
-    if time_limit is not None and (
-        isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit < float("inf")
-    ):
-        raise ValueError(f"time_limit must be None or a number of seconds > 0, got {time_limit!r}")
-    db = _database(database)
+    r = request
+    seed, planner, implementation, implementation_name = r.seed, r.planner, r.implementation, r.implementation_name
+    max_tokens, max_experts, max_examples, bounds = r.max_tokens, r.max_experts, r.max_examples, r.bounds
+    oracles, schedules, device, time_limit, isolation = r.oracles, r.schedules, r.device, r.time_limit, r.isolation
+    tier, full_every, full_offset = r.tier, r.full_every, r.resolved_full_offset()
+    shrink, keep_going, waivers = r.shrink, r.keep_going, r.waive
+    db = _database(r.database)
     if db is not None:
         db = ResumingDatabase(db)
-    if seed is not None and db is not None:
-        raise ValueError("seed and database are exclusive: a seeded run is reproducible and replays no stored failure")
-    for flag, value in (("special_rows", special_rows), ("features", features), ("shrink", shrink)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be a bool, got {value!r}")
-    check_int("keep_going", keep_going, 1, MAX_KEEP_GOING)
-    waivers = waive if isinstance(waive, Waivers) else Waivers(waive)
-    if full_offset is None:
-        full_offset = full_phase(seed, full_every) if isinstance(full_every, int) and full_every >= 1 else 0
-    policy = TierPolicy(tier, oracles, schedules, full_every, full_offset)
-    strategy = moe_configs(planner=planner, max_tokens=max_tokens, max_experts=max_experts, special_rows=special_rows,
-                           features=features, bounds=bounds)
+    policy = r.policy()
+    strategy = r.strategy()
     # Imported here, not at module import: tests replace the module, and importing the
     # runner pulls in the optimized implementation only when a fuzz actually starts.
     runner = importlib.import_module("diffmoe.judge.runner")

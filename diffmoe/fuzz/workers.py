@@ -47,14 +47,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from diffmoe.adapters.loading import file_modules
 from diffmoe.cluster.runtime import ClusterSpec
 from diffmoe.cluster.tasks import INTERRUPT, MAX_WORKERS, BoardView, Task, TaskFailed, run_tasks, task_report
-from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT, PHASE_SHRINK, FuzzOutcome, ProgressCallback, fuzz
-from diffmoe.fuzz.tiers import FULL_EVERY, worker_full_phase
+from diffmoe.fuzz.driver import PHASE_SHRINK, FuzzOutcome, ProgressCallback, run_request
+from diffmoe.fuzz.request import FuzzRequest
+from diffmoe.fuzz.tiers import worker_full_phase
 from diffmoe.problem.config import MAX_SEED, check_int
 
 STOP_GRACE_SECONDS = 20.0  # a stopped task's time to send its outcome (it may be mid-check)
@@ -88,8 +89,8 @@ class _Worker:
     first_failure_at: float | None = None  # perf_counter in this process, when first told
 
 
-def search(kwargs: dict) -> FuzzOutcome:  # pragma: no cover - runs in a Ray task
-    """One worker's search: fuzz(**kwargs), reporting each example on the run's board and ending at
+def search(request: FuzzRequest) -> FuzzOutcome:  # pragma: no cover - runs in a Ray task
+    """One worker's search: run_request(request), reporting each example on the run's board and ending at
     the next example once `interrupt`, or (while generating) `stop_generating`, is posted."""
 
     def progress(examples: int, phase: str, elapsed: float, label: str) -> None:
@@ -98,15 +99,18 @@ def search(kwargs: dict) -> FuzzOutcome:  # pragma: no cover - runs in a Ray tas
             raise KeyboardInterrupt  # from inside the property, where fuzz() expects an interrupt
 
     try:
-        return fuzz(progress=progress, **kwargs)
+        return run_request(request, progress)
     except KeyboardInterrupt:  # stopped before fuzz() could catch it (starting up), or Ray's SIGINT
-        return FuzzOutcome(interrupted=True, seed=kwargs.get("seed"))
+        return FuzzOutcome(interrupted=True, seed=request.seed)
 
 
-def fuzz_in_workers(*, workers: int, max_examples: int, seed: int | None, cluster: str | ClusterSpec | None = None,
-                    progress: ProgressCallback | None = None, runtime_env: dict | None = None,
+def fuzz_in_workers(*, workers: int, max_examples: int | None = None, seed: int | None = None,
+                    cluster: str | ClusterSpec | None = None, progress: ProgressCallback | None = None,
+                    runtime_env: dict | None = None, request: FuzzRequest | None = None,
                     **fuzz_kwargs: Any) -> FuzzOutcome:
-    """`fuzz(max_examples=..., seed=..., **fuzz_kwargs)` split over `workers` searches (module doc).
+    """`fuzz(max_examples=..., seed=..., **fuzz_kwargs)`, or the search `request` describes (then
+    max_examples, seed and fuzz_kwargs are its own and are not passed), split over `workers`
+    searches (module doc).
 
     cluster: None (a local Ray runtime when workers > 1), "local", "auto", "ray://HOST:PORT" or
     "HOST:PORT" (diffmoe/cluster/runtime.py); a ValueError starting "--cluster" when it cannot be
@@ -115,33 +119,38 @@ def fuzz_in_workers(*, workers: int, max_examples: int, seed: int | None, cluste
     with workers > 1 database must be None, a folder or a redis:// URL (each task opens it itself).
     """
     check_int("workers", workers, 1, MAX_WORKERS)
-    if workers > 1 and fuzz_kwargs.get("keep_going", 1) != 1:
+    if request is None:
+        request = FuzzRequest(max_examples=max_examples, seed=seed, **fuzz_kwargs)  # checked before any task starts
+    elif max_examples is not None or seed is not None or fuzz_kwargs:
+        raise TypeError("fuzz_in_workers: pass a request or its fields (max_examples, seed, ...), not both")
+    if workers > 1 and request.keep_going != 1:
         # the first failure stops every worker still generating (module doc): one search collects several
-        raise ValueError(f"keep_going={fuzz_kwargs['keep_going']} needs workers=1: the first failure stops the other workers")
-    check_int("max_examples", max_examples, 1, MAX_EXAMPLES_LIMIT)  # fuzz()'s own bound, checked before any task starts
+        raise ValueError(f"keep_going={request.keep_going} needs workers=1: the first failure stops the other workers")
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable or None, got {progress!r}")
-    shares = split_examples(max_examples, workers)
+    seed = request.seed
+    shares = split_examples(request.max_examples, workers)
     if len(shares) == 1:  # one worker runs in this process: no runtime to start
-        return fuzz(max_examples=max_examples, seed=seed, progress=progress, **fuzz_kwargs)
-    database = fuzz_kwargs.get("database")
+        return run_request(request, progress)
+    database = request.database
     if database is not None and not isinstance(database, (str, os.PathLike)):
         raise TypeError(f"database must be None, a directory path or a redis:// URL with workers > 1 (each task opens it), got {database!r}")
     if database is not None:
-        fuzz_kwargs["database"] = os.fspath(database)
+        request = replace(request, database=os.fspath(database))
 
     pool = [_Worker(i, None if seed is None else worker_seed(seed, i), share) for i, share in enumerate(shares)]
     tasks = []
     for w in pool:
-        kwargs = dict(fuzz_kwargs, max_examples=w.share, seed=w.seed)
-        if w.seed is None:  # a seeded worker's phase is its seed's; unseeded ones are spread (diffmoe/fuzz/tiers.py)
-            kwargs.setdefault("full_offset", worker_full_phase(w.index, len(pool), kwargs.get("full_every", FULL_EVERY)))
-        tasks.append(Task(search, kwargs, name=f"fuzz worker {w.index + 1}"))
+        share = replace(request, max_examples=w.share, seed=w.seed)
+        if w.seed is None and request.full_offset is None:
+            # a seeded worker's phase is its seed's; unseeded ones are spread (diffmoe/fuzz/tiers.py)
+            share = replace(share, full_offset=worker_full_phase(w.index, len(pool), request.full_every))
+        tasks.append(Task(search, share, name=f"fuzz worker {w.index + 1}"))
     _ship_implementation_files()
     start = time.perf_counter()
     watch = _Watch(pool, progress, start)
     try:
-        run = run_tasks(tasks, workers=len(pool), cluster=cluster, device=fuzz_kwargs.get("device"),
+        run = run_tasks(tasks, workers=len(pool), cluster=cluster, device=request.device,
                         on_result=watch.result, on_poll=watch.poll, stop_grace=STOP_GRACE_SECONDS,
                         runtime_env=runtime_env)
     except TaskFailed as exc:

@@ -331,13 +331,7 @@ def describe(conn, factory_ref, judge_pid: int, environ: dict) -> None:
         send(conn, ("failed", crash_finding(exc, None, "loading the implementation in the candidate's process"), attempts))
         return
     try:
-        declared = {
-            "numerics": getattr(factory, contract.NUMERICS, None),
-            "batch_invariant": getattr(factory, contract.BATCH_INVARIANT, None),
-            "peer_wheel": getattr(factory, contract.PEER_WHEEL, None),
-            "supports": contract.factory_attribute(factory, contract.SUPPORTS) is not None,
-            "plan_workspaces": contract.factory_attribute(factory, contract.PLAN_WORKSPACES) is not None,
-        }
+        declared = contract.declared_attributes(factory)
     except BaseException as exc:  # noqa: BLE001 - reported by the check that then cannot load it either
         if isinstance(exc, KeyboardInterrupt):
             raise

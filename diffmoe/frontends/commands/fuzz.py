@@ -81,7 +81,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from diffmoe.cluster.tasks import MAX_WORKERS
-    from diffmoe.fuzz.driver import MAX_EXAMPLES_LIMIT, MAX_KEEP_GOING
+    from diffmoe.fuzz.request import MAX_EXAMPLES_LIMIT, MAX_KEEP_GOING
     from diffmoe.fuzz.profiles import SHARED_DATABASE_ENV, shared_database_path
     from diffmoe.fuzz.plan_tier import MAX_PLAN_EXAMPLES
     from diffmoe.fuzz.strategies import MAX_EXPERTS as FUZZ_MAX_EXPERTS
@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     limit = time_limit_kwargs(_runner(), args.time_limit, device).get("time_limit")
+    from diffmoe.fuzz.request import FuzzRequest  # here: `diffmoe --help` imports no Hypothesis
     printer = ProgressPrinter(sys.stderr, total=args.max_examples, json_lines=args.json)  # the execution tier's
     outcome = None
     try:
@@ -182,26 +183,28 @@ def run(args: argparse.Namespace) -> int:
             plan_outcome = _plan_phase(args, factory, name, seed)
             outcome = None if _plan_decides(args, plan_outcome) else _fuzz_runner(args)(
                 workers=args.workers,
-                max_examples=args.max_examples,
-                seed=seed,
-                planner=args.planner,
-                implementation=factory,
-                implementation_name=name,
-                max_tokens=args.max_tokens,
-                max_experts=args.max_experts,
                 progress=printer,
-                oracles=oracles,
-                device=device,
-                database=args.database,
-                time_limit=limit,
-                **_isolation_kwargs(args),
-                **({} if args.special_rows else {"special_rows": False}),
-                **({"features": True} if args.model_features else {}),
-                **({"tier": args.tier} if args.tier != "run" else {}),
-                **({"shrink": False} if args.no_shrink else {}),
-                **({"bounds": bounds} if bounds else {}),
-                **({"waive": waivers} if waivers else {}),
-                **({"keep_going": args.keep_going} if args.keep_going > 1 else {}),
+                request=FuzzRequest(
+                    max_examples=args.max_examples,
+                    seed=seed,
+                    planner=args.planner,
+                    implementation=factory,
+                    implementation_name=name,
+                    max_tokens=args.max_tokens,
+                    max_experts=args.max_experts,
+                    oracles=oracles,
+                    device=device,
+                    database=args.database,
+                    time_limit=limit,
+                    special_rows=args.special_rows,
+                    features=args.model_features,
+                    tier=args.tier,
+                    shrink=not args.no_shrink,
+                    bounds=bounds or None,
+                    waive=waivers or (),
+                    keep_going=args.keep_going,
+                    **_isolation_kwargs(args),
+                ),
             )
     finally:
         printer.finish(None if outcome is None else outcome.examples)
