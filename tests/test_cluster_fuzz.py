@@ -34,7 +34,7 @@ from ray_standins import runtime_env
 from redis_server import RedisServer, unused_port
 from signal_dispositions import sigint_as
 from test_fuzzing import cli_runner, fake_runner  # noqa: F401 - the stand-in runner fixtures, shared
-from hang_bounds import LONG_SUBPROCESS_S, LONG_TEST_S, SUBPROCESS_HANG_S
+from hang_bounds import LONG_SUBPROCESS_S, LONG_TEST_S
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray clusters and /proc: Linux")
 
