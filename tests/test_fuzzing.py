@@ -250,11 +250,11 @@ def test_real_legacy_unfused_config_seen_only_by_metamorphic_reports_its_fused_s
     # unfused config whose only finding is the metamorphic one; the aliasing is the fused run's.
     from hypothesis import strategies as st
 
-    from diffmoe.fuzz import driver as fuzzing
+    from diffmoe.fuzz import request
     from diffmoe.problem.config import MoEConfig
 
     unfused = MoEConfig(num_tokens=1, num_experts=2, topk=2, hidden=16, inter=257, quant="fp8-tensor", fused=False, planner="legacy")
-    monkeypatch.setattr(fuzzing, "moe_configs", lambda **kwargs: st.just(unfused))
+    monkeypatch.setattr(request, "moe_configs", lambda **kwargs: st.just(unfused))  # the strategy a request draws from
     outcome = fuzz(
         max_examples=1, seed=0, planner="legacy",
         oracles=[Oracles.METAMORPHIC, Oracles.STATIC_ALIASING, Oracles.RUNTIME_ALIASING], schedules=["identity"],

@@ -98,10 +98,16 @@ class InputWatch:
         findings: list[Finding] = []
         for name, tensor in self.inputs.items():
             before = self.pristine[name]
-            if _same_bytes(tensor, before):
+            # One snapshot, compared and counted: a thread the candidate left behind may still be
+            # writing the tensor (tests/hostile_kernels.py's CorruptsItsInputsLate), and between a
+            # check of the live tensor and a count of its changed bytes a second write undid the first
+            # (IndexError on no changed byte, beside a second full suite at load 4 to 9, 2026-12-07).
+            now = tensor.detach().clone()
+            if _same_bytes(now, before):
                 continue
-            changed = int((_byte_view(tensor) != _byte_view(before)).sum())
-            first = int((_byte_view(tensor) != _byte_view(before)).nonzero()[0, 0])
+            differs = _byte_view(now) != _byte_view(before)
+            changed = int(differs.sum())
+            first = int(differs.nonzero()[0, 0])
             how, stage = self._writer(name, log) or self.blame.get(name) or ("outside any reported launch", None)
             tensor.copy_(before)  # later runs, and the reference's view of the problem, see the original
             if name in self.reported:
