@@ -257,6 +257,45 @@ def test_a_system_exit_escaping_a_command_is_never_exit_0(capsys, monkeypatch):
     assert "internal error: SystemExit(0) escaped the command" in capsys.readouterr().err
 
 
+# ---- an interrupt caught after it left an exec: `python -m diffmoe` keeps the status ------------
+
+# A command whose interrupt left an exec() of a string (where a SIGTERM lands in code a library built
+# with exec: dataclasses, namedtuple), run as `python -m` runs a module: the command caught it itself
+# (the fuzz: its outcome, 130) or main() did (130). Before forget_caught_interrupts the process died by
+# SIGINT instead (-2), once in 40 fuzzes at load 8 (tests/test_robustness_cli.py).
+INTERRUPTED_IN_EXEC = '''
+import runpy
+import sys
+
+import diffmoe.frontends.commands.plan as plan
+
+
+def interrupted(args):
+    try:
+        exec("raise KeyboardInterrupt")
+    except KeyboardInterrupt:
+        if WHERE == "caught":
+            return 130
+        raise
+
+
+WHERE = sys.argv[-1]
+plan.run = interrupted
+sys.argv = ["diffmoe", "plan", "--tokens", "1"]
+runpy.run_module("diffmoe", run_name="__main__")
+'''
+
+
+@pytest.mark.parametrize("where", ["caught", "raised"])
+def test_an_interrupt_that_left_an_exec_keeps_exit_130_under_python_m(tmp_path, where):
+    (tmp_path / "interrupted_in_exec.py").write_text(INTERRUPTED_IN_EXEC)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "interrupted_in_exec", where], env=env, capture_output=True,
+                          text=True, timeout=HANG_S)
+    assert done.returncode == cli.EXIT_INTERRUPTED, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+
+
 # ---- signals: SIGTERM / SIGINT stop the check and its worker's process group -------------------
 
 

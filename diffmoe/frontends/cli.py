@@ -92,7 +92,9 @@ from typing import Sequence
 
 from diffmoe.problem.config import quoted
 from diffmoe.frontends.commands import COMMANDS, usage_choices
-from diffmoe.frontends.exits import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PROG, UsageError, _one_line
+from diffmoe.frontends.exits import (
+    EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PROG, UsageError, _one_line, forget_caught_interrupts,
+)
 from diffmoe.frontends.flags import fold_fn
 
 # Re-exported: the names tests, bench/ and docs reach through `diffmoe.frontends.cli`. A test that
@@ -179,6 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # and huge values; numpy (under the Triton interpreter) warns about each. The oracles
     # report what matters, the warnings would only bury it.
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+    try:
+        return _run(argv)
+    finally:
+        forget_caught_interrupts()
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """main() but for its last step: the command's status (or the error's) from argv."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
