@@ -17,6 +17,7 @@ from diffmoe.findings import Finding, Oracles
 from diffmoe.tolerance.table import END_TO_END, FORCED, rule_for
 from diffmoe.problem.vocabulary import Buffers, Stages, pipeline_stages
 from diffmoe.oracles.base import Oracle
+from diffmoe.oracles.by_expert import by_expert
 
 if TYPE_CHECKING:
     from diffmoe.check.execution import Check, Run
@@ -185,17 +186,22 @@ class Differential(Oracle):
             failed.append((Stages.REDUCE, c))
             extra["judged_against"] = "the reference's own output"
         return stage_findings(Oracles.DIFFERENTIAL, failed,
-                              {"schedule": str(run.schedule), "judged_on": "the candidate's own inputs", **extra})
+                              {"schedule": str(run.schedule), "judged_on": "the candidate's own inputs", **extra},
+                              topk_ids=check.problem.topk_ids)
 
 
-def stage_findings(oracle: str, failed: list[tuple[str, Comparison]], common: dict[str, Any]) -> list[Finding]:
+def stage_findings(oracle: str, failed: list[tuple[str, Comparison]], common: dict[str, Any],
+                   topk_ids: torch.Tensor | None = None) -> list[Finding]:
     """One finding per divergent stage, the largest departure first (issue 27).
 
     `failed`: (stage, comparison) in pipeline order. A stage's buffers share its finding, headed
     by its worst buffer. Stages are ordered by departure (the largest error relative to the
     buffer's own scale, Comparison.departure), so a quantisation's one-code flip never heads a
     report whose GEMM is off by a factor; ties keep pipeline order. Each finding names its place
-    in the pipeline and the earliest divergent stage, which is where a reader starts to debug."""
+    in the pipeline and the earliest divergent stage, which is where a reader starts to debug.
+    With the problem's `topk_ids`, a routed rows' buffer's failures are grouped by expert
+    (diffmoe/oracles/by_expert.py): in the figures, and in the message when one expert's rows hold
+    them all or every routed expert's rows but one do."""
     by_stage: dict[str, list[Comparison]] = {}
     for stage, c in failed:
         by_stage.setdefault(stage, []).append(c)
@@ -204,12 +210,14 @@ def stage_findings(oracle: str, failed: list[tuple[str, Comparison]], common: di
     findings = []
     for stage in ranked:
         worst = max(by_stage[stage], key=lambda c: c.departure)
-        figures = {**common, **worst.figures(), "pipeline_position": order.index(stage) + 1,
+        grouped, phrase = by_expert(worst.name, worst.row_failures, topk_ids, worst.total)
+        figures = {**common, **worst.figures(), **grouped, "pipeline_position": order.index(stage) + 1,
                    "divergent_stages": len(order), "earliest_divergent_stage": order[0]}
         where = "the earliest divergent stage" if stage == order[0] else f"divergent stage {order.index(stage) + 1} of {len(order)}"
         findings.append(Finding(
             oracle=oracle, stage=stage, buffers=[c.name for c in by_stage[stage]],
-            message=f"{stage} diverges on {common.get('judged_on', 'its inputs')} ({where}): {worst.summary()}",
+            message=f"{stage} diverges on {common.get('judged_on', 'its inputs')} ({where}): {worst.summary()}"
+                    + (f"; {phrase}" if phrase else ""),
             figures=figures,
         ))
     return findings

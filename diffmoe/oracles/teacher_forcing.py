@@ -68,4 +68,5 @@ class TeacherForcing(Oracle):
                 if not c.ok:
                     failed.append((stage.name, c))
         # the stage verdicts after the contract and crash findings, the largest departure first
-        return found + stage_findings(Oracles.TEACHER_FORCING, failed, {"judged_on": "the reference's own inputs"})
+        return found + stage_findings(Oracles.TEACHER_FORCING, failed, {"judged_on": "the reference's own inputs"},
+                                      topk_ids=check.problem.topk_ids)

@@ -123,6 +123,8 @@ class Comparison:
     scale: the buffer's own scale, max |reference| over the elements max_abs is taken on; it
     makes `departure` comparable across stages (issue 27: a one-code flip in a quantisation,
     about 1/16 of its scale at most, must not head a report whose GEMM is off by a factor).
+    row_failures: failing elements per row (along the first axis; [rows] int64, on the CPU)
+    when any fails, for where a divergence lies (diffmoe/oracles/by_expert.py); not a figure.
     """
 
     name: str
@@ -137,6 +139,7 @@ class Comparison:
     nonfinite_mismatches: int = 0
     problem: str | None = None
     scale: float = 0.0
+    row_failures: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def departure(self) -> float:
@@ -300,4 +303,5 @@ def compare(name: str, reference: torch.Tensor, candidate: torch.Tensor, rule: R
         first=_first_failures(fail, ref_values, cand_values, integral) if mismatches else [],
         differing=int((~same_bits).sum()),
         nonfinite_mismatches=int(nonfinite_bad.sum()),
+        row_failures=fail.reshape(fail.shape[0], -1).sum(1).cpu() if mismatches and fail.dim() else None,
     )
