@@ -18,6 +18,7 @@ import pytest
 
 from diffmoe.adapters import peer_wheels
 from diffmoe.adapters.peer_wheels import PeerError, PeerWheel
+from diffmoe.frontends import cli
 
 KEPT = ("pkg/kernels/moe.py", "pkg/kernels/align.py", "pkg/configs/")
 KEPT_FILES = ("pkg/kernels/moe.py", "pkg/kernels/align.py", "pkg/configs/a.json", "pkg/configs/b.json")
@@ -192,19 +193,29 @@ def test_a_failed_download_is_one_line(fake_peer, monkeypatch):
     assert not peer_wheels.is_cached("toy")
 
 
-def test_main_fetch_list_and_usage(fake_peer, capsys):
+def test_the_peers_command_fetches_lists_and_refuses(fake_peer, capsys):
     _, wheel = fake_peer
-    assert peer_wheels.main(["list"]) == 0
+    assert cli.main(["peers", "list"]) == 0
     assert "toy==1.0" in capsys.readouterr().out
-    assert peer_wheels.main(["fetch", "toy", "--wheel", str(wheel.with_name("missing.whl"))]) == 1
-    assert "no wheel file" in capsys.readouterr().err
-    assert peer_wheels.main(["fetch", "toy", "--wheel", str(wheel)]) == 0
+    assert cli.main(["peers", "fetch", "toy", "--wheel", str(wheel.with_name("missing.whl"))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("diffmoe: error: ") and "no wheel file" in err and err.count("\n") == 1, err
+    assert cli.main(["peers", "fetch", "toy", "--wheel", str(wheel)]) == 0
     assert "sha256 verified" in capsys.readouterr().out
-    assert peer_wheels.main(["list"]) == 0
+    assert cli.main(["peers", "list"]) == 0
     line = capsys.readouterr().out.split("toy==1.0")[1].splitlines()[0]
     assert line.rstrip().endswith("cached") and "not cached" not in line
-    assert peer_wheels.main(["fetch", "unknown-peer"]) == 2
-    assert peer_wheels.main([]) == 2
+    for usage in (["fetch", "unknown-peer"], ["fetch"], []):
+        assert cli.main(["peers", *usage]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("diffmoe: error: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["--help"], ["fetch", "-h"], ["list", "--help"]])
+def test_peers_help_exits_0(argv, capsys):
+    """`diffmoe peers -h` exited 2 ("unrecognized arguments: -h", issue 49): help is help at every level."""
+    assert cli.main(["peers", *argv]) == 0
+    assert capsys.readouterr().out.startswith("usage: diffmoe peers")
 
 
 def test_concurrent_fetches_download_once(fake_peer, monkeypatch):

@@ -19,7 +19,7 @@ Cache directory: $DIFFMOE_PEER_CACHE when set, else ~/.cache/diffmoe/peers; a pe
 (PeerWheel.dirname): two versions of diffmoe keeping different files of one release (a CI cache shared
 by branches) each keep their own entry instead of fetching over each other's.
 
-Command line (wired by diffmoe/frontends/commands/peers.py as `diffmoe peers ...`; `main(argv)` returns the exit code):
+Command line (diffmoe/frontends/commands/peers.py):
 
     diffmoe peers fetch NAME [--wheel FILE.whl]   download (or take FILE.whl), verify, extract;
                                                   NAME: vllm (0.33.0), vllm==0.28.0, vllm==0.30.0,
@@ -33,7 +33,6 @@ import a peer's code or an implementation: it only moves files.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -44,7 +43,6 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 try:
     import fcntl
@@ -364,37 +362,6 @@ def _fetch_locked(wheel: PeerWheel, root: Path, wheel_file: str | os.PathLike | 
     return root
 
 
-def _tree_bytes(root: Path) -> int:
+def tree_bytes(root: Path) -> int:
+    """The bytes a cached peer's files take."""
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
-def main(argv: Sequence[str] | None = None, *, prog: str = "diffmoe peers") -> int:
-    """`diffmoe peers fetch NAME [--wheel FILE]` / `diffmoe peers list`; returns the exit code
-    (0 done, 1 a fetch that failed, 2 usage). Messages go to stdout (results) and stderr (errors)."""
-    parser = argparse.ArgumentParser(prog=prog, description="Third-party MoE kernels judged by diffmoe, from their pinned wheels.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fetch", help="download the pinned wheel (no dependencies), verify it and keep the files the adapter loads")
-    f.add_argument("name", choices=sorted(PEERS))
-    f.add_argument("--wheel", metavar="FILE.whl", help="use this wheel file instead of downloading it (sha256 still checked)")
-    sub.add_parser("list", help="known peers, their pins and whether they are cached")
-    try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
-    except SystemExit as exc:
-        return 0 if exc.code == 0 else 2
-    if args.command == "list":
-        print(f"cache: {cache_dir()} (${CACHE_ENV} overrides)")
-        for name, wheel in PEERS.items():
-            state = "cached" if is_cached(name) else f"not cached: {fetch_command(name)}"
-            print(f"{name:12} {wheel.requirement:17} sha256 {wheel.sha256[:16]}...  {state}")
-        return 0
-    try:
-        root = fetch(args.name, args.wheel)
-    except PeerError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
-    print(f"{PEERS[args.name].requirement}: {root} ({_tree_bytes(root)} bytes, sha256 verified)")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
