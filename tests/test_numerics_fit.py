@@ -119,6 +119,27 @@ def test_the_base_is_the_profile_the_evidence_agrees_with_not_the_declared_one()
     assert choose_base(domains, set(), declared="liger") == "liger"  # nothing fitted: the declaration decides
 
 
+def test_the_base_describes_every_calibration_config():
+    """A bf16-only kernel whose silu and reduce agree with lmdeploy's: lmdeploy's GEMM choice describes
+    FP8-block only, and as the base it made every bf16 config a residue (issue 49)."""
+    domains = {p: set(MENUS[p]) for p in POINT_NAMES}
+    domains.update(silu_rounding={"silu_to_bf16"}, router_weight={"reduce_bf16"}, reduce={"bf16"})
+    acted = {"silu_rounding", "router_weight", "reduce"}
+    assert choose_base(domains, acted, declared=None) == "lmdeploy"  # no configs given: the evidence alone
+    assert choose_base(domains, acted, None, [MoEConfig(quant="fp8-block")]) == "lmdeploy"
+    chosen = choose_base(domains, acted, None, [MoEConfig(quant="bf16"), MoEConfig(quant="fp8-block")])
+    assert chosen != "lmdeploy" and MoEConfig(quant="bf16", numerics=chosen)
+
+
+def test_the_fit_chooses_its_base_among_those_describing_its_calibration_set():
+    from diffmoe.numerics_fit.search import ConfigRun
+    from diffmoe.numerics_fit.solve import solve
+
+    runs = [ConfigRun(0, MoEConfig(quant="bf16"), "plain")]  # nothing acted: every base agrees as well
+    assert solve(runs, declared="lmdeploy").base != "lmdeploy"
+    assert solve([ConfigRun(0, MoEConfig(quant="fp8-block"), "plain")], declared="lmdeploy").base == "lmdeploy"
+
+
 def test_a_calibration_set_refused_whole_is_a_value_error():
     def make(config):  # pragma: no cover - never built
         raise AssertionError

@@ -10,8 +10,9 @@ points are refused: a residue is never absorbed into a profile. The other constr
 assignment satisfying every constraint makes; when the join is empty the points of the
 constraints that conflict are refused too, each config's verdict shown.
 
-The base profile is the built-in profile whose choices agree with the most fitted points (the
-implementation's declared profile, then the order of PROFILES, breaking ties); a point that acted
+The base profile is the built-in profile whose choices agree with the most fitted points, among
+those that describe every calibration config (the implementation's declared profile, then the
+order of PROFILES, breaking ties); a point that acted
 nowhere on the calibration set keeps that base's choice and says so, and a point several choices
 explain keeps the base's when it is one of them.
 
@@ -21,10 +22,13 @@ reference (diffmoe/numerics_fit/search.py does).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from diffmoe.findings import Finding
+from diffmoe.problem.config import MoEConfig
 from diffmoe.problem.numerics import MENUS, POINT_NAMES, PROFILE_NAMES, PROFILES, Profile, parse_spec
 from diffmoe.numerics_fit.search import NAN_OF_FINITE, ORACLE, ConfigRun, StageSearch
 
@@ -132,13 +136,31 @@ def _assign(constraints: list[StageSearch], domains: dict[str, set[str]], prefer
     return dict(chosen) if visit(0) else None
 
 
-def choose_base(domains: dict[str, set[str]], acted: set[str], declared: str | None) -> str:
-    """The built-in profile agreeing with the most fitted points; ties: the declared base, then PROFILES order."""
+def describes(name: str, configs: Sequence[MoEConfig]) -> bool:
+    """Whether built-in profile `name` can describe every one of `configs` (MoEConfig's check of a
+    profile against a config: a choice of one scheme's kernel only, SCHEME_ONLY)."""
+    try:
+        for config in configs:
+            dataclasses.replace(config, numerics=name)
+    except ValueError:
+        return False
+    return True
+
+
+def choose_base(domains: dict[str, set[str]], acted: set[str], declared: str | None,
+                configs: Sequence[MoEConfig] = ()) -> str:
+    """The built-in profile agreeing with the most fitted points among those that describe every
+    calibration config (`configs`); ties: the declared base, then PROFILES order.
+
+    A base's choices stand at every point that did not act, so one that cannot describe a
+    calibration config made a bogus residue of each: lmdeploy's FP8-block-only GEMM for a bf16-only
+    kernel whose silu and reduce agreed with lmdeploy's (6 residues, exit 1; issue 49)."""
     def disagreements(name: str) -> int:
         return sum(PROFILES[name][p] not in domains[p] for p in acted)
 
     first = [declared] if declared in PROFILES else []
-    return min([*first, *PROFILE_NAMES], key=disagreements)
+    eligible = [name for name in (*first, *PROFILE_NAMES) if describes(name, configs)]
+    return min(eligible or [*first, *PROFILE_NAMES], key=disagreements)
 
 
 def _describable(searches: list[StageSearch]) -> dict[str, set[str]]:
@@ -182,7 +204,7 @@ def solve(runs: list[ConfigRun], declared: str | None = None, base: str | None =
         _arc_consistent(constraints, domains)  # what conflicts still is left to the final scoring below
     acted = {p for s in searches for p in s.points} - refused
     declared_base = parse_spec(declared).base if declared else None
-    chosen_base = base or choose_base(domains, acted, declared_base)
+    chosen_base = base or choose_base(domains, acted, declared_base, [r.config for r in runs])
     prefer = PROFILES[chosen_base]
     assignment = _assign(constraints, domains, prefer) or {}
     final = {p: assignment.get(p, prefer[p] if prefer[p] in domains[p] else min(domains[p], key=MENUS[p].index))

@@ -38,7 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     fit.add_argument("--quant", metavar="Q,...", help=f"calibrate on these schemes only (default: every one the implementation supports: {', '.join(QUANT_SCHEMES)})")
     fit.add_argument("--configs", type=_positive_int, metavar="N", help="calibration configs (default: one per feature, four, per supported scheme and fused flag)")
     fit.add_argument("--seed", type=_non_negative_int, default=0, metavar="S", help="seed of the first calibration config (default 0; the next ones S+1, ...)")
-    fit.add_argument("--base", choices=PROFILE_NAMES, help="the built-in profile the TOML starts from (default: the one agreeing with the most fitted points)")
+    fit.add_argument("--base", choices=PROFILE_NAMES, help="the built-in profile the TOML starts from (default: the one agreeing with the most fitted points among those describing every calibration config)")
     fit.add_argument("--device", help="torch device (default: the implementation's)")
     fit.add_argument("--time-limit", type=_time_limit, metavar="S",
                      help="stop a candidate run that makes no progress (no launch) for S seconds: that config is a residue (0: no limit; default 120 on the interpreter, none on CUDA)")
