@@ -46,11 +46,15 @@ def returns_none(config):
 
 
 class SleepsForever(TritonFP8MoE):
-    """Writes its pid to $DIFFMOE_TEST_PID_FILE, then never returns from run()."""
+    """Writes its pid to $DIFFMOE_TEST_PID_FILE when it is built (its process's first act of its own),
+    then never returns from run()."""
 
-    def run(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         with open(os.environ["DIFFMOE_TEST_PID_FILE"], "w") as fh:
             fh.write(str(os.getpid()))
+
+    def run(self, *args, **kwargs):
         while True:
             time.sleep(0.05)
 

@@ -178,6 +178,9 @@ def _gone(pid: int) -> bool:
         return True
 
 
+HUNG_LIMIT_S = 15
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_a_hung_candidate_ends_with_its_check(tmp_path, monkeypatch):
     pid_file = tmp_path / "candidate.pid"
@@ -186,8 +189,11 @@ def test_a_hung_candidate_ends_with_its_check(tmp_path, monkeypatch):
     # this view: without the OS boundary, whose pid namespace hides it (boundary.py)
     monkeypatch.setenv("DIFFMOE_NO_BOUNDARY", "1")
     monkeypatch.setenv("DIFFMOE_CANDIDATE_WRITABLE", str(tmp_path))
-    report = run_differential(TINY, SleepsForever, isolation="process", time_limit=3, schedules=("identity",))
+    # The limit bounds a hang (issue 48), long enough for the candidate to start and write its pid at
+    # load: 3 s ran out before it did beside two full suites at load 11 (no pid file, nothing checked).
+    report = run_differential(TINY, SleepsForever, isolation="process", time_limit=HUNG_LIMIT_S, schedules=("identity",))
     assert [f.oracle for f in report.findings] == [Oracles.TIMEOUT], report.render()
+    assert pid_file.exists(), f"the candidate was never built within the {HUNG_LIMIT_S} s limit:\n{report.render()}"
     candidate = int(pid_file.read_text())
     assert candidate != os.getpid()
     deadline = time.monotonic() + 60  # bounds a hang only (issue 48): it is gone at once unloaded
