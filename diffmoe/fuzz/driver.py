@@ -170,11 +170,9 @@ class FuzzOutcome:
 
 
 def _database(database: ExampleDatabase | str | os.PathLike | None) -> ExampleDatabase | None:
-    if database is None or isinstance(database, ExampleDatabase):
-        return database
-    if isinstance(database, (str, os.PathLike)):
-        return open_database(database)  # a folder, or redis://HOST:PORT/N (diffmoe/fuzz/database_spec.py)
-    raise TypeError(f"database must be None, a directory path, a redis:// URL or a hypothesis ExampleDatabase, got {database!r}")
+    """A request's database (its type checked by FuzzRequest) opened: a folder, or redis://HOST:PORT/N
+    (diffmoe/fuzz/database_spec.py)."""
+    return open_database(database) if isinstance(database, (str, os.PathLike)) else database
 
 
 def _sibling_of(report: Report) -> MoEConfig | None:
