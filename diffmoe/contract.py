@@ -181,6 +181,9 @@ class LaunchInfo:
     # a torch op or other host code reported as a stage (a stand-in, a torch implementation). Under the
     # interpreter a launch that says True and runs no Triton program is a contract finding (issue 33).
     triton: bool = False
+    # Why the launch has its stage when something other than the implementation's own code decided it
+    # (the adapter kit's attribution: "reads w2, which down_gemm reads"); shown by `check --launches`.
+    why: str = ""
 
 
 class LaunchRecorder(Protocol):

@@ -160,6 +160,10 @@ def test_attribution_names_each_launch_stage_and_buffers_from_the_tensors_it_tou
         (Stages.GATE_UP_GEMM, ["gate_up_output"])]
     # the router weights passed to the gate/up GEMM are not its read: the down GEMM's, as the pipeline says
     assert "topk_weights" not in {r.name for r in log.launches[1].reads}
+    # why each has its stage, for `check --launches` (issue 49)
+    assert log.launches[0].why == ("the adapter kit's attribution: reads hidden_states, which quant_input reads "
+                                   "(the latest stage reading a buffer it reads)")
+    assert "which gate_up_gemm reads" in log.launches[1].why
 
 
 def test_attribution_takes_the_adapters_names_and_refuses_a_launch_it_cannot_place():

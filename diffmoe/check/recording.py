@@ -75,6 +75,7 @@ class RecordedLaunch:
     reads: list[TensorRegion]
     writes: list[TensorRegion]
     triton: bool = False  # reported as a Triton kernel (LaunchInfo.triton)
+    why: str = ""  # why it has its stage, when the adapter kit decided it (LaunchInfo.why); "" otherwise
     # Triton programs the interpreter ran between before_launch and after_launch; None where they are
     # not counted (compiled launches: diffmoe.interpreter.program_count) or the launch did not finish
     programs: int | None = None
@@ -116,6 +117,7 @@ class LaunchLog:
                 reads=_regions(launch.reads),
                 writes=_regions(launch.writes),
                 triton=bool(getattr(launch, "triton", False)),
+                why=str(getattr(launch, "why", "") or ""),
             )
         )
         views = self.stores.begin(launch.writes) if self.stores is not None and self.launches[-1].triton else None

@@ -59,7 +59,7 @@ from diffmoe.check.candidate import Crash
 from diffmoe.isolation import boundary, integrity
 from diffmoe.isolation.client import RemoteCandidate, check_isolation, factory_reference, zygote
 from diffmoe.problem.inputs import Problem
-from diffmoe.check.report import Report, is_factory_spec
+from diffmoe.check.report import Report, is_factory_spec, launch_rows
 from diffmoe.findings import Finding
 from diffmoe.check.worker import (  # noqa: F401 - part of this module's API since before worker.py existed
     DEFAULT_INTERPRETER_TIME_LIMIT,
@@ -323,6 +323,7 @@ class _Job:
         report = self.report(state.findings, time.perf_counter() - start, state.skipped)
         report.isolation = boundary.notice() if self.isolated is not None else None
         report.warnings = [w for oracle in state.active for w in oracle.warnings(state)]
+        report.launches = launch_rows(state.runs[0].log.launches) if state.runs else []
         return report
 
 

@@ -120,9 +120,11 @@ class Attribution:
         return None, None
 
     def _stage(self, kernel: str, reads: Mapping[str, torch.Tensor]):
+        """(stage, what it writes, why: the buffer that decided it)."""
         for stage, deciding, writes in reversed(self.keys):
-            if any(n in reads for n in deciding):
-                return stage, writes
+            decided_by = next((n for n in deciding if n in reads), None)
+            if decided_by is not None:
+                return stage, writes, f"reads {decided_by}, which {stage} reads (the latest stage reading a buffer it reads)"
         raise ValueError(f"{kernel} reads none of the pipeline's buffers (it read {sorted(reads) or 'no named tensor'}): "
                          "name its inputs (Attribution.name) or its arguments (names=)")
 
@@ -153,10 +155,11 @@ class Attribution:
             return tensor.view(spec.shape)
         return tensor
 
-    def _report(self, kernel, grid, reads, writes_in, run, triton: bool):
+    def _report(self, kernel, grid, reads, writes_in, run, triton: bool, why: str | None = None):
         from diffmoe.contract import LaunchInfo
 
-        stage, stage_writes = self._stage(kernel, reads)
+        stage, stage_writes, decided = self._stage(kernel, reads)
+        why = why or f"the adapter kit's attribution: {decided}"
         if B.TOPK_WEIGHTS in reads:  # passed to both GEMMs, read by the one the pipeline says
             reads = {n: t for n, t in reads.items() if n != B.TOPK_WEIGHTS or stage in self.weighted}
         writes, taken = {}, set()
@@ -167,7 +170,7 @@ class Attribution:
         self.stages.append(stage)
         if self.recorder is None:
             return run()
-        info = LaunchInfo(stage=stage, kernel=kernel, grid=tuple(grid), reads=reads, writes=writes, triton=triton)
+        info = LaunchInfo(stage=stage, kernel=kernel, grid=tuple(grid), reads=reads, writes=writes, triton=triton, why=why)
         self.recorder.before_launch(info)
         result = run()
         self.recorder.after_launch(info)
@@ -201,12 +204,16 @@ class Attribution:
         if down_name == B.DOWN_OUTPUT:  # top-1: the down GEMM stored the output itself
             result = torch.empty_like(output)
             self._report("copy of the down GEMM's store (diffmoe, top-1)", (output.shape[0],), {B.DOWN_OUTPUT: down},
-                         [(B.OUTPUT, result)], lambda: result.copy_(output), triton=False)
+                         [(B.OUTPUT, result)], lambda: result.copy_(output), triton=False,
+                         why="the adapter kit's attribution: the run returned the down GEMM's own store (top-1), "
+                             "copied by diffmoe as the reduce")
             return result
         if down_name is None:
             _, down = next(((n, t) for n, t in self.named if n == B.DOWN_OUTPUT), (None, None))
             if down is None:
                 raise ValueError("the run returned before any launch wrote down_output: nothing to attribute the output to")
             self._report("combine over top-k (host code)", (output.shape[0],), {B.DOWN_OUTPUT: down},
-                         [(B.OUTPUT, output)], lambda: None, triton=False)
+                         [(B.OUTPUT, output)], lambda: None, triton=False,
+                         why="the adapter kit's attribution: the host code between the last launch and the returned "
+                             "output, reading down_output")
         return output

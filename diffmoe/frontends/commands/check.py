@@ -49,7 +49,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     check.add_argument("--time-limit", type=_time_limit, metavar="S",
                        help="stop the check with a timeout finding when it makes no progress (no launch) for S seconds (0: no limit; default 120 on the interpreter, none on CUDA)")
     _add_isolation_option(check)
-    check.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    check.add_argument("--json", action="store_true", help="print the report as one JSON object (its launches included)")
+    check.add_argument("--launches", action="store_true",
+                       help="after the report, every launch of the first program order's run: its stage, the buffers it "
+                            "read and wrote, and why it has that stage")
     check.set_defaults(handler=run)
     return check
 
@@ -79,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         _print_json(report.to_dict())
     else:
         print(report.render())
+        if args.launches:
+            print(report.render_launches())
     if not report.passed:
         return EXIT_FINDINGS
     # an oracle named with --oracles that could not run: that part was not judged, so no 0
