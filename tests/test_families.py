@@ -37,6 +37,21 @@ def test_the_impl_spec_names_the_function_and_its_family():
     assert "fused must be False" in make.supports(MoEConfig(**{**SMALL, "quant": "fp8-block", "fused": True}))
 
 
+@pytest.mark.parametrize("fields,words", [
+    (dict(quant="fp8-token", weight_scales="tensor"), "weight_scales must be fp8-token's own"),
+    (dict(swiglu_limit=7.0), "swiglu_limit must be None"),
+])
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_a_family_refuses_what_its_call_cannot_pass(fields, words, family):
+    """Issue 49: the vllm family passed per_channel_quant=True for per-tensor weights beside per-token
+    activations and no clamp for a SwiGLU limit, judging the function on a config it never ran."""
+    make = families.function_factory(family_experts.fused_experts, family)
+    assert words in make.supports(MoEConfig(**{**SMALL, **fields}))
+    with pytest.raises(ValueError, match=words):
+        make(MoEConfig(**{**SMALL, **fields}))
+    assert make.supports(MoEConfig(**{**SMALL, "quant": fields.get("quant", "bf16")})) is None
+
+
 def test_the_cli_runs_fn_and_family_and_replays_it(capsys):
     argv = ["check", "--fn", "family_experts:fused_experts_last_k_dropped", "--family", "vllm", "--tokens", "4",
             "--experts", "4", "--topk", "2", "--hidden", "128", "--inter", "128", "--quant", "bf16", "--unfused",

@@ -75,6 +75,16 @@ def check_supported(config: MoEConfig) -> None:
     if config.routed_scaling_factor is not None:  # vLLM's fused_experts has no argument; SGLang's runner is not wired
         raise ValueError(f"routed_scaling_factor must be None for a fused_experts family function: the call passes "
                          f"none, got {config.routed_scaling_factor!r}")
+    # Issue 49: a call that dropped these judged the function on a config it never ran. Per-tensor weights
+    # beside per-token activations were passed as per_channel_quant=True (every expert scaled by expert 0's
+    # scale in the function, a false alarm), and a SwiGLU limit was never passed.
+    if config.swiglu_limit is not None:
+        raise ValueError(f"swiglu_limit must be None for a fused_experts family function: the call passes no clamp, "
+                         f"got {config.swiglu_limit!r}")
+    if config.weight_scales is not None:  # act_scales is always the scheme's own (its quant names it)
+        raise ValueError(f"weight_scales must be {config.quant}'s own for a fused_experts family function "
+                         f"(per_channel_quant and block_shape express only the scheme's pair), got "
+                         f"weight_scales={config.weight_scales!r}")
 
 
 class FamilyFunction:
