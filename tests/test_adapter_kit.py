@@ -166,14 +166,68 @@ def test_attribution_names_each_launch_stage_and_buffers_from_the_tensors_it_tou
     assert "which gate_up_gemm reads" in log.launches[1].why
 
 
+def test_attribution_follows_buffers_carved_from_one_allocation():
+    """A kernel that carves its intermediates from one allocation (vLLM's and FlagGems' cache13: the
+    down GEMM's output over the gate/up output's bytes, dead by then): the down GEMM's store is its
+    write, down_output, not a read of gate_up_output, which made four bogus findings (issue 49); and
+    two views of one allocation that share no byte are two buffers."""
+    from diffmoe.check.recording import LaunchLog
+    from diffmoe.problem.vocabulary import FP8_DTYPE, Stages
+
+    log = LaunchLog(snapshot=False)
+    attribution, problem = _attribution(log)
+    tk, inter, hidden = 8, 128, 128
+    codes, scales = torch.empty(4, hidden, dtype=FP8_DTYPE), torch.empty(4, 1)
+    attribution.op("quant", {"input": problem.hidden_states}, {"output": codes, "scale": scales}, lambda: None)
+    cache13 = torch.empty(tk * max(2 * inter, hidden), dtype=torch.bfloat16)
+    cache1, cache3 = cache13[: tk * 2 * inter].view(tk, 2 * inter), cache13[: tk * hidden].view(tk, hidden)
+    attribution.launch("gemm1", (1,), {"a": codes, "b": problem.w1, "a_s": scales, "b_s": problem.w1_scale,
+                                       "c": cache1}, lambda: None)
+    down_codes, down_scales = torch.empty(tk, inter, dtype=FP8_DTYPE), torch.empty(tk, 1)
+    attribution.launch("act", (1,), {"x": cache1, "q": down_codes, "s": down_scales}, lambda: None)
+    attribution.launch("gemm2", (1,), {"a": down_codes, "b": problem.w2, "a_s": down_scales,
+                                       "b_s": problem.w2_scale, "c": cache3}, lambda: None)
+    down = log.launches[-1]
+    assert down.stage == Stages.DOWN_GEMM and [w.name for w in down.writes] == ["down_output"]
+    assert "gate_up_output" not in {r.name for r in down.reads}
+    assert "gate_up_output's bytes" in down.why and attribution.name_of(cache3) == "down_output"
+    # disjoint views of one allocation: the second is a fresh write, not the first's read
+    apart = torch.empty(2 * tk * hidden, dtype=torch.bfloat16)
+    first, second = apart[: tk * hidden].view(tk, hidden), apart[tk * hidden:].view(tk, hidden)
+    attribution.name(first, "private:scratch")
+    attribution.launch("gemm2", (1,), {"a": down_codes, "b": problem.w2, "a_s": down_scales,
+                                       "b_s": problem.w2_scale, "c": second}, lambda: None)
+    assert [w.name for w in log.launches[-1].writes] == ["down_output"]
+    assert attribution.name_of(second) == "down_output" and attribution.name_of(first) == "private:scratch"
+
+
+def test_a_launch_reading_only_private_buffers_is_placed_with_their_writer_or_by_its_position():
+    """A staged alignment (FlagGems'): its second kernel reads only the first's private counts. It was
+    a ValueError ("reads none of the pipeline's buffers", issue 49); it is the alignment's."""
+    from diffmoe.check.recording import LaunchLog
+    from diffmoe.problem.vocabulary import Stages
+
+    log = LaunchLog(snapshot=False)
+    attribution, problem = _attribution(log)
+    ids = attribution.name(problem.topk_ids.to(torch.int32), "topk_ids")
+    counts, sorted_ids = torch.zeros(4, dtype=torch.int32), torch.empty(16, dtype=torch.int32)
+    attribution.launch("count", (1,), {"topk_ids": ids, "counts": counts}, lambda: None)
+    attribution.launch("scatter", (1,), {"counts": counts, "sorted_token_ids": sorted_ids}, lambda: None)
+    scatter = log.launches[-1]
+    assert scatter.stage == Stages.ALIGN and [w.name for w in scatter.writes] == ["sorted_token_ids"]
+    assert "private:counts, which align wrote" in scatter.why
+    attribution.launch("bookkeeping", (1,), {"flags": torch.zeros(2)}, lambda: None)  # nothing named: its position
+    assert log.launches[-1].stage == Stages.ALIGN and "placed by its position" in log.launches[-1].why
+
+
 def test_attribution_takes_the_adapters_names_and_refuses_a_launch_it_cannot_place():
     attribution, problem = _attribution(names={"scratch": "private:tile_offsets"})
     ids = attribution.name(problem.topk_ids.to(torch.int32), "topk_ids")
     scratch, sorted_ids = torch.empty(3, dtype=torch.int32), torch.empty(16, dtype=torch.int32)
     attribution.op("align", {"topk_ids": ids}, {"scratch": scratch, "sorted_token_ids": sorted_ids}, lambda: None)
     assert attribution.name_of(scratch) == "private:tile_offsets" and attribution.name_of(sorted_ids) == "sorted_token_ids"
-    with pytest.raises(ValueError, match="mystery reads none of the pipeline's buffers"):
-        attribution.launch("mystery", (1,), {"x": torch.empty(4)}, lambda: None)
+    with pytest.raises(ValueError, match="mystery reads none of the pipeline's buffers .* no launch came before it"):
+        _attribution()[0].launch("mystery", (1,), {"x": torch.empty(4)}, lambda: None)  # a run's first launch
 
 
 def test_a_context_override_forces_its_value_inside_the_block_only():

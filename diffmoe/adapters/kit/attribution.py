@@ -5,11 +5,13 @@ pipeline stage, from the tensors it reads and writes, so an adapter names buffer
     ACTIVE.reporter = kit.Attribution(config, problem, recorder)   # families.FamilyFunction does this
     out = attribution.finish(fused_experts(...))
 
-A run's tensors are named by storage. The problem's inputs are named from the start (and any
+A run's tensors are named by view: the bytes of their storage they can address (two views of
+one allocation that share no byte are two buffers). The problem's inputs are named from the start (and any
 tensor the adapter names with `name(tensor, buffer)`, e.g. the int32 copy of topk_ids it passes).
 A launch (`launch`, what a ReportingKernel sends) or a stand-in op (`op`, with its reads and writes
 given) reads the named tensors among its arguments and writes the unnamed ones (fresh allocations:
-a self-allocating kernel's intermediates). Its stage is the latest stage of the pipeline
+a self-allocating kernel's intermediates), and an earlier stage's intermediate its stage does not
+read (memory the kernel reuses: vLLM's intermediate_cache3 over cache1's bytes). Its stage is the latest stage of the pipeline
 (diffmoe.problem.vocabulary.pipeline_stages, the alignment before it) that reads one of the buffers
 it reads: the down GEMM reads w2, the gate/up GEMM w1, the activation gate_up_output, the input's
 quant hidden_states, the alignment topk_ids only. What it writes gets that stage's names: the
@@ -18,8 +20,10 @@ argument's name when it is one of the stage's buffers, else the one the stage wr
 (FP8 codes, float32 scales, the bf16 intermediate), else a private buffer named after the argument.
 `finish(output)` attributes the host code after the last launch: the combine over top-k (the reduce,
 reading down_output, writing the output), or, when the down GEMM stored the output itself (top-1),
-a copy of it reported as the reduce. A launch that reads none of the pipeline's buffers is a
-ValueError naming the kernel (the run's crash finding): name its inputs.
+a copy of it reported as the reduce. A launch that reads none of the pipeline's buffers
+is placed with the latest stage that wrote a buffer it reads (a staged alignment's second kernel,
+reading the first's private counts), else after the previous launch, at its stage; the first launch
+of a run reading nothing named is a ValueError naming the kernel (the run's crash finding): name its inputs.
 
 Owns the attribution and the kernel proxy (`ReportingKernel`, `launch_grid`: peers/ use them too).
 Must not import an implementation or know any package's names.
@@ -87,6 +91,17 @@ def _stage_keys(config: MoEConfig) -> list[tuple[str, tuple[str, ...], tuple[str
     return keys
 
 
+def _span(tensor: torch.Tensor) -> tuple[int, int, int]:
+    """(its storage's address, first byte, one past the last byte) of the bytes a view can address.
+    Views are told apart by these, not by storage alone: a kernel that carves two intermediates from
+    one allocation (FlagGems' intermediate_cache1 and cache3) had its down GEMM's store into the
+    second counted as a read of the first, four bogus findings (issue 49)."""
+    size = tensor.element_size()
+    start = tensor.storage_offset() * size
+    last = sum((n - 1) * stride for n, stride in zip(tensor.shape, tensor.stride()))
+    return tensor.untyped_storage().data_ptr(), start, start + last * size + size
+
+
 class Attribution:
     """One run's launch reporting, attributed from the tensors each launch touches (module docstring)."""
 
@@ -95,6 +110,11 @@ class Attribution:
         self.num_tokens = problem.num_tokens
         self.keys = _stage_keys(config)
         self.weighted = {s.name for s in pipeline_stages(config) if B.TOPK_WEIGHTS in s.reads}
+        # each stage's pipeline reads, and the intermediates some stage writes: a named intermediate
+        # among a launch's arguments that its stage does not read is memory the kernel reuses (_report)
+        self.stage_reads = {s.name: set(s.reads) for s in pipeline_stages(config)}
+        self.intermediates = {n for s in pipeline_stages(config) for n in s.writes}
+        self.writer_stage: dict[str, str] = {}  # buffer name -> the stage of the launch that last wrote it
         self.named: list[tuple[str, torch.Tensor]] = []
         self.stages: list[str] = []  # each reported launch's stage, in order
         for name in INPUT_NAMES:
@@ -112,21 +132,36 @@ class Attribution:
         return self._entry(tensor)[0]
 
     def _entry(self, tensor: torch.Tensor):
+        """(name, the named view) of the named view whose bytes `tensor` shares, or (None, None)."""
         if tensor.numel():
-            ptr = tensor.untyped_storage().data_ptr()
+            ptr, start, end = _span(tensor)
             for name, known in self.named:
-                if known.numel() and known.untyped_storage().data_ptr() == ptr:
-                    return name, known
+                if known.numel():
+                    known_ptr, known_start, known_end = _span(known)
+                    if known_ptr == ptr and start < known_end and known_start < end:
+                        return name, known
         return None, None
 
     def _stage(self, kernel: str, reads: Mapping[str, torch.Tensor]):
-        """(stage, what it writes, why: the buffer that decided it)."""
+        """(stage, what it writes, why). The latest stage reading a pipeline buffer it reads; for a
+        launch that reads only buffers of its own (a staged alignment's private counts, issue 49), the
+        latest stage that wrote one of them, else the previous launch's: its place between judged launches."""
         for stage, deciding, writes in reversed(self.keys):
             decided_by = next((n for n in deciding if n in reads), None)
             if decided_by is not None:
                 return stage, writes, f"reads {decided_by}, which {stage} reads (the latest stage reading a buffer it reads)"
-        raise ValueError(f"{kernel} reads none of the pipeline's buffers (it read {sorted(reads) or 'no named tensor'}): "
-                         "name its inputs (Attribution.name) or its arguments (names=)")
+        order = [stage for stage, _, _ in self.keys]
+        written = sorted((order.index(self.writer_stage[n]), n) for n in reads if n in self.writer_stage)
+        if written:
+            index, name = written[-1]
+            return (*self.keys[index][::2], f"reads no pipeline buffer; {name}, which {order[index]} wrote: placed with "
+                                            f"its writer")
+        if self.stages:
+            index = order.index(self.stages[-1])
+            return (*self.keys[index][::2], f"reads no named buffer: placed by its position, after the previous "
+                                            f"launch ({order[index]})")
+        raise ValueError(f"{kernel} reads none of the pipeline's buffers (it read {sorted(reads) or 'no named tensor'}) "
+                         "and no launch came before it: name its inputs (Attribution.name) or its arguments (names=)")
 
     def _write_name(self, arg: str, tensor: torch.Tensor, writes: tuple[str, ...], taken: set) -> str:
         if arg in self.names:
@@ -155,18 +190,31 @@ class Attribution:
             return tensor.view(spec.shape)
         return tensor
 
-    def _report(self, kernel, grid, reads, writes_in, run, triton: bool, why: str | None = None):
+    def _report(self, kernel, grid, reads, writes_in, run, triton: bool, why: str | None = None, arguments=None):
         from diffmoe.contract import LaunchInfo
 
         stage, stage_writes, decided = self._stage(kernel, reads)
         why = why or f"the adapter kit's attribution: {decided}"
         if B.TOPK_WEIGHTS in reads:  # passed to both GEMMs, read by the one the pipeline says
             reads = {n: t for n, t in reads.items() if n != B.TOPK_WEIGHTS or stage in self.weighted}
+        # An earlier stage's intermediate that this stage does not read is memory the kernel reuses for
+        # what it writes (vLLM-style kernels carve intermediate_cache3 over cache1's bytes): a write.
+        reused = [n for n in reads if n in self.intermediates and n not in self.stage_reads.get(stage, ())]
+        if reused and arguments:
+            writes_in = [*writes_in, *(arguments[n] for n in reused if n in arguments)]
+            reads = {n: t for n, t in reads.items() if n not in reused or n not in arguments}
+            why += f"; it writes into {', '.join(reused)}'s bytes, which {stage} does not read (memory reused)"
         writes, taken = {}, set()
         for arg, tensor in writes_in:
             name = self._write_name(arg, tensor, stage_writes, taken)
             taken.add(name)
-            writes[name] = self.name(self._shaped(name, tensor), name)
+            view = self._shaped(name, tensor)
+            if self.name_of(view) is None:
+                self.named.append((name, view))
+            else:  # memory reused: its bytes now hold what this launch writes, found first from here on
+                self.named.insert(0, (name, view))
+            writes[name] = view
+            self.writer_stage[name] = stage
         self.stages.append(stage)
         if self.recorder is None:
             return run()
@@ -177,23 +225,26 @@ class Attribution:
         return result
 
     def _split(self, tensors):
-        reads, fresh = {}, []
+        """(named buffers read: name -> the named view, unnamed arguments, name -> the argument passing it)."""
+        reads, fresh, arguments = {}, [], {}
         for arg, tensor in tensors:
             name, known = self._entry(tensor)
             if name is None:
                 fresh.append((arg, tensor))
             else:
                 reads[name] = known
-        return reads, fresh
+                arguments[name] = (arg, tensor)
+        return reads, fresh, arguments
 
     def launch(self, kernel: str, grid, args: Mapping, run, jit=None):
         """A Triton launch (what a ReportingKernel sends): named tensor arguments read, unnamed ones written."""
-        reads, fresh = self._split([(a, t) for a, t in args.items() if isinstance(t, torch.Tensor)])
-        return self._report(kernel, launch_grid(jit, grid, dict(args)), reads, fresh, run, triton=jit is not None)
+        reads, fresh, arguments = self._split([(a, t) for a, t in args.items() if isinstance(t, torch.Tensor)])
+        return self._report(kernel, launch_grid(jit, grid, dict(args)), reads, fresh, run, triton=jit is not None,
+                            arguments=arguments)
 
     def op(self, op: str, reads: Mapping, writes: Mapping, compute):
         """A stand-in op, its reads and writes given (parameter name -> tensor)."""
-        named, fresh = self._split([(a, t) for a, t in reads.items() if isinstance(t, torch.Tensor)])
+        named, fresh, _ = self._split([(a, t) for a, t in reads.items() if isinstance(t, torch.Tensor)])
         fresh_writes = [(a, t) for a, t in writes.items() if isinstance(t, torch.Tensor)]
         rows = next(iter(reads.values())).shape[0] if reads else 1
         return self._report(f"{op} (diffmoe torch stand-in)", (rows,), named, fresh + fresh_writes, compute, triton=False)
