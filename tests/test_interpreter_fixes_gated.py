@@ -164,3 +164,23 @@ def test_the_untimed_choice_is_made_after_tritons_own_pruning_and_a_kernels_own_
     mine = _doubling(do_bench=own_bench)
     x, y = _run(mine)
     assert torch.equal(y, x * 2.0) and len(timed) == len(_CONFIGS) and mine.best_config is _CONFIGS[-1]
+
+
+@triton.jit
+def _per_expert_offsets(sizes_ptr, out_ptr, N, NUM_EXPERTS: tl.constexpr):
+    """unsloth's grouped GEMM's shape: the expert's first row in int64, from the tl.range index."""
+    start = 0
+    for expert in tl.range(NUM_EXPERTS):
+        tl.store(out_ptr + expert, expert.to(tl.int64) * N + start)
+        start += tl.load(sizes_ptr + expert)
+
+
+def test_a_kernel_converting_its_tl_range_index_raises_without_the_fix_and_runs_with_it():
+    """Issue 49: `expert_idx.to(tl.int64)` raised "'int' object has no attribute 'to'" inside Triton."""
+    sizes, out = torch.tensor([3, 0, 5], dtype=torch.int32), torch.zeros(3, dtype=torch.int64)
+    n = 2**30  # expert * N passes int32's range: the conversion comes first, as it must compiled
+    with fixes.suspended(gated=True), pytest.raises(Exception, match="'int' object has no attribute 'to'"):
+        _per_expert_offsets[(1,)](sizes, out, n, NUM_EXPERTS=3)
+    assert "range_index" in fixes.gated_installed()
+    _per_expert_offsets[(1,)](sizes, out, n, NUM_EXPERTS=3)
+    assert out.tolist() == [0, n + 3, 2 * n + 3]

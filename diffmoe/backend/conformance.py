@@ -175,6 +175,8 @@ PRIMITIVES = (
     Primitive("bf16_reduce", "bf16 tl.sum / tl.max / tl.min", "bf16 reductions in a kernel are wrong"),
     Primitive("scalar_mask", "scalar comparison in a block mask", "a load masked by `block & (i < n)` raises"),
     Primitive("builtin_alias", "module-level alias of a builtin", "a kernel calling `f = tl.math.exp` raises"),
+    # unsloth's MoE grouped GEMM converts its tl.range index (`expert_idx.to(tl.int64)`)
+    Primitive("range_index", "tl.range loop index", "a kernel converting its loop index (`i.to(tl.int64)`) raises"),
     # vLLM's and lmdeploy's bf16 MoE kernels are @triton.autotune'd; under the interpreter on a
     # machine without a GPU there is no driver to time their configs with
     Primitive("autotune_driver", "@triton.autotune without a GPU driver", "an autotuned kernel raises: no driver times its configs"),
@@ -386,6 +388,12 @@ def _builtin_alias_probe_kernel(x_ptr, y_ptr, z_ptr, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offs)
     tl.store(y_ptr + offs, _ALIASED_EXP(x))
     tl.store(z_ptr + offs, tl.exp(x))
+
+
+@triton.jit
+def _range_index_probe_kernel(y_ptr, N: tl.constexpr):
+    for i in tl.range(0, N):  # compiled, i is an int32 tensor: it converts
+        tl.store(y_ptr + i, i.to(tl.int64) * 3 + (2**31 - 1))
 
 
 # Two configs, so Triton's autotuner times them (with one it picks it untimed: autotuner.py,
@@ -875,6 +883,18 @@ def probe_builtin_alias(device: torch.device, full: bool, hooks: ConformanceHook
                        "`_ALIASED_EXP = tl.math.exp` called in a kernel, bitwise vs tl.exp in the same kernel")
 
 
+def probe_range_index(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
+    n = 8
+    y = torch.zeros(n, dtype=torch.int64, device=device)
+    try:
+        _range_index_probe_kernel[(1,)](y, N=n)
+    except Exception as exc:  # noqa: BLE001 - the defect itself: the index is a Python int, with no .to
+        return _raised("range_index", exc, n)
+    bad = y.cpu() != torch.arange(n, dtype=torch.int64) * 3 + (2**31 - 1)  # in int64: past int32's range
+    return ProbeResult("range_index", DEFECT if bad.any() else OK, int(bad.sum()), n,
+                       "`i.to(tl.int64) * 3 + (2**31 - 1)` for i in tl.range(0, 8), exact vs torch's int64")
+
+
 def probe_autotune_driver(device: torch.device, full: bool, hooks: ConformanceHooks | None = None) -> ProbeResult:
     n = 100
     x = torch.linspace(-4.0, 4.0, n, device=device)
@@ -907,6 +927,7 @@ PROBES = {
     "bf16_reduce": probe_bf16_reduce,
     "scalar_mask": probe_scalar_mask,
     "builtin_alias": probe_builtin_alias,
+    "range_index": probe_range_index,
     "autotune_driver": probe_autotune_driver,
 }
 assert tuple(PROBES) == PRIMITIVE_KEYS

@@ -42,7 +42,7 @@ Finite float32 beyond +-448 and +-Inf saturate to +-448 in the e4m3 cast, as `sa
 (the kernels clamp before they cast, so none of them reaches it).
 
 Probe-gated fixes (what a third-party kernel needs: lmdeploy 0.18's blocked-FP8 MoE, peers/):
-five more defects of triton 3.9's interpreter, each patched only where its `diffmoe doctor`
+six more defects of triton 3.9's interpreter, each patched only where its `diffmoe doctor`
 probe finds it (run once per process on triton's own methods; the caller passes the probe,
 `install(probe=diffmoe.backend.conformance.gated_probe)`, as optimized/, peers/ and the
 families do: the interpreter layer sits below the backend's probes):
@@ -65,6 +65,10 @@ families do: the interpreter layer sits below the backend's probes):
     patched by `_patch_lang` (it patches the tl modules only) and raises "_semantic argument
     must be provided" inside a kernel: the kernel's globals bound to builtins are patched in
     the same launch scope;
+  * `range_index`: a `tl.range` loop index is a Python int under the interpreter (a tensor compiled), so
+    a kernel converting it (`expert_idx.to(tl.int64)`, unsloth's grouped GEMM) raises "'int' object
+    has no attribute 'to'": the index is an int that also converts as the compiled int32 index does
+    (its arithmetic stays an int's, so the kernels that ran before run as they did);
   * `autotune_driver`: a `@triton.autotune` kernel with several configs times them with the
     active driver's benchmarker, and under the interpreter on a machine without a GPU there is
     none ("0 active drivers"): `Autotuner.do_bench` gives an untimed benchmarker there (a
@@ -383,7 +387,7 @@ def status() -> FixStatus:
 
 # ---- the probe-gated fixes (module docstring) ------------------------------------------------
 
-GATED_FIXES = ("bf16_arith", "bf16_reduce", "scalar_mask", "builtin_alias", "autotune_driver")  # conformance probe keys
+GATED_FIXES = ("bf16_arith", "bf16_reduce", "scalar_mask", "builtin_alias", "range_index", "autotune_driver")  # probe keys
 _gated_originals: dict[tuple[int, str], tuple[object, str, object]] = {}  # (id(owner), name) -> (owner, name, original)
 _gated_verdicts: dict[str, str] = {}  # probe key -> its status on triton's own methods (once per process)
 _gated_reason: str | None = None  # what the last gated install did, or why it patched nothing
@@ -418,7 +422,7 @@ def _gated_problem() -> str | None:
         names = tuple(inspect.signature(method).parameters)[1:]
         if names != params:
             return f"triton {version} interpreter {name}{names} is not {name}{params}: probe-gated fixes not installed"
-    for name in ("_patch_lang", "_patch_attr", "interpreter_builder", "TensorHandle"):
+    for name in ("_patch_lang", "_patch_lang_core", "_patch_attr", "interpreter_builder", "TensorHandle"):
         if not hasattr(interpreter, name):
             return f"triton {version} interpreter has no {name}: probe-gated fixes not installed"
     from functools import cached_property
@@ -442,6 +446,20 @@ def _untimed(kernel_call, quantiles=None):
     timings), the choice triton already makes untimed for a single config. A time under the
     interpreter says nothing of the kernel, and no config runs just to be timed."""
     return [0.0] * len(quantiles) if quantiles else 0.0
+
+
+class _LoopIndex(int):
+    """A `tl.range` loop index under the interpreter: the int the interpreter yields (every
+    arithmetic stays a Python int's, as before), which also converts as the compiled loop's int32
+    index does: `i.to(tl.int64)` (unsloth's grouped GEMM: `expert_idx.to(tl.int64) * N`, issue 49)."""
+
+    def to(self, dtype, *args, **kwargs):
+        from triton.runtime.interpreter import TensorHandle
+        import numpy as np
+        import triton.language as tl
+
+        base, np_base = (tl.int32, np.int32) if -2**31 <= self < 2**31 else (tl.int64, np.int64)
+        return tl.core.tensor(TensorHandle(np.array(int(self), dtype=np_base), base), base).to(dtype, *args, **kwargs)
 
 
 class _Globals:
@@ -535,6 +553,19 @@ def _gated_patches(interpreter, key: str) -> list[tuple[object, str, object]]:
             return scope
 
         return [(interpreter, "_patch_lang", _patch_lang)]
+    if key == "range_index":
+        orig_core = interpreter._patch_lang_core
+
+        def _patch_lang_core(lang, scope):
+            orig_core(lang, scope)
+            plain = lang.range  # the interpreter's: a Python range of ints
+
+            def range_(*args, **kwargs):
+                return map(_LoopIndex, plain(*args, **kwargs))
+
+            scope.set_attr(lang, "range", range_)
+
+        return [(interpreter, "_patch_lang_core", _patch_lang_core)]
     if key == "autotune_driver":
         from triton import knobs
         from triton.runtime import autotuner
