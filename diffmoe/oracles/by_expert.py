@@ -46,8 +46,11 @@ def by_expert(name: str, row_failures: torch.Tensor | None, topk_ids: torch.Tens
     if experts.numel() != failing.numel() or experts.numel() == 0 or total % experts.numel():
         return {}, None
     per_row = total // experts.numel()  # elements in one routed row
-    routed = sorted(set(experts.tolist()))
-    counts = {e: (int(failing[experts == e].sum()), int((experts == e).sum()) * per_row) for e in routed}
+    slots = experts - DROPPED  # 0 for a dropped slot: one bincount per figure, not a mask per expert
+    rows = torch.bincount(slots)
+    failed_per = torch.bincount(slots, weights=failing.double(), minlength=rows.numel())
+    routed = [int(i) + DROPPED for i in rows.nonzero().flatten()]
+    counts = {e: (int(failed_per[e - DROPPED]), int(rows[e - DROPPED]) * per_row) for e in routed}
     failed = [e for e in routed if counts[e][0]]
     if not failed:
         return {}, None
