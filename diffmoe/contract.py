@@ -43,7 +43,8 @@ implementation (building one may probe its backend or import Triton):
   line naming the field it refuses and why (a peer without an unfused path, say). The harness
   then does not ask it: `run_differential` refuses the config (the CLI's usage error), the
   fuzzers draw around it, and the metamorphic oracle, whose sibling it refuses, is skipped
-  with that reason instead of reporting the refusal as a crash. `factory_attribute` reads each;
+  with that reason instead of reporting the refusal as a crash. `resolve_factory` reads them all,
+  once, into a typed `FactoryHandle` (no other module reads a factory attribute by name);
 * `numerics = "vllm"` (a string, not a callable): the rounding profile the reference follows when
   it judges this implementation, for a config whose `numerics` is None: a built-in profile
   (config.NUMERICS_PROFILES), or one with overrides (`"vllm+reduce=fp32"`, the spec `--numerics`
@@ -110,7 +111,7 @@ __all__ = [
     "WorkspacePlan", "compile_target", "compiling_for", "default_device", "interpreter_enabled",
     # the factory's optional attributes, by name
     "BATCH_INVARIANT", "CONFORMANCE_HOOKS", "NUMERICS", "ORDERS_PROGRAMS", "PEER_WHEEL", "PLAN_WORKSPACES", "SUPPORTS",
-    "ConfigRefused", "DEFAULT_IMPLEMENTATION", "DEFAULT_IMPLEMENTATION_NAME",
+    "ConfigRefused", "DEFAULT_IMPLEMENTATION", "DEFAULT_IMPLEMENTATION_NAME", "FactoryHandle", "resolve_factory",
     # the vocabulary
     "FP8_DTYPE", "FP8_MAX", "SCALES_OF", "Buffers", "StageSpec", "Stages", "TensorSpec", "activation_scale_shape",
     "buffer_spec", "materialised_buffers", "pipeline_stages", "weight_scale_shape",
@@ -289,6 +290,8 @@ NUMERICS = "numerics"
 FACTORY_ATTRIBUTES = (PLAN_WORKSPACES, CONFORMANCE_HOOKS, SUPPORTS, NUMERICS)
 # The factory's optional claim (module docstring): False when its results depend on the batch.
 BATCH_INVARIANT = "batch_invariant"
+# The factory's optional claim (module docstring): the peer wheel it runs from.
+PEER_WHEEL = "peer_wheel"
 # The implementation's optional attribute (module docstring): its run applies the schedule itself.
 ORDERS_PROGRAMS = "orders_programs"
 
@@ -299,59 +302,150 @@ def applies_own_order(impl: object) -> bool:
     return getattr(impl, ORDERS_PROGRAMS, False) is True
 
 
+# The factory's optional tuned-config attributes (diffmoe/tuned_configs/): the folder of its peer wheel's cache
+# holding the tile-config JSON files the release ships, and `with_tile_config(tile)`, the factory with that tile
+# config forced through the release's own override mechanism.
+TUNED_CONFIG_DIR = "tuned_config_dir"
+WITH_TILE_CONFIG = "with_tile_config"
+# The implementation's optional attribute (module docstring): the backend variants it compiles with.
+COMPILE_VARIANTS = "compile_variants"
+
+
+class FactoryHandle:
+    """A factory resolved once (`resolve_factory`): every optional attribute this contract names
+    read here, and nowhere else, into a typed field. The raw values are read at construction (an
+    attribute set on the factory afterwards is not seen: resolve again); each typed field checks
+    its value when first asked, so a wrong one is the same error at the same point it always was.
+
+    `make` is the factory itself (calling the handle calls it); `label` its `name` attribute (what a
+    report calls a factory its module does not export), `module` and `qualname` its own."""
+
+    __slots__ = ("make", "_raw", "module", "qualname", "label")
+
+    def __init__(self, factory: Callable) -> None:
+        self.make = factory
+        names = (*FACTORY_ATTRIBUTES, BATCH_INVARIANT, PEER_WHEEL, TUNED_CONFIG_DIR, WITH_TILE_CONFIG)
+        self._raw = {name: getattr(factory, name, None) for name in names}
+        self.module = getattr(factory, "__module__", None)
+        self.qualname = getattr(factory, "__qualname__", None)
+        self.label = getattr(factory, "name", None)
+
+    def __call__(self, config: MoEConfig, *args, **kwargs):
+        return self.make(config, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"FactoryHandle({self.make!r})"
+
+    def attribute(self, name: str) -> Callable | None:
+        """One of the callable FACTORY_ATTRIBUTES, or None when the factory has none (or a
+        non-callable value under that name)."""
+        attr = self._raw[name]
+        return attr if callable(attr) else None
+
+    @property
+    def supports(self) -> Callable | None:
+        return self.attribute(SUPPORTS)
+
+    @property
+    def plan_workspaces(self) -> Callable | None:
+        return self.attribute(PLAN_WORKSPACES)
+
+    @property
+    def conformance_hooks(self) -> Callable | None:
+        return self.attribute(CONFORMANCE_HOOKS)
+
+    @property
+    def numerics(self) -> str | None:
+        """The declared profile's canonical spec, or None; a ValueError naming the attribute and
+        the profiles (or the point and its menu) for anything else."""
+        declared = self._raw[NUMERICS]
+        return None if declared is None else parse_spec(declared, f"the factory's {NUMERICS} attribute").spec
+
+    @property
+    def batch_invariant(self) -> bool | None:
+        declared = self._raw[BATCH_INVARIANT]
+        if declared is not None and not isinstance(declared, bool):
+            raise TypeError(f"the factory's {BATCH_INVARIANT} attribute must be a bool, got {quoted(declared)}")
+        return declared
+
+    @property
+    def peer_wheel(self) -> str | None:
+        name = self._raw[PEER_WHEEL]
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"a factory's {PEER_WHEEL} must be a peer's name (a str, as `diffmoe peers fetch` takes it), "
+                            f"got {type(name).__name__}")
+        return name
+
+    @property
+    def tuned_configs(self) -> tuple[str, Callable[[dict | None], Callable]] | None:
+        """(TUNED_CONFIG_DIR, WITH_TILE_CONFIG) when the factory declares both, else None; a
+        TypeError naming the attribute for a folder that is not a str or a forcing function that
+        is not callable."""
+        folder, force = self._raw[TUNED_CONFIG_DIR], self._raw[WITH_TILE_CONFIG]
+        if folder is None and force is None:
+            return None
+        if not isinstance(folder, str):
+            raise TypeError(f"a factory's {TUNED_CONFIG_DIR} must be a folder inside its peer wheel (a str), "
+                            f"got {quoted(folder)}")
+        if not callable(force):
+            raise TypeError(f"a factory's {WITH_TILE_CONFIG} must be callable (tile config -> factory), got {quoted(force)}")
+        return folder, force
+
+    def declared(self) -> dict:
+        """What the factory declares, as data and unchecked (the isolation's candidate process
+        sends it to the judge, which checks it there)."""
+        return {
+            NUMERICS: self._raw[NUMERICS],
+            BATCH_INVARIANT: self._raw[BATCH_INVARIANT],
+            PEER_WHEEL: self._raw[PEER_WHEEL],
+            SUPPORTS: self.supports is not None,
+            PLAN_WORKSPACES: self.plan_workspaces is not None,
+        }
+
+
+def resolve_factory(factory: Callable | FactoryHandle) -> FactoryHandle:
+    """`factory` as a FactoryHandle (a handle is its own)."""
+    return factory if isinstance(factory, FactoryHandle) else FactoryHandle(factory)
+
+
+def compile_variants(impl: object) -> tuple[str, ...]:
+    """The backend variants a built implementation names (COMPILE_VARIANTS), or ("default",)."""
+    return tuple(getattr(impl, COMPILE_VARIANTS, ()) or ("default",))
+
+
 def factory_attribute(factory: Callable, name: str) -> Callable | str | None:
     """One of the factory's optional cheap attributes (FACTORY_ATTRIBUTES), or None when it has
     none (callers then build the implementation, or do without). NUMERICS is a string: see
     `factory_numerics`."""
     if name not in FACTORY_ATTRIBUTES:
         raise ValueError(f"no optional factory attribute {name!r}; known: {list(FACTORY_ATTRIBUTES)}")
-    if name == NUMERICS:
-        return factory_numerics(factory)
-    attr = getattr(factory, name, None)
-    return attr if callable(attr) else None
+    handle = resolve_factory(factory)
+    return handle.numerics if name == NUMERICS else handle.attribute(name)
 
-
-PEER_WHEEL = "peer_wheel"
 
 
 def factory_peer_wheel(factory: Callable | None) -> str | None:
     """The peer wheel the factory runs from (its PEER_WHEEL attribute), or None; a TypeError for a
     value that is not a string."""
-    name = None if factory is None else getattr(factory, PEER_WHEEL, None)
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"a factory's {PEER_WHEEL} must be a peer's name (a str, as `diffmoe peers fetch` takes it), "
-                        f"got {type(name).__name__}")
-    return name
+    return None if factory is None else resolve_factory(factory).peer_wheel
 
 
 def declared_attributes(factory: Callable) -> dict:
-    """What the factory declares, as data and unchecked (the isolation's candidate process sends it
-    to the judge, which checks it there): NUMERICS, BATCH_INVARIANT and PEER_WHEEL as set, and
-    whether SUPPORTS and PLAN_WORKSPACES are there."""
-    return {
-        NUMERICS: getattr(factory, NUMERICS, None),
-        BATCH_INVARIANT: getattr(factory, BATCH_INVARIANT, None),
-        PEER_WHEEL: getattr(factory, PEER_WHEEL, None),
-        SUPPORTS: factory_attribute(factory, SUPPORTS) is not None,
-        PLAN_WORKSPACES: factory_attribute(factory, PLAN_WORKSPACES) is not None,
-    }
+    """What the factory declares, as data and unchecked (FactoryHandle.declared)."""
+    return resolve_factory(factory).declared()
 
 
 def factory_numerics(factory: Callable | None) -> str | None:
     """The numerics profile the factory declares (its NUMERICS attribute), as its canonical spec;
     None when it declares none; a ValueError naming the attribute and the profiles (or the point
     and its menu) for anything else."""
-    declared = getattr(factory, NUMERICS, None) if factory is not None else None
-    return None if declared is None else parse_spec(declared, f"the factory's {NUMERICS} attribute").spec
+    return None if factory is None else resolve_factory(factory).numerics
 
 
 def factory_batch_invariant(factory: Callable | None) -> bool | None:
     """The factory's BATCH_INVARIANT claim: True, False, or None when it makes none; a TypeError
     naming the attribute for anything but a bool."""
-    declared = getattr(factory, BATCH_INVARIANT, None) if factory is not None else None
-    if declared is not None and not isinstance(declared, bool):
-        raise TypeError(f"the factory's {BATCH_INVARIANT} attribute must be a bool, got {quoted(declared)}")
-    return declared
+    return None if factory is None else resolve_factory(factory).batch_invariant
 
 
 def judged_config(config: MoEConfig, factory: Callable | None) -> MoEConfig:
@@ -372,7 +466,7 @@ class ConfigRefused(ValueError):
 
 def unsupported(factory: Callable | None, config: MoEConfig) -> str | None:
     """Why the factory's implementation refuses `config` (its `supports` attribute), or None."""
-    supports = None if factory is None else factory_attribute(factory, SUPPORTS)
+    supports = None if factory is None else resolve_factory(factory).supports
     if supports is None:
         return None
     reason = supports(config)
@@ -385,7 +479,7 @@ def factory_plan(factory: ImplementationFactory, config: MoEConfig, num_tokens: 
     """The plan the factory's implementation declares for `num_tokens` (default: the config's):
     from its `plan_workspaces` attribute when it has one, else by building it."""
     num_tokens = config.num_tokens if num_tokens is None else num_tokens
-    plan = factory_attribute(factory, PLAN_WORKSPACES)
+    plan = resolve_factory(factory).plan_workspaces
     if plan is not None:
         return plan(config, num_tokens)
     return factory(config).workspace_plan(num_tokens)

@@ -435,6 +435,92 @@ def test_a_factory_without_the_attribute_is_built_and_asked():
         contract.factory_attribute(Impl, "workspace_plan")
 
 
+# ---- the factory resolved once (issue 44): a typed handle, no string getattr outside it ---------
+
+# Every attribute of a factory or a built implementation the contract names (diffmoe.contract.FactoryHandle
+# reads the factory's; compile_variants and applies_own_order the implementation's), and the factory's own names
+HANDLED = frozenset({*contract.FACTORY_ATTRIBUTES, contract.BATCH_INVARIANT, contract.PEER_WHEEL, contract.TUNED_CONFIG_DIR,
+                     contract.WITH_TILE_CONFIG, contract.COMPILE_VARIANTS, contract.ORDERS_PROGRAMS,
+                     "__module__", "__qualname__"})
+_HANDLED_CONSTANTS = frozenset({"PLAN_WORKSPACES", "CONFORMANCE_HOOKS", "SUPPORTS", "NUMERICS", "BATCH_INVARIANT",
+                                "PEER_WHEEL", "TUNED_CONFIG_DIR", "WITH_TILE_CONFIG", "COMPILE_VARIANTS", "ORDERS_PROGRAMS"})
+
+
+def string_getattrs(root: Path, exempt: tuple[str, ...] = ("contract.py",)) -> list[str]:
+    """'path:line: getattr(..., name)' for each getattr/hasattr of a HANDLED name (a literal, or the
+    contract's constant) in the .py files under root, but the exempt ones (the handle's home)."""
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name in exempt and path.parent == root:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2):
+                continue
+            name = node.args[1]
+            literal = isinstance(name, ast.Constant) and name.value in HANDLED
+            constant = isinstance(name, (ast.Name, ast.Attribute)) and \
+                (name.id if isinstance(name, ast.Name) else name.attr) in _HANDLED_CONSTANTS
+            if literal or constant:
+                hits.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_no_module_reads_a_factory_attribute_by_name_but_the_contract():
+    assert string_getattrs(HARNESS) == []
+
+
+@pytest.mark.parametrize("planted", [
+    'x = getattr(factory, "supports", None)',
+    "from diffmoe.contract import NUMERICS\nx = getattr(make, NUMERICS, None)",
+    'x = hasattr(f, "compile_variants")',
+    'x = getattr(f, contract.PEER_WHEEL)',
+])
+def test_the_getattr_checker_sees_a_planted_read(tmp_path, planted):
+    pkg = tmp_path / "diffmoe"
+    pkg.mkdir()
+    (pkg / "contract.py").write_text('x = getattr(f, "supports", None)\n')  # the handle's home: exempt
+    (pkg / "elsewhere.py").write_text(planted + "\n")
+    hits = string_getattrs(pkg)
+    assert len(hits) == 1 and hits[0].startswith("diffmoe/elsewhere.py:")
+
+
+def test_a_factory_is_resolved_once_into_a_typed_handle():
+    def make(config):
+        return ("built", config)
+
+    make.numerics = "vllm"
+    make.batch_invariant = False
+    make.supports = lambda config: None
+    make.name = "my kernel"
+    handle = contract.resolve_factory(make)
+    assert contract.resolve_factory(handle) is handle
+    assert handle.numerics == "vllm" and handle.batch_invariant is False and handle.peer_wheel is None
+    assert handle.supports is make.supports and handle.plan_workspaces is None and handle.tuned_configs is None
+    assert handle.label == "my kernel" and handle.qualname.endswith("make") and handle.module == __name__
+    assert handle(MoEConfig()) == ("built", MoEConfig())
+    make.numerics = "diffmoe"  # read once: the handle keeps what it read
+    assert handle.numerics == "vllm" and contract.factory_numerics(make) == "diffmoe"
+
+
+@pytest.mark.parametrize("attribute, value, error", [
+    ("numerics", "no-such-profile", ValueError),
+    ("batch_invariant", "yes", TypeError),
+    ("peer_wheel", 3, TypeError),
+    ("tuned_config_dir", 3, TypeError),
+])
+def test_a_handle_names_a_wrong_attribute_when_it_is_read(attribute, value, error):
+    def make(config):
+        return config
+
+    setattr(make, attribute, value)
+    handle = contract.resolve_factory(make)  # resolving never raises: each field says its own error
+    read = {"numerics": "numerics", "batch_invariant": "batch_invariant", "peer_wheel": "peer_wheel",
+            "tuned_config_dir": "tuned_configs"}[attribute]
+    with pytest.raises(error, match=attribute):
+        getattr(handle, read)
+
+
 # ---- the candidate's process needs none of the judging code (issue 43) ---------------------
 
 # Not in the candidate's view (diffmoe/isolation/boundary.py masks their folders) and refused by

@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from diffmoe.contract import BATCH_INVARIANT, NUMERICS, PEER_WHEEL, resolve_factory
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig
 
 FAMILIES = ("vllm", "sglang")
@@ -162,7 +163,7 @@ class FamilyFunction:
 # What a function may carry for its factory, copied onto it (a peer wheel's function does, peers/sglang_core.py
 # wheel_function): its numerics profile, the pinned wheel it runs from, whether it is batch-invariant; and
 # `family` (the one signature it has: another is refused) and `supports` (its own refusals, after the family's)
-CARRIED = ("numerics", "peer_wheel", "batch_invariant")
+CARRIED = (NUMERICS, PEER_WHEEL, BATCH_INVARIANT)
 
 
 def function_factory(fn: Callable, family: str, name: str | None = None):
@@ -170,12 +171,13 @@ def function_factory(fn: Callable, family: str, name: str | None = None):
     reports and replay lines call it. The factory carries what `fn` carries (CARRIED)."""
     if family not in FAMILIES:
         raise ValueError(f"--family must be one of {list(FAMILIES)}, got {family!r}")
-    label = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}{SEPARATOR}{family}"
+    handle = resolve_factory(fn)  # a function carries a factory's attributes (CARRIED, `supports`)
+    label = name or f"{handle.module or '?'}:{handle.qualname or '?'}{SEPARATOR}{family}"
     own_family = getattr(fn, "family", None)
     if own_family is not None and own_family != family:
         raise ValueError(f"--family must be {own_family!r} for {label}: the function has {own_family}'s "
                          f"fused_experts signature, got {family!r}")
-    own_supports = getattr(fn, "supports", None)
+    own_supports = handle.supports
 
     def make(config: MoEConfig, device=None) -> FamilyFunction:
         refused = own_supports(config) if own_supports is not None else None
@@ -190,9 +192,10 @@ def function_factory(fn: Callable, family: str, name: str | None = None):
             return str(exc)
         return own_supports(config) if own_supports is not None else None
 
+    carried = handle.declared()
     for attribute in CARRIED:
-        if hasattr(fn, attribute):
-            setattr(make, attribute, getattr(fn, attribute))
+        if carried[attribute] is not None:
+            setattr(make, attribute, carried[attribute])
 
     make.supports = supports  # diffmoe.contract.SUPPORTS
     make.name = label

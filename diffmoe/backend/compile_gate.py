@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from diffmoe.problem.config import QUANT_SCHEMES, MoEConfig
-from diffmoe.contract import CompileTarget, ImplementationFactory, LaunchInfo, Schedule, compiling_for
+from diffmoe.contract import CompileTarget, ImplementationFactory, LaunchInfo, Schedule, compile_variants, compiling_for
 from diffmoe.problem.inputs import make_problem
 
 # Targets the gate knows: name -> compute capability. sm_80 has no float8_e4m3fn (Triton needs
@@ -302,7 +302,7 @@ def _variants(factory, configs, arch, requested) -> list[str]:
     if not configs:
         return []
     with compiling_for(CompileTarget("cuda", arch, "default")), _intercept_launches(lambda *a: None):
-        declared = tuple(getattr(factory(configs[0]), "compile_variants", ()) or ("default",))
+        declared = compile_variants(factory(configs[0]))
     if requested is None:
         return list(declared)
     unknown = [v for v in requested if v not in declared]

@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterator
 from diffmoe.problem.config import (
     MAX_PROBLEM_BYTES, MAX_SEED, PLANNERS, QUANT_BLOCK, QUANT_SCHEMES, MoEConfig, check_int,
 )
-from diffmoe.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, PLAN_WORKSPACES, SUPPORTS, factory_attribute
+from diffmoe.contract import DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, PLAN_WORKSPACES, SUPPORTS, factory_attribute, resolve_factory
 from diffmoe.fuzz.bounds import FieldBounds
 from diffmoe.fuzz.driver import FuzzOutcome
 from diffmoe.fuzz.waivers import Waivers
@@ -189,7 +189,7 @@ def plan_function(factory: Callable) -> PlanFn:
     plan = factory_attribute(factory, PLAN_WORKSPACES)
     if plan is None:
         raise ValueError(
-            f"implementation {getattr(factory, '__qualname__', factory)!r} declares no cheap plan (no callable "
+            f"implementation {resolve_factory(factory).qualname or factory!r} declares no cheap plan (no callable "
             f"{PLAN_WORKSPACES!r} attribute on its factory): the plan tier judges plans without building an "
             "implementation per config, so it needs plan_workspaces(config, num_tokens)"
         )

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from diffmoe.check.candidate import Crash, Executed
+from diffmoe.contract import resolve_factory
 from diffmoe.findings import Finding, Oracles
 from diffmoe.isolation import boundary
 from diffmoe.isolation.messages import (
@@ -55,7 +56,7 @@ def factory_reference(factory: Any, spec: str | None) -> tuple[tuple[str, Any], 
     if isinstance(factory, RemoteFactory):
         return ("spec", factory.spec), _preload(factory.spec)
     try:
-        return ("pickle", pickle.dumps(factory)), (getattr(factory, "__module__", None) or "",)
+        return ("pickle", pickle.dumps(factory)), (resolve_factory(factory).module or "",)
     except Exception as exc:  # noqa: BLE001 - pickling fails in many types
         if spec is not None:
             return ("spec", spec), _preload(spec)

@@ -51,7 +51,7 @@ from diffmoe.interpreter import fast_path as interpreter_speed
 from diffmoe.problem.config import MoEConfig, quoted
 from diffmoe.contract import (
     DEFAULT_IMPLEMENTATION, DEFAULT_IMPLEMENTATION_NAME, IMPLEMENTATION_ALIASES, ConfigRefused, ImplementationFactory, Schedule,
-    judged_config, unsupported,
+    judged_config, resolve_factory, unsupported,
 )
 from diffmoe.contract import default_device, interpreter_enabled  # noqa: F401 - this module's API
 from diffmoe.adapters.loading import load_factory
@@ -123,7 +123,8 @@ def factory_name(factory: ImplementationFactory | None) -> str:
     command can load it (diffmoe.check.report.check_command)."""
     if factory is None or _is_default_factory(factory):
         return DEFAULT_IMPLEMENTATION_NAME
-    module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    handle = resolve_factory(factory)
+    module, qualname = handle.module, handle.qualname
     if isinstance(module, str) and isinstance(qualname, str) and module != "__main__":
         spec = f"{module}:{qualname}"
         try:
@@ -136,7 +137,7 @@ def factory_name(factory: ImplementationFactory | None) -> str:
             spec = f"{origin}:{qualname}"  # loaded from a file by load_factory: replayed by its path
         if exported and is_factory_spec(spec):
             return spec
-    label = getattr(factory, "name", None)
+    label = handle.label
     if not isinstance(label, str) or not label.strip():
         label = qualname if isinstance(qualname, str) else repr(factory)
     label = " ".join(label.split())

@@ -33,30 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from diffmoe.contract import unsupported
+from diffmoe.contract import TUNED_CONFIG_DIR, WITH_TILE_CONFIG, resolve_factory, unsupported  # noqa: F401 - the attribute names, re-exported
 from diffmoe.problem.config import QUANT_BLOCK, MoEConfig, quoted
 
 from .files import ConfigFile, Entry, config_files, for_model, model_key
 
-# The factory's optional tuned-config attributes (beside diffmoe.contract's): the folder of
-# its peer wheel's cache holding the tile-config JSON files the release ships, and `with_tile_config(tile)`,
-# the factory with that tile config forced through the release's own override mechanism.
-TUNED_CONFIG_DIR = "tuned_config_dir"
-WITH_TILE_CONFIG = "with_tile_config"
-
-
 def factory_tuned_configs(factory: Callable | None) -> tuple[str, Callable[[dict | None], Callable]] | None:
-    """(TUNED_CONFIG_DIR, WITH_TILE_CONFIG) when the factory declares both, else None; a TypeError
-    naming the attribute for a folder that is not a str or a forcing function that is not callable."""
-    folder = getattr(factory, TUNED_CONFIG_DIR, None) if factory is not None else None
-    force = getattr(factory, WITH_TILE_CONFIG, None) if factory is not None else None
-    if folder is None and force is None:
-        return None
-    if not isinstance(folder, str):
-        raise TypeError(f"a factory's {TUNED_CONFIG_DIR} must be a folder inside its peer wheel (a str), got {quoted(folder)}")
-    if not callable(force):
-        raise TypeError(f"a factory's {WITH_TILE_CONFIG} must be callable (tile config -> factory), got {quoted(force)}")
-    return folder, force
+    """(TUNED_CONFIG_DIR, WITH_TILE_CONFIG) when the factory declares both, else None
+    (diffmoe.contract.FactoryHandle.tuned_configs: a TypeError naming a wrong attribute)."""
+    return None if factory is None else resolve_factory(factory).tuned_configs
 
 
 SHRUNK_EXPERTS = 4  # enough experts for a token's two slots to land in different experts' blocks
