@@ -35,8 +35,8 @@ from diffmoe.findings import Oracles
 from diffmoe.judge.runner import load_factory, run_differential
 
 SHAPE = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128, seed=0)
-# (peer, quant, fused): each peer's runnable configs at SHAPE (peers/vllm_0_33.py, peers/lmdeploy_0_18.py,
-# peers/liger_0_8.py, peers/sglang_core.py)
+# (peer, quant, fused): each peer's runnable configs at SHAPE (peers/vllm/core.py, peers/lmdeploy/core.py,
+# peers/liger/core.py, peers/sglang/core.py)
 PEER_CASES = (("vllm", "fp8-token", False), ("vllm", "fp8-block", True), ("lmdeploy", "fp8-block", False),
               ("liger", "bf16", False), ("sglang", "fp8-token", False))
 SHIPPED = DEFAULT_IMPLEMENTATION_NAME

@@ -1,6 +1,6 @@
 """Measure vLLM 0.33.0's kernel against the reference under both numerics profiles, stage by stage.
 
-For each config, vLLM's kernel (peers/vllm_0_33.py, from the peer cache) runs once with every
+For each config, vLLM's kernel (peers/vllm/, from the peer cache) runs once with every
 launch recorded; each stage of the reference then runs on vLLM's own inputs to that stage
 (as the differential oracle does), under numerics "diffmoe" and "vllm", and the elements of
 each buffer whose bits differ are counted (any NaN equals any NaN, as the compare holds). It
@@ -29,7 +29,7 @@ from diffmoe.tolerance.compare import ulp_distance  # noqa: E402
 from diffmoe.problem.config import MoEConfig  # noqa: E402
 from diffmoe.problem.inputs import make_problem  # noqa: E402
 from diffmoe.problem.vocabulary import Stages  # noqa: E402
-from peers.vllm_0_33 import make  # noqa: E402
+from peers.vllm import make  # noqa: E402
 from reference.moe import reference_stage  # noqa: E402
 
 SMALL = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128)

@@ -267,20 +267,85 @@ DEFAULT_IMPLEMENTATION = "optimized:make_implementation"
 # What reports, replay lines and JSON call it ("optimized", its module); an implementation named
 # with --impl is called by its spec as given, and its replay lines carry `--impl SPEC`.
 DEFAULT_IMPLEMENTATION_NAME = DEFAULT_IMPLEMENTATION.partition(":")[0]
-# Short names for the peers (peers/, third-party kernels run from their own wheels): `--impl vllm`.
-IMPLEMENTATION_ALIASES = {
-    "vllm": "peers.vllm_0_33:make", "lmdeploy": "peers.lmdeploy_0_18:make", "liger": "peers.liger_0_8:make",
-    # every supported vLLM release, spelled as `diffmoe peers fetch` spells it (peers/vllm_core.py RELEASES)
-    "vllm==0.28.0": "peers.vllm_0_28:make", "vllm==0.30.0": "peers.vllm_0_30:make", "vllm==0.33.0": "peers.vllm_0_33:make",
-    # SGLang (peers/sglang_core.py): its CUDA branch; the non-CUDA branch is peers.sglang_0_5_23:make_fallback
-    "sglang": "peers.sglang_0_5_23:make", "sglang==0.5.23": "peers.sglang_0_5_23:make", "sglang==0.5.20": "peers.sglang_0_5_20:make",
-    "liger==0.8.5": "peers.liger_0_8:make", "liger==0.8.1": "peers.liger_0_8_1:make", "liger==0.8.0": "peers.liger_0_8_0:make",
-}
+# The peer projects (peers/, third-party kernels run from their own wheels), each a package with one
+# release table (PACKAGE.releases: RELEASES by version, DEFAULT, FACTORIES, optionally WHEEL_FUNCTION), read by
+# name as the default implementation is: adding a release is a row there, adding a project a row here.
+PEER_PROJECTS = {"vllm": "peers.vllm", "lmdeploy": "peers.lmdeploy", "liger": "peers.liger", "sglang": "peers.sglang"}
+
+
+def peer_release_tables() -> dict:
+    """Each peer project's release table module (PEER_PROJECTS), by project."""
+    import importlib
+
+    return {project: importlib.import_module(f"{package}.releases") for project, package in PEER_PROJECTS.items()}
+
+
+def release_attribute(factory: str, version: str) -> str:
+    """The name a peer package exports a release's factory under: `make_0_33_0` for make, 0.33.0."""
+    return f"{factory}_{version.replace('.', '_')}"
+
+
+def peer_factory_spec(peer: str, factory: str = "make") -> str:
+    """The MODULE:FACTORY of `factory` (one of the project's FACTORIES) for the peer name `peer`
+    (`vllm`, the default release, or `vllm==0.28.0`); a ValueError naming the releases for another."""
+    project, _, version = peer.partition("==")
+    if project not in PEER_PROJECTS:
+        raise ValueError(f"peer must be one of {list(PEER_PROJECTS)} (optionally ==VERSION), got {peer!r}")
+    table = peer_release_tables()[project]
+    version = version or table.DEFAULT
+    if version not in table.RELEASES:
+        raise ValueError(f"{project} must be one of the releases diffmoe runs ({', '.join(table.RELEASES)}), "
+                         f"got {version!r}")
+    if factory not in table.FACTORIES:
+        raise ValueError(f"a {project} release exports {', '.join(table.FACTORIES)}, not {factory!r}")
+    return f"{PEER_PROJECTS[project]}:{release_attribute(factory, version)}"
+
+
+class _PeerNames(Mapping):
+    """A name -> MODULE:FACTORY mapping built from the release tables when first read (they live with
+    the adapters, which this module must not import before someone asks)."""
+
+    def __init__(self, build: Callable[[], dict]) -> None:
+        self._build, self._built = build, None
+
+    def _names(self) -> dict:
+        if self._built is None:
+            self._built = self._build()
+        return self._built
+
+    def __getitem__(self, key):
+        return self._names()[key]
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+def _aliases() -> dict:
+    names = {}
+    for project, table in peer_release_tables().items():
+        names[project] = peer_factory_spec(project)
+        names.update({f"{project}=={v}": peer_factory_spec(f"{project}=={v}") for v in table.RELEASES})
+    return names
+
+
+def _wheel_functions() -> dict:
+    return {f"{project}=={v}": f"{PEER_PROJECTS[project]}:{release_attribute(table.WHEEL_FUNCTION, v)}"
+            for project, table in peer_release_tables().items() if hasattr(table, "WHEEL_FUNCTION")
+            for v in table.RELEASES}
+
+
+# Short names for the peers: `--impl vllm` (the project's default release), `--impl vllm==0.28.0` (each
+# release, spelled as `diffmoe peers fetch` spells it), each the MODULE:FACTORY of its `make`.
+IMPLEMENTATION_ALIASES: Mapping[str, str] = _PeerNames(_aliases)
 # The peer wheels whose functions `--fn NAME==V[:MODULE]:FUNCTION --family F` loads with no user code (loading.py):
 # each the MODULE:FACTORY of `wheel_function(path)`, the function at `path` with its factory's attributes
-WHEEL_FUNCTIONS = {
-    "sglang==0.5.23": "peers.sglang_0_5_23:wheel_function", "sglang==0.5.20": "peers.sglang_0_5_20:wheel_function",
-}
+WHEEL_FUNCTIONS: Mapping[str, str] = _PeerNames(_wheel_functions)
 
 # The optional factory attributes (module docstring).
 PLAN_WORKSPACES = "plan_workspaces"

@@ -4,7 +4,7 @@ import logging
 import torch
 
 from diffmoe.adapters import function_factory, kit, peer_wheels
-from peers.sglang_standins import ACTIVE, MOE, OPS, stub_values  # SGLang's CUDA ops as kit stand-ins, its stub values
+from peers.sglang.standins import ACTIVE, MOE, OPS, stub_values  # SGLang's CUDA ops as kit stand-ins, its stub values
 
 FILES = [(m, m.replace(".", "/") + ".py") for m in (f"{OPS}.quantization.fp8_utils", f"{OPS}.quantization.fp8_kernel",
          f"{OPS}.moe.fused_moe_triton_kernels", f"{OPS}.moe.moe_align_small_numel", f"{MOE}.fused_moe_triton_config",

@@ -44,7 +44,7 @@ _UNQUANT = f"{_MOE}/unquantized_fused_moe_method.py"
 
 
 def vllm_sites(version: str) -> tuple[Site, ...]:
-    """The call sites of vLLM `version` (0.28.0, 0.30.0, 0.33.0) the adapter (peers/vllm_core.py) mirrors."""
+    """The call sites of vLLM `version` (0.28.0, 0.30.0, 0.33.0) the adapter (peers/vllm/core.py) mirrors."""
     apply = "FusedMoEKernelModularImpl._fused_experts"
     sites = [
         Site("TritonExperts.apply's keywords", _MK, apply, ("self.fused_experts.apply(",),
@@ -133,7 +133,7 @@ SGLANG_RUNNER_SET = {
 
 
 def sglang_sites(version: str) -> tuple[Site, ...]:
-    """The call sites of SGLang `version` (0.5.20, 0.5.23) the adapter (peers/sglang_core.py) mirrors."""
+    """The call sites of SGLang `version` (0.5.20, 0.5.23) the adapter (peers/sglang/core.py) mirrors."""
     call = "fused_experts_none_to_triton"
     return (
         Site("fused_experts' keywords", _SGL_RUNNER, call, ("fused_experts(",),

@@ -1,11 +1,7 @@
-"""Liger-Kernel 0.8.5's bf16 fused MoE: `--impl liger` (= `--impl liger==0.8.5`, `peers.liger_0_8:make`),
-and `peers.liger_0_8:make_wide`, the same call with the experts stored past int32 weight offsets.
+"""Moved to peers.liger (peers/moved.py): this path works for one release, with a DeprecationWarning.
 
-Owns this release's factories. Must not hold what the releases share: that is peers/liger_core.py.
-"""
+Owns nothing but the old name: must not hold code (the code is at the new path)."""
 
-from .liger_core import LigerFiles, release_factories
+from .moved import serve
 
-PEER = "liger"  # the default Liger pin (= liger==0.8.5): its diffmoe.adapters.peer_wheels name, what `diffmoe peers fetch` takes
-make, make_wide = release_factories(PEER, __name__)
-LigerFiles = LigerFiles.of_release(PEER)  # noqa: F811 - this release's files
+__getattr__ = serve(__name__, 'peers.liger.core', {'make': 'make_0_8_5', 'make_wide': 'make_wide_0_8_5'}, '0.8.5')

@@ -1,15 +1,7 @@
-"""Liger-Kernel 0.8.0's bf16 fused MoE: `--impl liger==0.8.0` (`peers.liger_0_8_0:make`), and
-`peers.liger_0_8_0:make_wide`, the same call with the experts stored past int32 weight offsets: the
-museum's Liger exhibit (its kernels multiply the int32 expert index by the weight stride in int32,
-Liger-Kernel#1296; 0.8.1 casts it to int64 first).
+"""Moved to peers.liger (peers/moved.py): this path works for one release, with a DeprecationWarning.
 
-0.8.0 has no LIGER_FUSED_MOE_AUTOTUNE switch: the adapter pins its autotuned forward kernels to the
-single configs 0.8.1's switch chooses (peers/liger_core.py PINNED_CONFIGS).
+Owns nothing but the old name: must not hold code (the code is at the new path)."""
 
-Owns this release's factories. Must not hold what the releases share: that is peers/liger_core.py.
-"""
+from .moved import serve
 
-from .liger_core import release_factories
-
-PEER = "liger==0.8.0"
-make, make_wide = release_factories(PEER, __name__)
+__getattr__ = serve(__name__, 'peers.liger.core', {'make': 'make_0_8_0', 'make_wide': 'make_wide_0_8_0'}, '0.8.0')

@@ -1,11 +1,7 @@
-"""Liger-Kernel 0.8.1's bf16 fused MoE: `--impl liger==0.8.1` (`peers.liger_0_8_1:make`), and
-`peers.liger_0_8_1:make_wide`: the first release whose kernels cast the expert index to int64 before
-multiplying it by the weight stride (Liger-Kernel#1296, fixed by PR #1248), the museum's fixed release.
+"""Moved to peers.liger (peers/moved.py): this path works for one release, with a DeprecationWarning.
 
-Owns this release's factories. Must not hold what the releases share: that is peers/liger_core.py.
-"""
+Owns nothing but the old name: must not hold code (the code is at the new path)."""
 
-from .liger_core import release_factories
+from .moved import serve
 
-PEER = "liger==0.8.1"
-make, make_wide = release_factories(PEER, __name__)
+__getattr__ = serve(__name__, 'peers.liger.core', {'make': 'make_0_8_1', 'make_wide': 'make_wide_0_8_1'}, '0.8.1')

@@ -1,10 +1,7 @@
-"""vLLM 0.28.0's Triton fused MoE: `--impl vllm==0.28.0` (`peers.vllm_0_28:make`); `diffmoe peers fetch vllm==0.28.0`.
+"""Moved to peers.vllm (peers/moved.py): this path works for one release, with a DeprecationWarning.
 
-Owns this release's factory. Must not hold anything the releases share: that is peers/vllm_core.py
-(its RELEASES row: under an expert map the two-argument moe_sum, remote blocks writing zeros).
-"""
+Owns nothing but the old name: must not hold code (the code is at the new path)."""
 
-from .vllm_core import release_factory
+from .moved import serve
 
-make = release_factory("0.28.0", __name__)
-RELEASE = make.release
+__getattr__ = serve(__name__, 'peers.vllm.core', {'make': 'make_0_28_0'}, '0.28.0')

@@ -6,7 +6,7 @@ Every mutant subclasses `optimized.moe.TritonFP8MoE` and overrides the smallest 
 (`_gemm`, `_act_quant`, `_reduce`, `_align`, `_carve`, `_run_stage`, `run`, `workspace_shapes`,
 or `traits`);
 the legacy planner is not a subclass at all but the shipped implementation run with
-`planner="legacy"`, and `vllm-cache2-in-ws2` is vLLM 0.33's adapter (peers/vllm_0_33.py) with
+`planner="legacy"`, and `vllm-cache2-in-ws2` is vLLM 0.33's adapter (peers/vllm/core.py) with
 one carve planted wrong, judged against the unmodified adapter (its `control_factory`). Each `Mutant` records what it breaks, the smallest config that shows
 it, the oracles that must report it and the buffer or stage a finding must name.
 
@@ -52,7 +52,8 @@ from optimized.backend import safe_traits
 from optimized.grouped_gemm import run_grouped_gemm
 from optimized.launch import launch
 from optimized.workspace_planner import plan_workspaces
-from peers import vllm_0_33  # loads no vLLM file until an adapter is built
+from peers import vllm as vllm_peer  # loads no vLLM file until an adapter is built
+from peers.vllm import core as vllm_core
 
 B = Buffers
 # the stages whose kernels cast float32 to e4m3fn
@@ -962,25 +963,25 @@ def make_reduce_waits_for_all_programs(config: MoEConfig) -> TritonFP8MoE:
 
 
 # ---- a peer adapter's planted carve ------------------------------------------------------
-# vLLM 0.33.0's adapter (peers/vllm_0_33.py) with one carve changed: workspace2 handed over as
+# vLLM 0.33.0's adapter (peers/vllm/core.py) with one carve changed: workspace2 handed over as
 # workspace13 too, so intermediate_cache2 (activation_output) is carved from workspace2, over
 # cache1 while silu_and_mul reads it. The declared plan says so (variant "cache2-in-ws2"), so the
 # static oracle judges the carving the adapter really makes. Building either needs vLLM's files
 # in the peer cache: without them it fails with one line naming `diffmoe peers fetch vllm`.
 
 
-def make_vllm_cache2_in_ws2(config: MoEConfig) -> vllm_0_33.VllmTritonMoE:
-    return vllm_0_33.VllmTritonMoE(config, variant="cache2-in-ws2")
+def make_vllm_cache2_in_ws2(config: MoEConfig) -> vllm_core.VllmTritonMoE:
+    return vllm_core.VllmTritonMoE(config, variant="cache2-in-ws2")
 
 
 def _plan_vllm_cache2_in_ws2(config: MoEConfig, num_tokens: int):
-    return vllm_0_33.plan_workspaces(config, num_tokens, variant="cache2-in-ws2")
+    return vllm_core.plan_workspaces(config, num_tokens, variant="cache2-in-ws2")
 
 
 # diffmoe.contract's optional factory attributes: the declared plan without a build, and vLLM's
 # `supports` (the fuzzers draw around what vLLM does not run)
 make_vllm_cache2_in_ws2.plan_workspaces = _plan_vllm_cache2_in_ws2
-make_vllm_cache2_in_ws2.supports = vllm_0_33.make.supports
+make_vllm_cache2_in_ws2.supports = vllm_peer.make.supports
 
 
 # ---- the registry ------------------------------------------------------------------------
@@ -1389,8 +1390,8 @@ MUTANTS: dict[str, Mutant] = {
             # silu_and_mul computes before it stores, so the values stay right: only the aliasing oracles see it
             expected_oracles=frozenset({O.STATIC_ALIASING, O.RUNTIME_ALIASING}),
             expected_name=B.ACTIVATION_OUTPUT,
-            control_factory=vllm_0_33.make,
-            peer=vllm_0_33.PEER,
+            control_factory=vllm_peer.make,
+            peer=vllm_peer.RELEASES[vllm_peer.DEFAULT].peer,
         ),
     )
 }

@@ -98,7 +98,7 @@ def test_the_claim_is_a_bool():
 
 
 def test_vllm_does_not_claim_it():
-    from peers.vllm_0_33 import make
+    from peers.vllm import make
 
     assert factory_batch_invariant(make) is False
 

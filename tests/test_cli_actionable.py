@@ -165,7 +165,7 @@ def test_a_fuzz_whose_bounds_leave_supported_configs_runs(fake_runner, capsys):
     (["check", "--impl", "vllm", *SMALL], "diffmoe peers fetch vllm"),
     (["plan", "--impl", "lmdeploy"], "diffmoe peers fetch lmdeploy"),
     (["fuzz", "--impl", "liger", "--max-examples", "1", "--seed", "0"], "diffmoe peers fetch liger"),
-    (["check", "--impl", "peers.vllm_0_30:make"], "diffmoe peers fetch vllm==0.30.0"),
+    (["check", "--impl", "peers.vllm:make_0_30_0"], "diffmoe peers fetch vllm==0.30.0"),
     # a module's factory that builds a peer, met first by the fuzz's plan tier in the candidate's
     # process: it was an internal error (exit 3, a traceback)
     (["fuzz", "--impl", "bug_zoo:make_vllm_cache2_in_ws2", "--max-examples", "1", "--seed", "0"],
@@ -252,7 +252,7 @@ def test_an_adapter_importing_triton_first_runs_under_the_interpreter_on_a_cpu(t
 # ---- a variant is in the spec: replay lines carry it --------------------------------------------
 
 
-@pytest.mark.parametrize("spec", [*IMPLEMENTATION_ALIASES, "peers.vllm_0_28:make", "tests/spec_moe.py:make"])
+@pytest.mark.parametrize("spec", [*IMPLEMENTATION_ALIASES, "peers.vllm:make_0_28_0", "tests/spec_moe.py:make"])
 def test_the_replay_line_carries_the_whole_spec(spec):
     line = check_command(MoEConfig(), spec)
     assert is_factory_spec(spec) and "#" not in line
@@ -272,10 +272,10 @@ def test_a_release_factory_passed_from_python_replays_as_its_release():
 # Every environment read of the implementations, and why it selects no variant of the kernel under
 # test (a variant chosen by environment would replay as the unmodified kernel: issue 28).
 ENVIRONMENT_READS = {
-    "peers/__init__.py": "TRITON_INTERPRET: the interpreter on a CPU, set before triton is imported",
+    "peers/common.py": "TRITON_INTERPRET: the interpreter on a CPU, set before triton is imported",
     "optimized/backend.py": "TRITON_INTERPRET, and DIFFMOE_ALLOW_SOFTWARE_FALLBACK: on CUDA, run the correct but "
                             "slow software path instead of refusing; without it the run refuses, it never passes",
-    "peers/liger_core.py": "Liger's autotune switch, set off while its files load and restored: always off, no choice",
+    "peers/liger/core.py": "Liger's autotune switch, set off while its files load and restored: always off, no choice",
 }
 
 

@@ -99,7 +99,7 @@ def test_liger_releases_and_the_wide_layout_agree_where_no_offset_wraps():
     apart; 0.8.1's make_wide, the experts stored from index 1024 of the lazily committed stack, gives
     those bits too; and 1024 is the first index whose gate/up offset (index * 2 * I * H) leaves int32.
     (0.8.0's make_wide is run only inside a check: unguarded, its wrapped loads read outside the stack.)"""
-    from peers.liger_core import INT32_LIMIT, wide_base
+    from peers.liger.core import INT32_LIMIT, wide_base
 
     exhibit = BY_NAME["liger-int32-expert-offset"]
     problem = museum.exhibit_problem(exhibit)
@@ -108,7 +108,7 @@ def test_liger_releases_and_the_wide_layout_agree_where_no_offset_wraps():
     assert (wide_base(c) - 1) * 2 * c.inter * c.hidden < INT32_LIMIT
     plain = _output("liger==0.8.1", exhibit, problem)
     assert torch.equal(_output("liger==0.8.0", exhibit, problem), plain)
-    assert torch.equal(_output("peers.liger_0_8_1:make_wide", exhibit, problem), plain)
+    assert torch.equal(_output("peers.liger:make_wide_0_8_1", exhibit, problem), plain)
 
 
 def test_an_exhibit_needing_a_missing_config_field_is_pending_not_run():

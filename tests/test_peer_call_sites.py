@@ -17,9 +17,11 @@ import torch  # noqa: E402
 
 from diffmoe.adapters import peer_wheels  # noqa: E402
 from diffmoe.adapters.loading import load_factory  # noqa: E402
+from diffmoe.contract import peer_factory_spec  # noqa: E402
 from diffmoe.problem.config import SCALE_PAIRS, MoEConfig  # noqa: E402
 from diffmoe.problem.inputs import make_problem  # noqa: E402
-from peers import call_sites as cs, vllm_core  # noqa: E402
+from peers import call_sites as cs  # noqa: E402
+from peers.vllm import core as vllm_core  # noqa: E402
 
 VLLM = ("vllm==0.28.0", "vllm==0.30.0", "vllm==0.33.0")
 SGLANG = ("sglang==0.5.20", "sglang==0.5.23")
@@ -109,7 +111,7 @@ def test_vllm_passes_each_pairs_flags_as_its_quant_method_does(spec, pair):
 
 @pytest.mark.parametrize("spec", VLLM)
 def test_vllm_release_rows_are_what_each_wheels_apply_does(spec):
-    """peers/vllm_core.py RELEASES, the adapter's per-release choices (the fused choice under a clamp, the map at
+    """peers/vllm/core.py RELEASES, the adapter's per-release choices (the fused choice under a clamp, the map at
     the alignment), read in the release's TritonExperts.apply."""
     version = spec.partition("==")[2]
     release, root = vllm_core.RELEASES[version], _root(spec)
@@ -167,7 +169,7 @@ def test_sglang_runner_config_is_the_layers_default_but_for_the_named_fields(spe
     runner = vars(load_factory(spec)(config).runner_config())
     assert _runner_departures(spec, runner) == {"num_experts", "num_local_experts", "inplace"} <= set(cs.SGLANG_RUNNER_SET)
     assert runner["num_experts"] == runner["num_local_experts"] == config.num_experts
-    scaled = load_factory(f"peers.sglang_{spec.partition('==')[2].replace('.', '_')}:make_scaled")(config)
+    scaled = load_factory(peer_factory_spec(spec, "make_scaled"))(config)
     assert _runner_departures(spec, vars(scaled.runner_config())) - {"num_experts", "num_local_experts", "inplace"} == {
         "routed_scaling_factor"}
 

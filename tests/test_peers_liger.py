@@ -1,5 +1,5 @@
 """Liger-Kernel 0.8.5's bf16 fused MoE under diffmoe's oracles, from its pinned wheel
-(peers/liger_0_8.py). The wheel is fetched once (network, about 0.9 MB; the cache it leaves,
+(peers/liger/). The wheel is fetched once (network, about 0.9 MB; the cache it leaves,
 68 KB, is reused: diffmoe/adapters/peer_wheels.py); without network and cache the module skips naming
 the fetch command.
 
@@ -37,7 +37,7 @@ def liger_files():
 
 
 def factory():
-    from peers.liger_0_8 import make
+    from peers.liger import make
 
     return make
 
@@ -53,7 +53,7 @@ def run(c: MoEConfig, recorder=None, schedule=Schedule()):
 
 
 def test_the_alias_names_the_adapter():
-    assert IMPLEMENTATION_ALIASES["liger"] == "peers.liger_0_8:make"
+    assert IMPLEMENTATION_ALIASES["liger"] == "peers.liger:make_0_8_5"
 
 
 @pytest.mark.parametrize("field, kw", [

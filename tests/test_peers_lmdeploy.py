@@ -1,5 +1,5 @@
 """lmdeploy 0.18.0's blocked-FP8 fused MoE under diffmoe's oracles, from its pinned wheel
-(peers/lmdeploy_0_18.py). The wheel is fetched once (network, about 107 MB; the cache it
+(peers/lmdeploy/core.py). The wheel is fetched once (network, about 107 MB; the cache it
 leaves, 93 KB, is reused: diffmoe/adapters/peer_wheels.py); without network and cache the module skips
 naming the fetch command.
 
@@ -37,7 +37,7 @@ def lmdeploy_files():
 
 
 def factory():
-    from peers.lmdeploy_0_18 import make
+    from peers.lmdeploy import make
 
     return make
 
@@ -53,7 +53,7 @@ def run(c: MoEConfig, recorder=None, schedule=Schedule()):
 
 
 def test_the_alias_names_the_adapter():
-    assert IMPLEMENTATION_ALIASES["lmdeploy"] == "peers.lmdeploy_0_18:make"
+    assert IMPLEMENTATION_ALIASES["lmdeploy"] == "peers.lmdeploy:make_0_18_0"
 
 
 @pytest.mark.parametrize("field, kw", [

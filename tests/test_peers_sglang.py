@@ -1,5 +1,5 @@
 """SGLang's Triton fused MoE (`fused_experts`, its CUDA branch and its non-CUDA fallback) under
-diffmoe's oracles, from the pinned wheels of 0.5.23 and 0.5.20 (peers/sglang_core.py). Each wheel is
+diffmoe's oracles, from the pinned wheels of 0.5.23 and 0.5.20 (peers/sglang/core.py). Each wheel is
 fetched once (network, 39 MB and 27 MB; the cache each leaves, 1.5 MB, is reused:
 diffmoe/adapters/peer_wheels.py); without network and cache the module skips naming the fetch
 command.
@@ -23,8 +23,9 @@ import pytest
 import torch
 
 from diffmoe.adapters import peer_wheels
+from diffmoe.adapters.loading import load_factory
 from diffmoe.contract import (
-    IMPLEMENTATION_ALIASES, Schedule, factory_batch_invariant, factory_numerics, unsupported,
+    IMPLEMENTATION_ALIASES, Schedule, factory_batch_invariant, factory_numerics, peer_factory_spec, unsupported,
 )
 from diffmoe.check.recording import LaunchLog
 from diffmoe.findings import Oracles
@@ -47,17 +48,14 @@ def sglang_files():
         except peer_wheels.PeerError as exc:
             pytest.skip(f"{name} is not in the peer cache and cannot be fetched ({exc}); run "
                         f"`{peer_wheels.fetch_command(name)}`")
-    from peers.sglang_core import SglangFiles
+    from peers.sglang.core import SglangFiles
 
     for name in RELEASES:  # the files loaded once here, not in the first test's time
         SglangFiles.get(name, True)
 
 
 def factory(release: str = "sglang==0.5.23", fallback: bool = False):
-    import importlib
-
-    module = importlib.import_module(f"peers.sglang_{release.split('==')[1].replace('.', '_')}")
-    return module.make_fallback if fallback else module.make
+    return load_factory(peer_factory_spec(release, "make_fallback" if fallback else "make"))
 
 
 def config(**kw) -> MoEConfig:
@@ -67,9 +65,9 @@ def config(**kw) -> MoEConfig:
 def test_the_aliases_and_the_factory_attributes():
     from diffmoe.judge.runner import factory_name
 
-    assert factory_name(factory(fallback=True)) == "peers.sglang_0_5_23:make_fallback"  # replay lines name it
-    assert IMPLEMENTATION_ALIASES["sglang"] == IMPLEMENTATION_ALIASES["sglang==0.5.23"] == "peers.sglang_0_5_23:make"
-    assert IMPLEMENTATION_ALIASES["sglang==0.5.20"] == "peers.sglang_0_5_20:make"
+    assert factory_name(factory(fallback=True)) == "peers.sglang:make_fallback_0_5_23"  # replay lines name it
+    assert IMPLEMENTATION_ALIASES["sglang"] == IMPLEMENTATION_ALIASES["sglang==0.5.23"] == "peers.sglang:make_0_5_23"
+    assert IMPLEMENTATION_ALIASES["sglang==0.5.20"] == "peers.sglang:make_0_5_20"
     assert factory_numerics(factory()) == "sglang" and factory_numerics(factory(fallback=True)) == "sglang_fallback"
     assert factory_batch_invariant(factory()) is False  # the tile config follows the token count
 
@@ -115,7 +113,7 @@ def test_a_routed_scaling_factor_is_quiet_where_the_release_is_right(release, to
     reference's bit for bit, and the down GEMM's store times the factor is the down_output."""
     import importlib
 
-    scaled = importlib.import_module(f"peers.sglang_{release.split('==')[1].replace('.', '_')}").make_scaled
+    scaled = load_factory(peer_factory_spec(release, "make_scaled"))
     assert scaled.__name__ == "make_scaled" and scaled(config()).routed_scaling_factor == 2.0
     report = run_differential(config(num_tokens=2, num_experts=2, topk=topk, hidden=64, inter=64), scaled)
     assert report.passed, report.render()
@@ -125,7 +123,7 @@ def test_a_routed_scaling_factor_at_top1_is_caught_in_0_5_20():
     """SGLang PR #40187: 0.5.20's down GEMM stores into the output at top-1, then the scaling
     combine sums the never-written intermediate_cache3 over it (NaN under every poison: the
     differential names it at the reduce, the call-sequence oracle sees the same bytes for other values)."""
-    from peers.sglang_0_5_20 import make_scaled
+    from peers.sglang import make_scaled_0_5_20 as make_scaled
 
     report = run_differential(config(num_tokens=2, num_experts=2, topk=1, hidden=64, inter=64), make_scaled)
     found = {(f.oracle, f.stage) for f in report.findings}
@@ -184,7 +182,7 @@ def test_a_planted_off_by_one_in_sglangs_file_is_caught(tmp_path, monkeypatch):
     (False, dict(fused=True, quant="fp8-block"), "fused"),
     (False, dict(router_weight="input", topk=1), "router_weight"),
     (False, dict(expert_map=(0, 1, -1, 2, 3), num_experts=5), "expert_map"),
-    (False, dict(quant="fp8-block", hidden=128), "hidden and inter"),
+    (False, dict(quant="fp8-block", hidden=128), "hidden must be other than 128"),
     (False, dict(output="workspace"), "output"),
     (True, dict(quant="fp8-token"), "quant"),
 ])

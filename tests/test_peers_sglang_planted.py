@@ -1,6 +1,6 @@
 """Bugs planted into SGLang 0.5.23's own code, each caught and named (issue 28): SGLang is loaded
 from a modified copy of the peer cache (the adapter kit loads a folder; the cache itself is never
-edited), and `--impl sglang` (peers/sglang_core.py) is judged on it.
+edited), and `--impl sglang` (peers/sglang/core.py) is judged on it.
 
   * overlapping caches: fused_moe.py's intermediate_cache3 (the down GEMM's store) made a view of
     intermediate_cache2 (its bf16 input): named by the runtime-aliasing oracle, both buffers named;
@@ -49,7 +49,7 @@ def planted(tmp_path, monkeypatch, path: str, needle: str, replacement: str):
 
 
 def make():
-    from peers.sglang_0_5_23 import make
+    from peers.sglang import make
 
     return make
 
@@ -92,7 +92,7 @@ def test_a_dropped_store_mask_is_an_out_of_bounds_store_not_a_crash(tmp_path, mo
 def test_an_off_by_one_in_the_padded_sorted_ids_is_named(tmp_path, monkeypatch):
     """The align stand-in SGLang's file calls, wrapped so its padding is one short of the sentinel
     (a plant in the stand-in, the SGLang peer's op library, loaded fresh for the copied cache)."""
-    from peers import sglang_standins
+    from peers.sglang import standins as sglang_standins
 
     real = sglang_standins.moe_align_block_size
 

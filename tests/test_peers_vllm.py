@@ -1,5 +1,5 @@
 """vLLM 0.33.0's Triton fused MoE, run from its own wheel's files, judged by diffmoe's oracles
-(peers/vllm_0_33.py). The wheel is fetched once (network, about 336 MB; the cache it leaves,
+(peers/vllm/). The wheel is fetched once (network, about 336 MB; the cache it leaves,
 about 1.4 MB, is reused: diffmoe/adapters/peer_wheels.py).
 
 What is held here: the declared plan is vLLM's layout (sizes from TritonExperts.workspace_shapes)
@@ -36,7 +36,7 @@ from diffmoe.problem.vocabulary import Stages
 
 SMALL = dict(num_tokens=8, num_experts=4, topk=2, hidden=128, inter=128)
 QUANTS = ("bf16", "fp8-tensor", "fp8-token", "fp8-block")
-# metamorphic builds the other `fused` flag's sibling, which vLLM does not have (peers/vllm_0_33.py)
+# metamorphic builds the other `fused` flag's sibling, which vLLM does not have (peers/vllm/core.py)
 CHECK_ORACLES = [o for o in DEFAULT_ORACLES if o != Oracles.METAMORPHIC]
 
 
@@ -51,7 +51,7 @@ def config(quant: str, **changes) -> MoEConfig:
 
 
 def vllm_factory():
-    from peers.vllm_0_33 import make
+    from peers.vllm import make
 
     return make
 
@@ -156,7 +156,7 @@ def test_a_check_of_vllm_passes_every_oracle(quant, numerics):
     activation is a rounding point only vLLM's profile names."""
     c = config(quant, numerics=numerics)
     report = run_differential(c, vllm_factory(), oracles=CHECK_ORACLES)
-    assert report.implementation == "peers.vllm_0_33:make" == factory_name(vllm_factory())
+    assert report.implementation == "peers.vllm:make_0_33_0" == factory_name(vllm_factory())
     assert report.passed, report.render()
 
 
@@ -168,7 +168,10 @@ def test_a_workspace_output_check_passes():
 def test_a_numeric_bug_in_a_stand_in_op_is_caught_by_the_differential(monkeypatch):
     """The differential judges what vLLM's sequence computed: a moe_sum that drops the last
     expert's row (a planted bug in the reduce) is named at reduce."""
-    from peers.vllm_0_33 import VllmFiles
+    from peers.vllm import RELEASES
+    from peers.vllm.core import VllmFiles as _files
+
+    VllmFiles = _files.of_release(RELEASES["0.33.0"])
 
     files = VllmFiles.get(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     ops = files.modules["vllm._custom_ops"]
@@ -187,7 +190,7 @@ def test_the_factory_declares_the_vllm_profile_and_reports_carry_it():
     make = vllm_factory()
     assert factory_numerics(make) == "vllm"
     report = run_differential(config("bf16"), make, oracles=[Oracles.DIFFERENTIAL])
-    assert report.config.numerics == "vllm" and report.replay_command().endswith("--numerics vllm --impl peers.vllm_0_33:make")
+    assert report.config.numerics == "vllm" and report.replay_command().endswith("--numerics vllm --impl peers.vllm:make_0_33_0")
 
 
 # Where vLLM's rounding differs from diffmoe's: (config changes, every stage diffmoe's profile
@@ -291,7 +294,10 @@ def test_vllms_tuned_tile_configs_come_from_the_cache(monkeypatch):
     them); the interpreter's name matches none, so CPU checks run vLLM's default configs."""
     import json
 
-    from peers.vllm_0_33 import VllmFiles
+    from peers.vllm import RELEASES
+    from peers.vllm.core import VllmFiles as _files
+
+    VllmFiles = _files.of_release(RELEASES["0.33.0"])
 
     files = VllmFiles.get(torch.device("cpu"))
     fm = files.fused_moe

@@ -1,4 +1,4 @@
-"""Every supported vLLM release behind one adapter core (peers/vllm_core.py RELEASES): each loads
+"""Every supported vLLM release behind one adapter core (peers/vllm/core.py RELEASES): each loads
 its own wheel's files, names itself, passes a check, and runs the expert-parallel path the way
 its TritonExperts.apply takes it; the release table is held to what the wheel's apply calls.
 The wheels are fetched once each (about 315 MB; ~1.3 MB kept: diffmoe/adapters/peer_wheels.py).
@@ -38,7 +38,7 @@ def test_each_release_has_a_pin_an_alias_and_its_own_cache():
         pin = peer_wheels.PEERS[spec]
         assert pin.requirement == spec and len(pin.sha256) == 64 and pin.files == peer_wheels.PEERS["vllm"].files
         make = load_factory(spec)
-        assert IMPLEMENTATION_ALIASES[spec] == f"{make.__module__}:make" and make.release.impl == spec
+        assert IMPLEMENTATION_ALIASES[spec] == f"{make.__module__}:{make.__qualname__}" and make.release.impl == spec
         roots.add(peer_wheels.peer_root(make.release.peer))
     assert len(roots) == 3 and peer_wheels.PEERS["vllm"] is peer_wheels.PEERS["vllm==0.33.0"]
 
@@ -66,9 +66,9 @@ def test_the_expert_parallel_path_runs_and_passes(spec, quant):
 def test_a_release_row_that_disagrees_with_the_wheel_stops_the_run(monkeypatch):
     """RELEASES is read from each wheel's apply and checked at every call: 0.28.0 said to use the
     pad-aware moe_sum is refused when its apply calls the two-argument one."""
-    from peers import vllm_0_28, vllm_core
+    from peers.vllm import RELEASES, core as vllm_core
 
-    wrong = dataclasses.replace(vllm_0_28.RELEASE, pad_aware_moe_sum=True)
+    wrong = dataclasses.replace(RELEASES["0.28.0"], pad_aware_moe_sum=True)
     c = MoEConfig(**SMALL, quant="bf16", expert_map=(0, 1, -1, -1))
     impl = vllm_core.VllmTritonMoE(c, release=wrong)
     from diffmoe.problem.inputs import make_problem
@@ -78,7 +78,7 @@ def test_a_release_row_that_disagrees_with_the_wheel_stops_the_run(monkeypatch):
     ws = (torch.zeros(n1, dtype=torch.uint8), torch.zeros(n2, dtype=torch.uint8))
     with pytest.raises(RuntimeError, match="pad_aware_moe_sum"):
         impl.run(problem, ws)
-    vllm_core.VllmTritonMoE(c, release=vllm_0_28.RELEASE).run(problem, ws)  # the true row runs
+    vllm_core.VllmTritonMoE(c, release=RELEASES["0.28.0"]).run(problem, ws)  # the true row runs
 
 
 # ---- the SwiGLU clamp, as each release's apply takes it (exhibit 2's vLLM side) -----------------
@@ -86,7 +86,7 @@ def test_a_release_row_that_disagrees_with_the_wheel_stops_the_run(monkeypatch):
 
 @dataclasses.dataclass(frozen=True)
 class ClampedConfig(MoEConfig):
-    """MoEConfig with the clamp limit the adapter reads (peers/vllm_core.swiglu_limit) until
+    """MoEConfig with the clamp limit the adapter reads (peers/vllm/core.py swiglu_limit) until
     MoEConfig has its own swiglu_limit field."""
 
     swiglu_limit: float | None = None

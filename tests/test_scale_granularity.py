@@ -163,10 +163,10 @@ def test_a_kernel_ignoring_the_routed_scaling_factor_is_caught_at_the_reduce():
 
 
 @pytest.mark.parametrize("spec,config", [
-    ("peers.vllm_0_33:make", MoEConfig(quant="fp8-token", routed_scaling_factor=2.5)),
-    ("peers.vllm_0_28:make", MoEConfig(quant="fp8-token", routed_scaling_factor=2.5)),
-    ("peers.lmdeploy_0_18:make", MoEConfig(quant="fp8-block", routed_scaling_factor=2.5)),
-    ("peers.liger_0_8:make", MoEConfig(quant="bf16", routed_scaling_factor=2.5)),
+    ("peers.vllm:make_0_33_0", MoEConfig(quant="fp8-token", routed_scaling_factor=2.5)),
+    ("peers.vllm:make_0_28_0", MoEConfig(quant="fp8-token", routed_scaling_factor=2.5)),
+    ("peers.lmdeploy:make_0_18_0", MoEConfig(quant="fp8-block", routed_scaling_factor=2.5)),
+    ("peers.liger:make_0_8_5", MoEConfig(quant="bf16", routed_scaling_factor=2.5)),
 ])
 def test_peers_without_a_routed_scaling_factor_refuse_it_by_name(spec, config):
     from diffmoe.adapters.loading import load_factory
@@ -178,7 +178,7 @@ def test_peers_without_a_routed_scaling_factor_refuse_it_by_name(spec, config):
 def test_vllm_receives_the_two_granularities_apart():
     """vLLM's FusedMoEQuantConfig as its layer builds it: per-token activations without per-channel
     weights for (kFp8StaticTensorSym, kFp8DynamicTokenSym)."""
-    from peers.vllm_core import quant_config
+    from peers.vllm.core import quant_config
 
     pair = quant_config(TENSOR_BESIDE_TOKEN)
     assert pair.per_act_token_quant and not pair.per_out_ch_quant

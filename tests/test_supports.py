@@ -3,7 +3,7 @@ asked of it. run_differential refuses the config, the metamorphic oracle is skip
 reason) when the sibling is refused, and both fuzzers draw around it.
 
 The implementation is the shipped one behind a factory that claims to refuse fused configs, as
-a peer without a fused path does (peers/vllm_0_33.py refuses fused for all but fp8-block).
+a peer without a fused path does (peers/vllm/core.py refuses fused for all but fp8-block).
 """
 
 from __future__ import annotations
@@ -81,9 +81,9 @@ def test_the_plan_tier_draws_around_refused_configs_and_says_so():
 
 
 def test_the_vllm_alias_names_the_peer():
-    assert IMPLEMENTATION_ALIASES["vllm"] == "peers.vllm_0_33:make"
+    assert IMPLEMENTATION_ALIASES["vllm"] == "peers.vllm:make_0_33_0"
     factory = load_factory("vllm")
-    assert factory.__module__ == "peers.vllm_0_33" and callable(getattr(factory, "supports", None))
+    assert factory.__module__ == "peers.vllm" and callable(getattr(factory, "supports", None))
 
 
 def test_peers_list_from_the_cli(capsys, monkeypatch, tmp_path):

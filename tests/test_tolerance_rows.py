@@ -187,7 +187,7 @@ def test_liger_s_activation_of_the_float32_product_holds_what_the_campaign_found
     assert not _judge(rule, B.ACTIVATION_OUTPUT, ref, cand, inputs, problem).ok
 
 
-PEERS = {"vllm": "vllm", "peers.lmdeploy_0_18:make": "lmdeploy", "peers.liger_0_8:make": "liger"}  # spec: wheel
+PEERS = {"vllm": "vllm", "peers.lmdeploy:make_0_18_0": "lmdeploy", "peers.liger:make_0_8_5": "liger"}  # spec: wheel
 
 
 @pytest.mark.slow

@@ -136,7 +136,7 @@ def test_sglangs_folders_per_triton_version_are_read_by_path():
 
 @pytest.mark.parametrize("argv, says", [
     (["--impl", "liger"], "declares no tuned configs"),
-    (["--impl", "peers.sglang_0_5_23:make_fallback"], "declares no tuned configs"),
+    (["--impl", "peers.sglang:make_fallback_0_5_23"], "declares no tuned configs"),
     (["--impl", "no.such.module:make"], "cannot be imported"),
     (["--impl", "vllm", "--max-entries", "0"], "whole number >= 1"),
 ])

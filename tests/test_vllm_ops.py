@@ -1,4 +1,4 @@
-"""The torch stand-ins for vLLM's compiled ops (peers/vllm_ops.py) against the facts of the CUDA
+"""The torch stand-ins for vLLM's compiled ops (peers/vllm/ops.py) against the facts of the CUDA
 ops they follow (vLLM csrc, cited in each op's docstring): what the alignment skips and pads
 with, that the two-argument moe_sum is a plain sum of the top-k rows whatever they hold, that the
 pad-aware form skips exactly what the alignment skipped, and that the fused silu + block quant
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peers import vllm_ops
+from peers.vllm import ops as vllm_ops
 
 
 def align(topk_ids, num_experts, block_size=4, expert_map=None):
@@ -93,7 +93,7 @@ def test_the_fused_silu_block_quant_takes_no_clamp():
 def test_the_amax_drops_nan_but_keeps_inf():
     """fmaxf(acc, fabsf(v)) from 0: a NaN operand is dropped, an Inf wins (nan_to_num would have
     made it the largest float, a scale no CUDA op computes)."""
-    from peers import vllm_ops
+    from peers.vllm import ops as vllm_ops
     from reference.rounding.quant import amax_drop_nan  # the vllm profile's amax choice
 
     x = torch.tensor([[1.0, float("nan"), -float("inf"), 3.0]])

@@ -160,7 +160,7 @@ class FamilyFunction:
         return attribution.finish(result) if isinstance(result, torch.Tensor) else result
 
 
-# What a function may carry for its factory, copied onto it (a peer wheel's function does, peers/sglang_core.py
+# What a function may carry for its factory, copied onto it (a peer wheel's function does, peers/sglang/core.py
 # wheel_function): its numerics profile, the pinned wheel it runs from, whether it is batch-invariant; and
 # `family` (the one signature it has: another is refused) and `supports` (its own refusals, after the family's)
 CARRIED = (NUMERICS, PEER_WHEEL, BATCH_INVARIANT)

@@ -27,8 +27,11 @@ Command line (diffmoe/frontends/commands/peers.py):
                                                   sglang==0.5.20, sglang==0.5.23
     diffmoe peers list                            every known peer, its pin and whether it is cached
 
-Owns the pinned wheels (name, version, sha256, files kept) and the cache layout. Must not
-import a peer's code or an implementation: it only moves files.
+The pins themselves (version, sha256, the files kept) are each project's release table,
+peers/PROJECT/releases.py, one row per release, read by name (diffmoe.contract.PEER_PROJECTS).
+
+Owns the wheel record, the cache layout, the fetch. Must not import a peer's code or an
+implementation: it only moves files (the release tables are data, read through the contract).
 """
 
 from __future__ import annotations
@@ -81,121 +84,34 @@ class PeerWheel:
         return f"{self.name}-{self.version}-{key}"
 
 
-_VLLM_MOE = "vllm/model_executor/layers/fused_moe"
-_LMDEPLOY_KERNELS = "lmdeploy/pytorch/kernels/cuda"
-# The vLLM files the adapters load (peers/vllm_core.py), the same paths in every supported release.
-_VLLM_FILES = (
-    f"{_VLLM_MOE}/fused_moe.py",  # fused_moe_kernel, invoke_fused_moe_triton_kernel, configs
-    f"{_VLLM_MOE}/moe_align_block_size.py",  # the Python side of the alignment op
-    f"{_VLLM_MOE}/experts/triton_moe.py",  # TritonExperts: workspace_shapes, apply (the carving)
-    f"{_VLLM_MOE}/utils.py",  # _resize_cache, moe_kernel_quantize_input, enable_swap_ab
-    f"{_VLLM_MOE}/modular_kernel.py",  # FusedMoEExperts(Modular): TritonExperts' base classes
-    f"{_VLLM_MOE}/configs/",  # the tuned tile configs fused_moe.py reads per GPU name (~340 JSON files, ~1.1 MB)
-    # the call sites the adapter mirrors, read (never run) by tests/test_peer_call_sites.py (peers/call_sites.py)
-    f"{_VLLM_MOE}/fused_moe_modular_method.py",  # FusedMoEModularMethod.apply: the layer's expert map, router weight
-    f"{_VLLM_MOE}/prepare_finalize/no_dp_ep.py",  # prepare: the router weight on the input, the input quant's flags
-    f"{_VLLM_MOE}/oracle/fp8.py",  # make_fp8_moe_quant_config: the SwiGLU limit as gemm1_clamp_limit, the scale flags
-    f"{_VLLM_MOE}/unquantized_fused_moe_method.py",  # bf16's quant config: the SwiGLU limit as gemm1_clamp_limit
-    "vllm/model_executor/layers/quantization/fp8.py",  # Fp8MoEMethod: per-tensor and 128-block FP8, its flags
-    # CompressedTensorsW8A8Fp8MoEMethod: per-channel weights beside per-token activations
-    "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/compressed_tensors_moe_w8a8_fp8.py",
-)
+def release_wheels(project: str, releases: dict, default: str) -> dict[str, PeerWheel]:
+    """A project's `diffmoe peers fetch` names from its release table (peers/PROJECT/releases.py):
+    `PROJECT==V` for each release, and `PROJECT` for the default one (the same wheel and cache)."""
+    wheels = {f"{project}=={v}": r.wheel for v, r in releases.items()}
+    return {project: wheels[f"{project}=={default}"], **wheels}
 
 
-def _vllm(version: str, sha256: str) -> PeerWheel:
-    return PeerWheel(name="vllm", package="vllm", version=version,
-                     filename=f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl", sha256=sha256,
-                     files=_VLLM_FILES, license="Apache-2.0")
+_PEERS: dict[str, PeerWheel] | None = None
 
 
-# Every supported vLLM release (peers/vllm_core.py RELEASES), by `diffmoe peers fetch` name; each
-# sha256 measured on the wheel PyPI served on 2026-12-04 (sizes in bytes beside it).
-VLLM_RELEASES: dict[str, PeerWheel] = {
-    "vllm==0.28.0": _vllm("0.28.0", "addb0ffdaafd8155d75e9b3f5ddb3da28fdee9e8a7097ede91f7db2e9e1a3889"),  # 314,500,103
-    "vllm==0.30.0": _vllm("0.30.0", "ef52ee58c410ead0b8afb190838fa4cbcb52075596f67862a03859d984966ac4"),  # 314,883,777
-    "vllm==0.33.0": _vllm("0.33.0", "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"),  # 336,361,138
-}
-_LIGER = "liger_kernel"
-# The Liger files the adapter loads (peers/liger_core.py), the same paths in every supported release.
-_LIGER_FILES = (
-    f"{_LIGER}/ops/fused_moe.py",  # LigerFusedMoEFunction (its forward: the run sequence), compute_routing_metadata
-    f"{_LIGER}/ops/fused_moe_kernels.py",  # the routing, fused up-proj + SwiGLU, down-proj and gather-sum kernels
-    f"{_LIGER}/ops/utils.py",  # ensure_contiguous (the forward's decorator)
-    f"{_LIGER}/utils.py",  # infer_device (ops/utils.py imports it)
-    f"{_LIGER}/transformers/swiglu.py",  # LigerExperts.forward: the call site tests/test_peer_call_sites.py reads
-)
-# Every supported Liger-Kernel release, by `diffmoe peers fetch` name; each sha256 measured on the wheel PyPI
-# served (0.8.5 on 2026-12-04: 910,117 bytes; 0.8.0 and 0.8.1 on 2026-12-05: 403,120 and 506,445 bytes).
-LIGER_RELEASES: dict[str, PeerWheel] = {
-    f"liger=={v}": PeerWheel(name="liger", package="liger-kernel", version=v, filename=f"liger_kernel-{v}-py3-none-any.whl",
-                             sha256=sha256, files=_LIGER_FILES, license="BSD-2-Clause")
-    for v, sha256 in (("0.8.0", "e1f03eeb4ba6a6a413d585dacf92c4c15d164bab5844fa4ead2fede6bcac469c"),
-                      ("0.8.1", "90836c1e9de22a1c57a640775fb79151ea704748cf9c3f6658dddaa06fff1989"),
-                      ("0.8.5", "60789cd576af073ab9b192b570d2597fd0cdad489cd62fb44fb16256d43754c9"))
-}
-_SGLANG_MOE = "sglang/srt/layers/moe/moe_runner/triton_utils"
-# The SGLang files the adapter loads (peers/sglang_core.py), the same paths in both supported
-# releases.
-_SGLANG_FILES = (
-    f"{_SGLANG_MOE}/fused_moe.py",  # fused_experts, _fused_moe_kernel_sequence, moe_combine_topk: the run sequence
-    f"{_SGLANG_MOE}/moe_align_block_size.py",  # the Python side of the alignment op (+1 bucket)
-    f"{_SGLANG_MOE}/fused_moe_triton_config.py",  # try_get_optimal_moe_config: the tile config
-    "sglang/kernels/ops/moe/fused_moe_triton_kernels.py",  # fused_moe_kernel, invoke_fused_moe_kernel, moe_sum_reduce_triton
-    "sglang/kernels/ops/moe/moe_align_small_numel.py",  # the Triton align for one-token batches over > 63 experts
-    "sglang/kernels/ops/quantization/fp8_kernel.py",  # scaled_fp8_quant, the per-token-group quants
-    "sglang/kernels/ops/quantization/fp8_utils.py",  # fp8_dtype_to_triton (fp8_kernel.py imports it)
-    f"{_SGLANG_MOE}/configs/",  # the tuned tile configs per Triton release and GPU (~390 JSON files, ~1.6 MB)
-    # the call sites the adapter mirrors, read (never run) by tests/test_peer_call_sites.py (peers/call_sites.py)
-    "sglang/srt/layers/moe/fused_moe_triton/layer.py",  # FusedMoE.__init__: the runner config the layer fills
-    "sglang/srt/layers/moe/moe_runner/triton.py",  # fused_experts_none_to_triton: the fused_experts call
-    "sglang/srt/layers/moe/moe_runner/base.py",  # MoeRunnerConfig: the runner fields fused_experts reads
-    "sglang/srt/layers/quantization/fp8.py",  # Fp8MoEMethod.get_triton_quant_info: per-tensor and 128-block FP8
-    "sglang/srt/layers/quantization/w8a8_fp8.py",  # W8A8Fp8MoEMethod.get_triton_quant_info: per-channel weights
-    "sglang/srt/layers/quantization/unquant.py",  # UnquantizedFusedMoEMethod.get_triton_quant_info: bf16
-)
+def peers() -> dict[str, PeerWheel]:
+    """Every pinned wheel by `diffmoe peers fetch` name, read once from each project's release table
+    (diffmoe.contract.PEER_PROJECTS: one row per release, nothing here to add)."""
+    global _PEERS
+    if _PEERS is None:
+        from diffmoe.contract import peer_release_tables
+
+        found: dict[str, PeerWheel] = {}
+        for project, table in peer_release_tables().items():
+            found.update(release_wheels(project, table.RELEASES, table.DEFAULT))
+        _PEERS = found
+    return _PEERS
 
 
-def _sglang(version: str, filename: str, sha256: str) -> PeerWheel:
-    return PeerWheel(name="sglang", package="sglang", version=version, filename=filename, sha256=sha256,
-                     files=_SGLANG_FILES, license="Apache-2.0", platform="manylinux_2_34_x86_64", python="3.11")
-
-
-# Every supported SGLang release, by `diffmoe peers fetch` name; each sha256 measured on the wheel
-# PyPI served on 2026-12-05 (sizes in bytes beside it).
-SGLANG_RELEASES: dict[str, PeerWheel] = {
-    "sglang==0.5.20": _sglang("0.5.20", "sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl",
-                              "1573527042f4f6b4ead838302818595fc77fdc611dbcc2e40cd150fbc8f8513c"),  # 27,393,709
-    "sglang==0.5.23": _sglang("0.5.23", "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
-                              "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"),  # 39,063,923
-}
-PEERS: dict[str, PeerWheel] = {
-    "vllm": VLLM_RELEASES["vllm==0.33.0"],  # the default vLLM pin: `--impl vllm`, the same cache as vllm==0.33.0
-    **VLLM_RELEASES,
-    "lmdeploy": PeerWheel(
-        name="lmdeploy",
-        package="lmdeploy",
-        version="0.18.0",
-        filename="lmdeploy-0.18.0-cp311-cp311-manylinux_2_28_x86_64.whl",
-        # measured on the wheel PyPI served on 2026-12-04 (106,690,261 bytes)
-        sha256="e6790a25dcdb0345c160567fdf2ac604fec319389523a8b806834c9d92c8ffe1",
-        files=(
-            f"{_LMDEPLOY_KERNELS}/moe/blocked_fp8.py",  # fused_moe_blocked_fp8: both blocked-FP8 GEMMs, the sequence
-            f"{_LMDEPLOY_KERNELS}/moe/fused_moe.py",  # the route sort kernels, moe_reduce, _make_intermediate
-            f"{_LMDEPLOY_KERNELS}/activation.py",  # silu_and_mul
-            f"{_LMDEPLOY_KERNELS}/blocked_gemm_fp8.py",  # quant_fp8: the 1x128-group activation quant
-            f"{_LMDEPLOY_KERNELS}/utils.py",  # get_device_props (the launch grids read it)
-            # the call site the adapter mirrors (TritonFusedMoEBlockedF8Impl.forward), read by
-            # tests/test_peer_call_sites.py (peers/call_sites.py)
-            "lmdeploy/pytorch/backends/cuda/moe/blocked_fp8.py",
-        ),
-        license="Apache-2.0",
-        python="3.11",
-    ),
-    "liger": LIGER_RELEASES["liger==0.8.5"],  # the default Liger pin: `--impl liger`, the same cache as liger==0.8.5
-    **LIGER_RELEASES,
-    "sglang": SGLANG_RELEASES["sglang==0.5.23"],  # the default SGLang pin: `--impl sglang`
-    **SGLANG_RELEASES,
-}
+def __getattr__(name: str):
+    if name == "PEERS":  # read when first asked: the tables live with the adapters (peers/PROJECT/releases.py)
+        return peers()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class PeerError(RuntimeError):
@@ -209,9 +125,10 @@ def cache_dir() -> Path:
 
 
 def peer(name: str) -> PeerWheel:
-    if name not in PEERS:
-        raise PeerError(f"unknown peer {name!r}; known peers: {sorted(PEERS)}")
-    return PEERS[name]
+    known = peers()
+    if name not in known:
+        raise PeerError(f"unknown peer {name!r}; known peers: {sorted(known)}")
+    return known[name]
 
 
 def fetch_command(name: str) -> str:

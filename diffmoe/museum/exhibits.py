@@ -6,7 +6,7 @@ name it, the minimal config, and the routing it needs. `run_exhibit` checks the 
 every buggy release (each must FAIL with a finding of that oracle at that stage) and the fixed
 release (it must PASS the same config, the same inputs, every oracle but metamorphic: the peers have
 no fused/unfused sibling). Nothing of diffmoe's sits between the wheels and the verdict: one
-adapter core per project (peers/vllm_core.py, peers/sglang_core.py, peers/liger_core.py) runs every
+adapter core per project (peers/vllm/core.py, peers/sglang/core.py, peers/liger/core.py) runs every
 release of it; only the release's own files differ.
 
     diffmoe museum [NAME ...] [--list] [--workers N [--cluster local|auto|ray://HOST:PORT]] [--json] [--fetch]
@@ -61,22 +61,22 @@ class Exhibit:
     fields: dict  # the minimal config's MoEConfig fields (built when the exhibit runs: see `requires`)
     unrouted_slots: tuple[int, ...] = ()  # routed slots (t*K + k) whose topk_ids entry is -1
     requires: str | None = None  # a MoEConfig field the exhibit needs; pending without it
-    # fused is each release's own choice for the config (the one its `supports` takes: peers/vllm_core.py
+    # fused is each release's own choice for the config (the one its `supports` takes: peers/vllm/core.py
     # fuses_block_quant): a
     # release that fuses the FP8-block quant, and one whose apply falls back to the unfused path,
     # meet the same inputs and the same reference, each through the pipeline it runs
     fused_by_release: bool = False
     why: str = ""
-    # the factory each release's peer module is run through (`make`: the one `--impl RELEASE` names;
-    # `make_scaled`: SGLang's CUDA branch given a routed scaling factor, peers/sglang_core.py;
-    # `make_wide`: Liger's call with the experts stored past int32 weight offsets, peers/liger_core.py)
+    # the factory of each release's peer package it is run through (`make`: the one `--impl RELEASE` names;
+    # `make_scaled`: SGLang's CUDA branch given a routed scaling factor, peers/sglang/core.py;
+    # `make_wide`: Liger's call with the experts stored past int32 weight offsets, peers/liger/core.py)
     factory: str = "make"
 
     def impl_spec(self, release: str) -> str:
-        """The `MODULE:FACTORY` spec run for `release` (a peer name: contract.IMPLEMENTATION_ALIASES)."""
-        from diffmoe.contract import IMPLEMENTATION_ALIASES
+        """The `MODULE:FACTORY` spec run for `release` (a peer name: contract.peer_factory_spec)."""
+        from diffmoe.contract import peer_factory_spec
 
-        return f"{IMPLEMENTATION_ALIASES[release].split(':')[0]}:{self.factory}"
+        return peer_factory_spec(release, self.factory)
 
     @property
     def config(self) -> MoEConfig:
@@ -139,7 +139,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
         requires="swiglu_limit", fused_by_release=True,
         why="silu_and_mul_per_block_quant takes no clamp, and 0.28-0.30 fuse anyway: the swiglu limit is ignored for "
             "FP8 block-[128, 128] experts; 0.31.0 falls back to the unfused, clamped path (the adapter passes the limit "
-            "to each release as its apply takes it: peers/vllm_core.py swiglu_limit), so the fixed release runs the "
+            "to each release as its apply takes it: peers/vllm/core.py swiglu_limit), so the fixed release runs the "
             "config unfused, its own choice. The limit is 1 rather than gpt-oss's 7: the generated gate/up values are "
             "about standard normal, so 1 clamps about a third of them (7 would clamp none and hide nothing)",
     ),
@@ -153,7 +153,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "topk != 1), then, routed_scaling_factor not being 1, takes the scaling combine, which sums "
             "intermediate_cache3, a torch.empty no launch wrote, over that output; 0.5.21 keeps the intermediate "
             "whenever the factor is not 1. The adapter's make_scaled passes factor 2 with the router weights halved "
-            "(exact: peers/sglang_core.py ROUTED_SCALING_FACTOR), so the right output is the reference's bit for bit "
+            "(exact: peers/sglang/core.py ROUTED_SCALING_FACTOR), so the right output is the reference's bit for bit "
             "and no MoEConfig field is needed; the call-sequence oracle names it too (the same bytes for other values)",
     ),
     Exhibit(
@@ -180,7 +180,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
             "in, which wraps to -2^31, 4 GiB before the stack (a GPU's illegal memory access; the bounds guard refuses "
             "the loads, so the gate/up product is 0 and the differential names it too). 0.8.1 casts expert_idx to "
             "int64 first. make_wide stores the problem's 2 experts at index 1024.. of a lazily committed stack "
-            "(peers/liger_core.py): the check's own inputs stay small, and the stack costs the filled experts' pages",
+            "(peers/liger/core.py): the check's own inputs stay small, and the stack costs the filled experts' pages",
     ),
 )
 

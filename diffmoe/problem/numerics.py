@@ -137,7 +137,7 @@ PROFILES: dict[str, dict[str, str]] = {
         "fp8_gemm": "ratio_rescaled",  # fused_moe_blocked_fp8_kernel
         "router_weight": "reduce_bf16", "reduce": "bf16",  # _moe_reduce_kernel
     },
-    "sglang": {  # SGLang 0.5.23 / 0.5.20, the CUDA branch of fused_experts (peers/sglang_core.py)
+    "sglang": {  # SGLang 0.5.23 / 0.5.20, the CUDA branch of fused_experts (peers/sglang/core.py)
         **_DIFFMOE,
         "amax": "drop_nan",  # fmaxf chains from 0 in every quant kernel
         "tensor_scale": "no_floor", "tensor_codes": "reciprocal", "tensor_nan_code": "pos_max",  # per_tensor_quant_fp8.cuh

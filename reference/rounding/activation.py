@@ -87,7 +87,7 @@ def silu_torch(gate: torch.Tensor) -> torch.Tensor:
     """torch's F.silu (its own exp; 43,917 of 2^20 float32 results differ from the definition's):
     the vllm profile's formula for vLLM 0.33's silu_and_mul (csrc/activation_kernels.cu, silu_kernel:
     x / (1 + expf(-x)) with CUDA's expf, which no CPU formula matches bit for bit; the activation's
-    1-ulp tolerance row covers the exp). peers/vllm_ops.py's stand-in writes the definition (divide)."""
+    1-ulp tolerance row covers the exp). peers/vllm/ops.py's stand-in writes the definition (divide)."""
     return F.silu(gate)
 
 

@@ -16,6 +16,8 @@
 - `attribution.py`: automatic launch attribution: every Triton launch (through a
   `ReportingKernel` proxy) and every stand-in op of a run reported at its pipeline stage from
   the tensors it reads and writes (`Attribution`), so an adapter names buffers, not launches;
+- `supports.py`: what an adapter runs, declared (`Supports(name, Rule(...), ...)`): its
+  `supports` attribute and its check, one line naming the field for a config it refuses;
 - `standins.py`: torch versions of the CUDA ops fused-MoE kernels call (the alignment, the FP8
   quantisations, silu_and_mul, the top-k sum), each held to the op's stated facts, with the
   conventions kernels differ in as parameters.
@@ -26,7 +28,8 @@ Owns nothing but the kit's public names. Must not import an implementation (peer
 from .attribution import ACTIVE, Attribution, ReportingKernel, launch_grid
 from .loading import LoadedModules, PackageSource, load_modules
 from .stubs import Placeholder, StubModule, Stubs
+from .supports import Rule, Supports
 from . import standins  # noqa: E402 - the stand-ins are the kit's public module too (docs/plugging-in.md)
 
-__all__ = ["ACTIVE", "Attribution", "LoadedModules", "PackageSource", "Placeholder", "ReportingKernel", "StubModule",
-           "Stubs", "launch_grid", "load_modules", "standins"]
+__all__ = ["ACTIVE", "Attribution", "LoadedModules", "PackageSource", "Placeholder", "ReportingKernel", "Rule",
+           "StubModule", "Stubs", "Supports", "launch_grid", "load_modules", "standins"]

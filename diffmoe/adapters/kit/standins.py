@@ -24,7 +24,7 @@ Conventions, and who uses which (each adapter cites the source it read):
     add rounded to the output dtype ('bf16_k2_to_4', vLLM's moe_sum); times `scale` in float32.
 
 Owns the ops' arithmetic. Must not report launches (the adapter does) nor import an
-implementation; keeps vLLM's stand-ins (peers/vllm_ops.py) bit for bit.
+implementation; keeps vLLM's stand-ins (peers/vllm/ops.py) bit for bit.
 """
 
 from __future__ import annotations
