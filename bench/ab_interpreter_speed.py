@@ -4,7 +4,7 @@ the default fuzz draws (seed 5), with the fast path installed and with triton's 
 (`interpreter_speed.uninstall()`), alternating, `time.process_time()` and wall seconds, median of
 the rounds. Torch runs on one thread, as in the check worker (diffmoe/check/worker.py). Process time is
 steadier than wall time on a shared machine; both are printed. The bits do not differ
-(tests/test_interpreter_speed.py), so only time is compared.
+(tests/interpreter/test_interpreter_speed.py), so only time is compared.
 
     TRITON_INTERPRET=1 .venv/bin/python bench/ab_interpreter_speed.py --rounds 3
 

@@ -11,7 +11,7 @@
 * `campaign_nodes[1]`, `campaign_nodes[2]`: `fuzz_in_workers(workers=2, max_examples=100, cluster=...)` with
   the real kernels and the cheap oracle set (T <= 8, E <= 4, the fixed planner: every example
   passes, none is shrunk) on a real cluster of one node with 1 CPU and of two nodes with 1 CPU each
-  (tests/ray_cluster.py), the cluster's start not timed. The ratio of the two medians is the gain.
+  (tests/support/ray_cluster.py), the cluster's start not timed. The ratio of the two medians is the gain.
 
     python -m pytest bench/bench_cluster.py --benchmark-only --benchmark-columns=median,min,max,rounds
 

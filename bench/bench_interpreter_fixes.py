@@ -2,11 +2,11 @@
 diffmoe.interpreter.fixes installed (the plain kernels: every software switch off, the native
 casts and dots correct) against triton 3.9's own interpreter with the software paths the probes
 would select there (every switch on, the fixes suspended). Both give the same bits
-(tests/test_interpreter_fixes.py, tests/test_conformance.py); this is interpreter time only.
+(tests/interpreter/test_interpreter_fixes.py, tests/backend/test_conformance.py); this is interpreter time only.
 
 `test_the_cheap_probes`: one run of the probes behind the workaround switches
 (optimized/backend.py's probe_defects, once per process and backend) after a first run paid the
-interpreter's set-up; tests/test_conformance.py held it under 1 s until issue 48 moved the figure here.
+interpreter's set-up; tests/backend/test_conformance.py held it under 1 s until issue 48 moved the figure here.
 
     python -m pytest bench/bench_interpreter_fixes.py --benchmark-only --benchmark-timer time.process_time
 """

@@ -1,5 +1,5 @@
 """How fast `diffmoe fuzz` stops: the seconds from a signal to the command's exit, as a shell sees
-them (issue 48 moved the figure here from tests/test_robustness_cli.py, whose 3 s goal failed at
+them (issue 48 moved the figure here from tests/frontends/test_robustness_cli.py, whose 3 s goal failed at
 6.7 s at load average 20; the tests there bound a hang only).
 
 * `sigterm-shrinking`: SIGTERM while the first failure is being shrunk (one worker);
@@ -7,7 +7,7 @@ them (issue 48 moved the figure here from tests/test_robustness_cli.py, whose 3 
 * `ctrl-c-two-workers`: a Ctrl-C to the whole process group of a `--workers 2` fuzz, which also
   stops its local Ray runtime.
 
-Each round starts a fresh fuzz of the stand-in implementation of tests/test_robustness_cli.py (it
+Each round starts a fresh fuzz of the stand-in implementation of tests/frontends/test_robustness_cli.py (it
 answers at once but hangs for H > 256) and waits, untimed, for the phase; only the signal to the
 exit is timed (extra_info keeps each round's figure).
 

@@ -11,7 +11,7 @@ One line per config as it finishes (index, seconds, PASS or the findings and a r
 command), then a summary: configs run, false alarms, wall time, and how far each axis of the
 profile was covered. Progress (configs done, rate, time left) goes to stderr: a bar on a
 terminal, a line per config otherwise (diffmoe/cluster/progress.py). A reduced campaign runs
-in the test suite (tests/test_false_alarm_campaign.py).
+in the test suite (tests/fuzz/test_false_alarm_campaign.py).
 
 Each config is a task of diffmoe/cluster/tasks.py (campaign.check_config): `--workers 1` runs them
 here in order; `--workers N` (`--jobs N`, its older name) runs N at a time as Ray tasks on `--cluster`

@@ -72,8 +72,8 @@ for quant in bf16 fp8-tensor fp8-token fp8-block; do
 done
 step tolerances 90 $py bench/measure_tolerances.py
 step bench 150 $py -m pytest "${plugin[@]}" bench/bench_moe_throughput.py --benchmark-only --benchmark-json "$out/bench.json" -q
-step tests 180 $py -m pytest -q -p no:cacheprovider -n 8 "${plugin[@]}" tests/test_reference.py \
-    tests/test_oracles_quiet.py
+step tests 180 $py -m pytest -q -p no:cacheprovider -n 8 "${plugin[@]}" tests/reference/test_reference.py \
+    tests/oracles/test_oracles_quiet.py
 # this machine may have no network: copy ~/.cache/diffmoe/peers over, or set DIFFMOE_PEER_CACHE
 if $py -c "import sys; from diffmoe import peer_wheels as p; sys.exit(not all(map(p.is_cached, ('vllm==0.28.0', 'vllm==0.30.0', 'vllm'))))"; then
     step museum 120 "${diffmoe[@]}" museum --json

@@ -6,7 +6,7 @@ backend: `backend_traits` derives them from cheap conformance probes run on the 
 ours: TRAIT_PROBES), once per process and backend. A workaround goes off only where its
 probes ran and found the primitive right, so a Triton release that fixes a defect gets the
 fast path, and a probe that cannot run leaves the workaround on. The software paths are
-correct on every backend (tests/test_conformance.py checks them with every switch on), so the
+correct on every backend (tests/backend/test_conformance.py checks them with every switch on), so the
 safe choice costs speed, never bits.
 
 Known defects (../shared/DESIGN.md, notes/interpreter_defects_repro.py): under triton 3.9's own

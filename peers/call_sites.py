@@ -2,7 +2,7 @@
 
 For every release diffmoe runs, a `Site` row names a feature, the file in the release's wheel and the
 function in it (the call site or the quant method that fills it), the source fragments that carry
-what is passed there, and what the adapter passes. tests/test_peer_call_sites.py reads each row in
+what is passed there, and what the adapter passes. tests/peers/test_peer_call_sites.py reads each row in
 the release's cached wheel files (diffmoe/adapters/peer_wheels.py keeps them) and compares the
 adapters' own arguments with it: the keyword set of the call (`call_keywords`) and, per scale
 pair, the flags the release's quant method sets (`*_PAIR_FLAGS`). An upstream change or an adapter

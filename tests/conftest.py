@@ -14,8 +14,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# tests/ holds helper modules (dense_moe, bug_zoo) imported by name
-sys.path.insert(0, os.path.dirname(__file__))
+# tests/support/ holds the helper modules (dense_moe, bug_zoo, hang_bounds, ...) every test folder imports by name
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 
 def pytest_configure(config):
@@ -29,7 +29,7 @@ def pytest_configure(config):
 
 # What a shrink ends on must not depend on the machine's load: Hypothesis stops a shrink after
 # five minutes (its engine's MAX_SHRINKING_SECONDS). diffmoe's fuzz lifts that clock in its own
-# searches (diffmoe/fuzz/shrink_limits.py); this suite's own properties (tests/test_differential_suite.py)
+# searches (diffmoe/fuzz/shrink_limits.py); this suite's own properties (tests/judge/test_differential_suite.py)
 # get the same: an hour here, and pytest-timeout stays the hang bound.
 UNHURRIED_SHRINK_SECONDS = 3600
 
@@ -43,7 +43,7 @@ def _shrinks_end_by_size_not_by_the_clock(monkeypatch):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One real two-node Ray cluster of this machine (tests/ray_cluster.py) for every module of this
+    """One real two-node Ray cluster of this machine (tests/support/ray_cluster.py) for every module of this
     test process that runs tasks on one: starting it costs 10 to 30 s on 2 cores."""
     from ray_cluster import RayCluster
 

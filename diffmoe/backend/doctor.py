@@ -4,7 +4,7 @@ fixes, as one report (diffmoe.backend.conformance.DoctorReport: a table, or one 
 
 Apart from diffmoe/backend/conformance.py because it reads diffmoe.interpreter.fixes, which itself runs
 conformance probes to decide its probe-gated fixes: the probes below, the fixes above them, the
-doctor above both, and no import circle (tests/test_architecture.py draws the graph).
+doctor above both, and no import circle (tests/house/test_architecture.py draws the graph).
 
 Owns running the sweep and printing it. Must not import an implementation: it gets one's hooks
 through the contract.

@@ -13,7 +13,7 @@ red-zone, input and unwritten-read watchers, the program order, the bounds guard
 recorder) with the instance services they share; split, each half would need the other's.
 
 Under isolation it runs in the candidate's process (diffmoe/isolation/): it must not import the
-reference (tests/test_isolation.py imports it under the isolation's import guard).
+reference (tests/isolation/test_isolation.py imports it under the isolation's import guard).
 
 Robustness: nothing the implementation does ends the check without a Report.
   * An exception from the implementation (Triton compile and interpreter errors included),

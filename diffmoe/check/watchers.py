@@ -99,7 +99,7 @@ class InputWatch:
         for name, tensor in self.inputs.items():
             before = self.pristine[name]
             # One snapshot, compared and counted: a thread the candidate left behind may still be
-            # writing the tensor (tests/hostile_kernels.py's CorruptsItsInputsLate), and between a
+            # writing the tensor (tests/support/hostile_kernels.py's CorruptsItsInputsLate), and between a
             # check of the live tensor and a count of its changed bytes a second write undid the first
             # (IndexError on no changed byte, beside a second full suite at load 4 to 9, 2026-12-07).
             now = tensor.detach().clone()

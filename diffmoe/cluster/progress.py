@@ -30,7 +30,7 @@ every `interval` seconds (the fuzz, whose examples may take milliseconds). The d
     museum: 3/9 releases  00:41 elapsed  13.7 s/release  01:22 left  stale-ep-rows vllm==0.33.0 ...
 
 and a caller whose lines are parsed gives its own (`line=`): the fuzz keeps
-"fuzz: N examples  phase=P  S s  <config>" byte for byte (tests/test_robustness_cli.py reads it).
+"fuzz: N examples  phase=P  S s  <config>" byte for byte (tests/frontends/test_robustness_cli.py reads it).
 
 With json_lines=True (the commands' --json, whose stdout holds the result alone) every line is one
 JSON object instead, written when a plain line would be, and one more when the run closes:

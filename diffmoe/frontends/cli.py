@@ -141,8 +141,8 @@ REFERENCE_WIDTH = 100  # columns of the CLI reference (docs/cli.md), whatever th
 
 def reference_text() -> str:
     """Every subcommand's usage, from build_parser(), at a fixed width: the block of docs/cli.md between
-    `<!-- cli-reference:start -->` and `<!-- cli-reference:end -->` (tests/test_cli_reference.py
-    holds it to this; `python tests/test_cli_reference.py --write` regenerates it)."""
+    `<!-- cli-reference:start -->` and `<!-- cli-reference:end -->` (tests/frontends/test_cli_reference.py
+    holds it to this; `python tests/frontends/test_cli_reference.py --write` regenerates it)."""
     usages: list[str] = []
 
     def add(parser: argparse.ArgumentParser) -> None:

@@ -56,6 +56,6 @@ def forget_caught_interrupts() -> None:
     eval() of a string sets that flag when a KeyboardInterrupt leaves it, even one caught later, and
     clears it when one completes. A SIGTERM that landed in code a library built with exec (dataclasses,
     namedtuple; a lazy import during a fuzz's first example) made a caught interrupt's 130 a death
-    by SIGINT (-2 to a subprocess caller; once in 40 runs at load 8, tests/test_robustness_cli.py).
-    One string exec that completes clears the flag (checked by tests/test_exit_codes.py)."""
+    by SIGINT (-2 to a subprocess caller; once in 40 runs at load 8, tests/frontends/test_robustness_cli.py).
+    One string exec that completes clears the flag (checked by tests/frontends/test_exit_codes.py)."""
     exec("")  # noqa: S102 - the clearing described above; runs no input

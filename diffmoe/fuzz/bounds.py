@@ -30,7 +30,7 @@ from diffmoe.problem.numerics import parse_spec
 
 RANGE_SEPARATOR = ".."
 # The fuzz's own domain caps (diffmoe.fuzz.strategies.MAX_EXPERTS, MAX_SIZE; not imported: the
-# strategies import this module): what an unbounded field is drawn within. tests/test_fuzz_controls.py
+# strategies import this module): what an unbounded field is drawn within. tests/fuzz/test_fuzz_controls.py
 # holds the two in step.
 FUZZ_MAX_EXPERTS = 64
 FUZZ_MAX_SIZE = 512

@@ -6,11 +6,11 @@ outside test files for constants and mixes them into about one draw in twenty
 modules, so what a seeded search draws could depend on what the process had imported: measured
 2026-12-05, `fuzz(max_examples=6, seed=worker_seed(7, 0))` drew T=33 fp8-tensor as its sixth example
 in a fresh interpreter and in a Ray task, and T=32 fp8-block inside the pytest process that had started
-the Ray cluster (tests/test_cluster_fuzz.py's same-seed test failed 4 runs of 4; with the pool empty it
+the Ray cluster (tests/cluster/test_cluster_fuzz.py's same-seed test failed 4 runs of 4; with the pool empty it
 passes). Hypothesis also caches, per kind of draw, the constants of that pool the draw permits
 (CONSTANTS_CACHE): any earlier Hypothesis test of the process fills it, so the pool must be emptied
 and that cache forgotten (a full suite's same-seed test failed with the pool alone emptied; with both,
-a run of tests/test_strategies.py before it passes, and fails without the cache cleared). A seed is a
+a run of tests/fuzz/test_strategies.py before it passes, and fails without the cache cleared). A seed is a
 promise (a replayed search, the workers' split, a task retried on another node), so while diffmoe
 searches, the pool is empty.
 

@@ -4,7 +4,7 @@ Why (issue 48 item 5): the strategies draw the weights' and the activations' gra
 axes (diffmoe.fuzz.strategies), and a default fuzz drew per-tensor weights beside per-token
 activations in 9 % of its examples, the first of them with T = K = 1, where every activation scale
 is the one token's: a kernel that ran that pair down the per-tensor path (`tensor-path-for-tensor-
-weights` in tests/bug_zoo.py) went unfound in 100 examples.
+weights` in tests/support/bug_zoo.py) went unfound in 100 examples.
 
 How: the generate phase's examples FORCED_SLOTS (the 2nd, 4th, 6th and 8th it runs; the first is
 Hypothesis's simplest draw, left as it is) run the drawn config moved to one pair of

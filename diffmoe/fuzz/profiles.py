@@ -5,7 +5,7 @@
   failing example's blob printed for replay, no deadline (interpreter timings vary by
   machine). ``CI_MAX_EXAMPLES`` examples per property: 100. It was 20, then 40 once the
   differential property judged most examples with the fuzzer's cheap oracle set
-  (tests/test_differential_suite.py, diffmoe/fuzz/tiers.py), and 100 once the interpreter
+  (tests/judge/test_differential_suite.py, diffmoe/fuzz/tiers.py), and 100 once the interpreter
   fast path (diffmoe/interpreter/fast_path.py) halved the suite: a clean-clone `.ci/run` took 944 s
   of pytest before it and 468 s after, at 40 (2026-12-04, this 2-core machine); the two
   differential properties took 14 s and 20 s of that at 40 examples. The explain phase is off: it reruns the failing

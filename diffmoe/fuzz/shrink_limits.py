@@ -4,7 +4,7 @@ Why: Hypothesis's engine stops a shrink after five minutes of wall time (its MAX
 and hands back the smallest failure found so far. On a busy machine that is another config for
 the same seed: beside a second full suite (load 13 to 15, 2026-12-07) a seeded two-worker
 local-cluster fuzz of the legacy planner spent 43 s on each shrinking run and reported a
-non-minimal config after 10 of them (tests/test_cluster_fuzz.py), where the same seed on a quiet
+non-minimal config after 10 of them (tests/cluster/test_cluster_fuzz.py), where the same seed on a quiet
 machine shrinks to the minimal one. Same seed, same result: for the length of a search diffmoe
 lifts that clock, and bounds the shrink by its runs instead (SHRINK_RUNS), as it bounds the
 descent below a forced pair's floors (DESCENT_RUNS, diffmoe/fuzz/descent.py). Past either limit

@@ -47,16 +47,16 @@ The opt-in inputs (drawn after the seed, so they shrink away first; each shrinks
   and run the MoE on them every step (vLLM's capture sizes are 1, 2, 4 and multiples of 8, so
   most batch sizes are padded); a NaN or Inf token is what an upstream overflow sends. The bug
   zoo's scale-floor-dropped, nan-squashed-on-input and reduce-skips-non-finite-sums mutants are
-  invisible without these rows (tests/test_bug_zoo.py, their `unseen_without` configs pass);
+  invisible without these rows (tests/bug_zoo/test_bug_zoo.py, their `unseen_without` configs pass);
   with them drawn by default, the default fuzz finds each from a cold start with no flag
-  (tests/test_bug_zoo_fuzzed.py). `special_rows=False` is `diffmoe fuzz --no-special-rows`.
+  (tests/bug_zoo/test_bug_zoo_fuzzed.py). `special_rows=False` is `diffmoe fuzz --no-special-rows`.
 
 numerics is never drawn (always None): the rounding profile is the implementation's to declare
 (diffmoe.contract.NUMERICS), and the fuzzer resolves it as run_differential does.
 
 The MoE-model features (only with `features=True`; drawn last, each shrinks to off). Off by
 default: with them drawn, the default fuzz from a cold start (seed 0, 60 examples, T <= 32,
-E <= 8; tests/test_bug_zoo_fuzzed.py) missed two bug-zoo mutants it otherwise finds
+E <= 8; tests/bug_zoo/test_bug_zoo_fuzzed.py) missed two bug-zoo mutants it otherwise finds
 (amax-over-capacity-rows, amax-pass-cached-across-calls), the budget spent on other draws:
 
 * swiglu_limit: None in about three draws of four, or one of ``SWIGLU_LIMITS`` (7.0, gpt-oss's; 1.0 and 0.25, which clamp
@@ -378,7 +378,7 @@ def moe_configs(
             extra = draw(_within_bounds(b, extra, LATER_FIELDS))
         # drawn last, and only for a scheme that has another weight granularity, so every earlier choice
         # of a draw is what it was before these axes existed, and a draw of another scheme draws nothing
-        # more (an unconditional coin moved the legacy-planner shrink of tests/test_strategies.py from
+        # more (an unconditional coin moved the legacy-planner shrink of tests/fuzz/test_strategies.py from
         # 33 routed rows to 34); each shrinks to the scheme's own weights and no scaling factor
         if other_weight_scales(q) and draw(st.booleans()):
             extra["weight_scales"] = draw(st.sampled_from(other_weight_scales(q)))

@@ -7,7 +7,7 @@ first). The execution tier ("run", the fuzzer's default) judges most generated e
 the full set, so a full check of the same config sees everything the cheap one saw): one run
 of the implementation, watched by the race recorder, and one call of one token, batch
 invariance's (a full check judges it from call-sequence's small call, at no cost). It is in
-the cheap set because the bug it is for shows rarely (tests/bug_zoo.py's tile-from-batch-size:
+the cheap set because the bug it is for shows rarely (tests/support/bug_zoo.py's tile-from-batch-size:
 one bf16 ulp among thousands of elements, in a few examples in a hundred): judged on full
 examples only, or on every other cheap one, the default fuzz of seed 0 met it in none of 60
 examples; on every example, at the third (issue 48). That call costs a cheap check about a

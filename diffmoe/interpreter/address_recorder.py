@@ -53,7 +53,7 @@ import numpy as np
 from diffmoe.contract import LaunchInfo
 from diffmoe.interpreter.triton_pin import pinned_interpreter_problem, triton_release
 from diffmoe.findings import Finding
-from diffmoe.interpreter.address_analysis import (  # noqa: F401 - _READ, _WRITE, _Run, _analyse: tests/test_races.py drives them
+from diffmoe.interpreter.address_analysis import (  # noqa: F401 - _READ, _WRITE, _Run, _analyse: tests/oracles/test_races.py drives them
     RunSummary,
     _Conflict,
     _Launch,

@@ -40,7 +40,7 @@ one cheap check of T=33 E=47 K=11 H=I=128 fp8-block fused spent 0.73 s of proces
 independent of the machine: whether OpenBLAS gives the same bits on one thread and on two
 depends on its kernels. With OPENBLAS_CORETYPE=Haswell (which machines of this kind set on some
 processors) 15 of 18 tile products of the kernels' shapes differed between one and two threads,
-unset none did (tests/blas_threads_probe.py). Every interpreted dot is now a stack of one-row
+unset none did (tests/support/blas_threads_probe.py). Every interpreted dot is now a stack of one-row
 products (diffmoe.interpreter.dot_rows, issue 33), a gemv per row, whose bits did not depend on
 the thread count in that probe (0 of 18 under both configurations); the pin stays for the
 thread wake-ups (a 32x128 @ 128x256 row-by-row product: 105 us of process time on two threads,

@@ -32,7 +32,7 @@ op goes to triton's own implementation unchanged.
 The results are, bit for bit, what the kernels' software workarounds (optimized/kernels:
 `round_to_bf16_grid`, `round_to_e4m3_grid` + the NaN code written by bits, `bf16_to_f32`,
 `e4m3_to_f32` + the float32 dot) compute under the unpatched interpreter
-(tests/test_interpreter_fixes.py checks every bf16 pattern, every e4m3 code and a large
+(tests/interpreter/test_interpreter_fixes.py checks every bf16 pattern, every e4m3 code and a large
 float32 sample), so with the fixes in place the conformance probes find those primitives right
 and the kernels run as the plain CUDA kernels. Where NaN bits are concerned (no backend
 contract, the probes compare NaN to any NaN) they follow the software paths: float32 -> bf16

@@ -49,10 +49,9 @@ def _preload(spec: str) -> tuple[str, ...]:
 
 
 def factory_reference(factory: Any, spec: str | None) -> tuple[tuple[str, Any], tuple[str, ...]]:
-    """How the factory travels, and the modules the zygote may preload: a RemoteFactory by its
-    spec; else pickled by reference (a module-level class or function), else its MODULE:FACTORY
-    spec; a TypeError naming both when neither works (a closure or a lambda cannot be isolated:
-    run it with isolation='none')."""
+    """How the factory travels, and the modules the zygote may preload: a RemoteFactory by its spec; else
+    pickled by reference (a module-level class or function), else its MODULE:FACTORY spec; a TypeError naming
+    both when neither works (a closure or a lambda cannot be isolated: run it with isolation='none')."""
     if isinstance(factory, RemoteFactory):
         return ("spec", factory.spec), _preload(factory.spec)
     try:

@@ -12,7 +12,7 @@ judges (issue 43: inside the OS boundary their folders are not in the candidate'
 boundary.py). A test module that defines a factory beside its tests imports the public faces
 (`diffmoe.runner`, `diffmoe.judge.runner`, `diffmoe.frontends.cli`, `diffmoe.pytest_plugin`):
 those read the judge's names when first used (PEP 562), so importing them here needs none of the
-refused packages (tests/test_architecture.py holds the candidate's modules to it).
+refused packages (tests/house/test_architecture.py holds the candidate's modules to it).
 """
 
 from __future__ import annotations

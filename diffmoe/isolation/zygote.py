@@ -187,7 +187,7 @@ def stop_zygotes() -> None:
 
 
 def _remove_folder(z: _Zygote) -> None:
-    """The stopped zygote's folder, by the process that made it (tests/test_no_residue.py: a
+    """The stopped zygote's folder, by the process that made it (tests/isolation/test_no_residue.py: a
     day of test runs had left 991 of them in /tmp)."""
     if z.folder is not None and z.owner == os.getpid():
         shutil.rmtree(z.folder, ignore_errors=True)

@@ -32,7 +32,7 @@ the [0, H] output and the inputs are then judged, teacher forcing and the metamo
 have nothing to look at), and NaN/Inf inputs, whose propagation reference/moe.py specifies
 and the NaN-aware compare judges.
 
-Must not judge: a verdict in this module belongs in an oracle module (tests/test_oracle_registry.py).
+Must not judge: a verdict in this module belongs in an oracle module (tests/oracles/test_oracle_registry.py).
 """
 
 from __future__ import annotations

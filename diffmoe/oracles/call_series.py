@@ -67,7 +67,7 @@ SERIES_ROUTED_SCALE = 2.5
 SERIES_SKIP_KEY = "call-sequence series"
 # The fields that shape the inputs' values only, never which code path a kernel takes: the series
 # draws them all the same way, so checks that differ in them share one series (measured: the 203
-# checks of tests/test_oracles_quiet.py drew 147 distinct series configs with these kept, 91 with
+# checks of tests/oracles/test_oracles_quiet.py drew 147 distinct series configs with these kept, 91 with
 # them drawn one way, and 65 with the sizes and numbers canonical too (_canonical, 2026-12-07), each
 # 1.55 s of a 2-core machine's time).
 SERIES_DATA = dict(zero_rows=0, nan_rows=0, inf_rows=0, skew="uniform", router="random-k", renormalize=False,

@@ -2,7 +2,7 @@
 table of docs/oracles.md and the bug zoo's columns. Imports no torch until an oracle is loaded.
 
 Adding an oracle: write its module under diffmoe/oracles/ (one `Oracle` subclass, base.py),
-add its name to `diffmoe.findings.Oracles` and one row here; `tests/test_oracle_registry.py`
+add its name to `diffmoe.findings.Oracles` and one row here; `tests/oracles/test_oracle_registry.py`
 then holds the docs table to it.
 
 Owns the table and its order. Must not hold an oracle's logic.

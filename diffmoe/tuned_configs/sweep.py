@@ -114,7 +114,7 @@ def shrunk_config(scheme: str, experts: int, batch: int, factory: Callable) -> M
 # Triton's compile options, which schedule compiled code and change no value: the interpreter's launcher
 # keeps only the kernel's own parameters (triton/runtime/interpreter.py GridExecutor.__call__ drops the
 # rest), and no fused-MoE kernel of vLLM 0.33.0 or SGLang 0.5.23 has a parameter of these names
-# (tests/test_tuned_configs.py reads them). 12864 of the two releases' 12900 entries set num_warps and
+# (tests/tuned_configs/test_tuned_configs.py reads them). 12864 of the two releases' 12900 entries set num_warps and
 # num_stages, 1692 the ROCm options; dropping them halves the distinct runs on a CPU (vLLM 0.33.0
 # 1487 -> 731, SGLang 0.5.23 1400 -> 742). Compiled, every key counts.
 INTERPRETER_IGNORED = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu",

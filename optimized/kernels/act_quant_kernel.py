@@ -47,7 +47,7 @@ NAN_PARTIAL = tl.constexpr(float("-inf"))
 E4M3_NAN_BITS = tl.constexpr(0x7F)  # the e4m3fn NaN magnitude (S.1111.111), as torch writes it
 # NaN is written inline as float("nan"), never as a constexpr global: Triton compares the copies
 # of each global a jit function uses with `!=`, NaN never equals itself, and every real (CUDA)
-# compile then fails in `cache_key` (tests/test_compile_gate.py holds every kernel module to it).
+# compile then fails in `cache_key` (tests/backend/test_compile_gate.py holds every kernel module to it).
 
 
 @triton.jit

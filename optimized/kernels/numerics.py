@@ -9,7 +9,7 @@ on every backend.
 
 Where those defects are fixed: at the interpreter, once (diffmoe.interpreter.fixes, installed by
 optimized.launch before any launch), exactly and bit for bit as the software paths below compute
-(tests/test_interpreter_fixes.py). The conformance probes then find the native casts right, so
+(tests/interpreter/test_interpreter_fixes.py). The conformance probes then find the native casts right, so
 the software switches are off on the interpreter too and the kernels run as on CUDA, where the
 native casts are round-to-nearest-even already. The switches (SOFTWARE_ROUNDING here, chosen by
 optimized.backend from the probes) remain for any backend whose probes still find a defect: a

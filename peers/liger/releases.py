@@ -23,7 +23,7 @@ FILES = (
     f"{_LIGER}/ops/fused_moe_kernels.py",  # the routing, fused up-proj + SwiGLU, down-proj and gather-sum kernels
     f"{_LIGER}/ops/utils.py",  # ensure_contiguous (the forward's decorator)
     f"{_LIGER}/utils.py",  # infer_device (ops/utils.py imports it)
-    f"{_LIGER}/transformers/swiglu.py",  # LigerExperts.forward: the call site tests/test_peer_call_sites.py reads
+    f"{_LIGER}/transformers/swiglu.py",  # LigerExperts.forward: the call site tests/peers/test_peer_call_sites.py reads
 )
 
 

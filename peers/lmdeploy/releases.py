@@ -25,7 +25,7 @@ FILES = (
     f"{_K}/blocked_gemm_fp8.py",  # quant_fp8: the 1x128-group activation quant
     f"{_K}/utils.py",  # get_device_props (the launch grids read it)
     # the call site the adapter mirrors (TritonFusedMoEBlockedF8Impl.forward), read by
-    # tests/test_peer_call_sites.py (peers/call_sites.py)
+    # tests/peers/test_peer_call_sites.py (peers/call_sites.py)
     "lmdeploy/pytorch/backends/cuda/moe/blocked_fp8.py",
 )
 

@@ -30,7 +30,7 @@ FILES = (
     "sglang/kernels/ops/quantization/fp8_kernel.py",  # scaled_fp8_quant, the per-token-group quants
     "sglang/kernels/ops/quantization/fp8_utils.py",  # fp8_dtype_to_triton (fp8_kernel.py imports it)
     f"{_MOE}/configs/",  # the tuned tile configs per Triton release and GPU (~390 JSON files, ~1.6 MB)
-    # the call sites the adapter mirrors, read (never run) by tests/test_peer_call_sites.py (peers/call_sites.py)
+    # the call sites the adapter mirrors, read (never run) by tests/peers/test_peer_call_sites.py (peers/call_sites.py)
     "sglang/srt/layers/moe/fused_moe_triton/layer.py",  # FusedMoE.__init__: the runner config the layer fills
     "sglang/srt/layers/moe/moe_runner/triton.py",  # fused_experts_none_to_triton: the fused_experts call
     "sglang/srt/layers/moe/moe_runner/base.py",  # MoeRunnerConfig: the runner fields fused_experts reads

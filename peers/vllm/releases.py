@@ -26,7 +26,7 @@ FILES = (
     f"{_MOE}/utils.py",  # _resize_cache, moe_kernel_quantize_input, enable_swap_ab
     f"{_MOE}/modular_kernel.py",  # FusedMoEExperts(Modular): TritonExperts' base classes
     f"{_MOE}/configs/",  # the tuned tile configs fused_moe.py reads per GPU name (~340 JSON files, ~1.1 MB)
-    # the call sites the adapter mirrors, read (never run) by tests/test_peer_call_sites.py (peers/call_sites.py)
+    # the call sites the adapter mirrors, read (never run) by tests/peers/test_peer_call_sites.py (peers/call_sites.py)
     f"{_MOE}/fused_moe_modular_method.py",  # FusedMoEModularMethod.apply: the layer's expert map, router weight
     f"{_MOE}/prepare_finalize/no_dp_ep.py",  # prepare: the router weight on the input, the input quant's flags
     f"{_MOE}/oracle/fp8.py",  # make_fp8_moe_quant_config: the SwiGLU limit as gemm1_clamp_limit, the scale flags

@@ -1,7 +1,7 @@
 """What `diffmoe fuzz` prints beside its report: its progress on stderr (ProgressPrinter), its summary
 line, and the minimal failing config written with --save-failure. Not a command: part of commands/fuzz.py.
 
-Owns those lines' wording (tests/test_robustness_cli.py reads the progress lines); must not decide an
+Owns those lines' wording (tests/frontends/test_robustness_cli.py reads the progress lines); must not decide an
 exit status beyond --save-failure's own.
 """
 
@@ -19,7 +19,7 @@ class ProgressPrinter:
     the generate phase counts examples against `total` (--max-examples: rate and time left), the
     shrink phase has no total (count and rate). Otherwise the plain line
     "fuzz: N examples  phase=P  S s  <config>" at each phase change and every `interval` seconds
-    (logs stay short but alive); with --json a JSON object at the same moments (tests/test_robustness_cli.py
+    (logs stay short but alive); with --json a JSON object at the same moments (tests/frontends/test_robustness_cli.py
     reads them). A callable as the fuzz's
     `progress` (examples started so far, phase, seconds, the config under way)."""
 
