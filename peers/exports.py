@@ -13,9 +13,27 @@ project's release table, and with it the package, to list the peers.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, ClassVar
 
 from diffmoe.contract import release_attribute
+
+
+class ReleaseRow:
+    """What every release row answers from its project's table (a dataclass with `version` that sets
+    PROJECT and DEFAULT): `impl`, its `--impl` and `diffmoe peers fetch` spelling, and `peer`, its
+    peer-cache name (the project's own for the default release: `--impl vllm` is vllm==0.33.0)."""
+
+    PROJECT: ClassVar[str]
+    DEFAULT: ClassVar[str]
+    version: str
+
+    @property
+    def impl(self) -> str:
+        return f"{self.PROJECT}=={self.version}"
+
+    @property
+    def peer(self) -> str:
+        return self.PROJECT if self.version == self.DEFAULT else self.impl
 
 
 def release_exports(package: str, table, build: Callable[[str, object], Callable]):

@@ -10,8 +10,11 @@ the peers, so it imports nothing of torch, Triton or the adapter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from diffmoe.adapters.peer_wheels import PeerWheel
+
+from ..exports import ReleaseRow
 
 PROJECT = "liger"
 DEFAULT = "0.8.5"  # `--impl liger`, `diffmoe peers fetch liger`
@@ -28,20 +31,14 @@ FILES = (
 
 
 @dataclass(frozen=True)
-class Release:
+class Release(ReleaseRow):
     """One Liger-Kernel release: its wheel's sha256, measured on the wheel PyPI served (0.8.5 on
     2026-12-04: 910,117 bytes; 0.8.0 and 0.8.1 on 2026-12-05: 403,120 and 506,445 bytes)."""
 
+    PROJECT: ClassVar[str] = PROJECT
+    DEFAULT: ClassVar[str] = DEFAULT
     version: str
     sha256: str
-
-    @property
-    def peer(self) -> str:
-        return PROJECT if self.version == DEFAULT else self.impl
-
-    @property
-    def impl(self) -> str:
-        return f"{PROJECT}=={self.version}"
 
     @property
     def wheel(self) -> PeerWheel:

@@ -10,8 +10,11 @@ the peers, so it imports nothing of torch, Triton or the adapter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from diffmoe.adapters.peer_wheels import PeerWheel
+
+from ..exports import ReleaseRow
 
 PROJECT = "lmdeploy"
 DEFAULT = "0.18.0"  # `--impl lmdeploy`, `diffmoe peers fetch lmdeploy`
@@ -31,20 +34,14 @@ FILES = (
 
 
 @dataclass(frozen=True)
-class Release:
+class Release(ReleaseRow):
     """One lmdeploy release: its wheel (CPython 3.11's) and sha256, measured on the wheel PyPI served on
     2026-12-04 (its size in bytes beside the row)."""
 
+    PROJECT: ClassVar[str] = PROJECT
+    DEFAULT: ClassVar[str] = DEFAULT
     version: str
     sha256: str
-
-    @property
-    def peer(self) -> str:
-        return PROJECT if self.version == DEFAULT else self.impl
-
-    @property
-    def impl(self) -> str:
-        return f"{PROJECT}=={self.version}"
 
     @property
     def wheel(self) -> PeerWheel:

@@ -12,8 +12,11 @@ the peers, so it imports nothing of torch, Triton or the adapter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from diffmoe.adapters.peer_wheels import PeerWheel
+
+from ..exports import ReleaseRow
 
 PROJECT = "sglang"
 DEFAULT = "0.5.23"  # `--impl sglang`, `diffmoe peers fetch sglang`
@@ -40,23 +43,21 @@ FILES = (
 )
 
 
-
 @dataclass(frozen=True)
-class Release:
+class Release(ReleaseRow):
     """One SGLang release: its wheel (CPython 3.11's) and sha256, measured on the wheel PyPI served on
     2026-12-05 (its size in bytes beside each row)."""
 
+    PROJECT: ClassVar[str] = PROJECT
+    DEFAULT: ClassVar[str] = DEFAULT
     version: str
     sha256: str
 
     @property
     def peer(self) -> str:
-        """Its diffmoe.adapters.peer_wheels name: the cache it loads from."""
-        return f"{PROJECT}=={self.version}"
-
-    @property
-    def impl(self) -> str:
-        return f"{PROJECT}=={self.version}"
+        """Its diffmoe.adapters.peer_wheels name: always the versioned one (SGLang's factories name the release
+        they run, the default included)."""
+        return self.impl
 
     @property
     def wheel(self) -> PeerWheel:

@@ -11,8 +11,11 @@ the peers, so it imports nothing of torch, Triton or the adapter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from diffmoe.adapters.peer_wheels import PeerWheel
+
+from ..exports import ReleaseRow
 
 PROJECT = "vllm"
 DEFAULT = "0.33.0"  # `--impl vllm`, `diffmoe peers fetch vllm`
@@ -37,13 +40,14 @@ FILES = (
 )
 
 
-
 @dataclass(frozen=True)
-class Release:
+class Release(ReleaseRow):
     """One vLLM release: its wheel's sha256 (measured on the wheel PyPI served on 2026-12-04, its
     size in bytes beside each row) and what its TritonExperts.apply does where releases differ;
     the run checks each op call against it (peers/vllm/core.py RunReporter)."""
 
+    PROJECT: ClassVar[str] = PROJECT
+    DEFAULT: ClassVar[str] = DEFAULT
     version: str
     sha256: str
     # under an expert map, apply ends in the pad-aware ops.moe_sum(cache3, output, topk_ids,
@@ -55,16 +59,6 @@ class Release:
     # a SwiGLU clamp limit turns the fused silu + 128-block quant off (vLLM PR #57984, 0.31.0);
     # before, the fused kernel, which takes no clamp, ran anyway
     clamp_unfuses_block_quant: bool
-
-    @property
-    def peer(self) -> str:
-        """Its diffmoe.adapters.peer_wheels name: the cache it loads from."""
-        return PROJECT if self.version == DEFAULT else self.impl
-
-    @property
-    def impl(self) -> str:
-        """The `--impl` spelling, the same as `diffmoe peers fetch`'s."""
-        return f"{PROJECT}=={self.version}"
 
     @property
     def module(self) -> str:
