@@ -45,8 +45,8 @@ def _shrinks_end_by_size_not_by_the_clock(monkeypatch):
 def ray_cluster():
     """One real two-node Ray cluster of this machine (tests/support/ray_cluster.py) for every module of this
     test process that runs tasks on one: starting it costs 10 to 30 s on 2 cores."""
-    from ray_cluster import RayCluster
+    from ray_cluster import start_cluster
 
-    cluster = RayCluster(nodes=2)
+    cluster = start_cluster(nodes=2)
     yield cluster
     cluster.stop()

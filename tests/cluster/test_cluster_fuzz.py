@@ -270,3 +270,22 @@ def test_a_run_leaves_the_process_signal_handlers_as_it_found_them(ray_cluster, 
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_cluster_that_does_not_come_up_is_started_again_with_new_ports():
+    """Two suites side by side may take each other's freshly chosen ports (tests/support/ray_cluster.py
+    START_ATTEMPTS): a failed start is tried again, and only a cluster that never comes up fails."""
+    from ray_cluster import ClusterStartFailed, start_cluster
+
+    tries = []
+
+    def start():
+        tries.append(len(tries))
+        if len(tries) < 3:
+            raise ClusterStartFailed(f"the Ray cluster at 127.0.0.1:{6000 + len(tries)} did not bring up 1 node(s)")
+        return "the cluster"
+
+    assert start_cluster(attempts=3, start=start) == "the cluster" and len(tries) == 3
+    tries.clear()
+    with pytest.raises(pytest.fail.Exception, match=r"no Ray cluster came up in 2 starts: .*:6001.*; .*:6002"):
+        start_cluster(attempts=2, start=start)

@@ -26,6 +26,11 @@ import pytest
 from redis_server import free_port
 
 START_SECONDS = 120.0  # measured: the head answers in 8 to 15 s on a loaded 2-core machine
+# A start that fails is tried again with other free ports: the ports are chosen free, then released for
+# Ray to bind, and another process (a second suite beside this one) may take one in between. Seen
+# 2026-12-07: two suites side by side started their clusters in the same second, and one head never
+# came up (every cluster test of that suite an error); the next start, with new ports, comes up.
+START_ATTEMPTS = 3
 NODE_CPUS = 1  # two nodes of one CPU each: the two tasks of a two-worker fuzz land one per node
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # the tasks exchange kilobytes; Ray's minimum is 75 MiB
 
@@ -48,6 +53,24 @@ def _node_ports() -> list[str]:
                  "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"):
         ports += [flag, str(free_port())]
     return ports
+
+
+class ClusterStartFailed(RuntimeError):
+    """The cluster did not bring up its nodes (RayCluster._wait_for_nodes)."""
+
+
+def start_cluster(nodes: int = 2, attempts: int = START_ATTEMPTS, start=None) -> RayCluster:
+    """A RayCluster of `nodes` nodes, started again with new ports (and a new temporary folder) when a
+    start fails, at most `attempts` times (START_ATTEMPTS says why); the test fails naming each
+    address tried when none comes up."""
+    start = start or (lambda: RayCluster(nodes))
+    tried = []
+    for _ in range(attempts):
+        try:
+            return start()
+        except ClusterStartFailed as exc:
+            tried.append(str(exc))
+    pytest.fail(f"no Ray cluster came up in {attempts} starts: {'; '.join(tried)}")
 
 
 class RayCluster:
@@ -89,7 +112,7 @@ class RayCluster:
                 return
             time.sleep(1.0)
         self.stop()
-        pytest.fail(f"the Ray cluster at {self.address} did not bring up {count} node(s)")
+        raise ClusterStartFailed(f"the Ray cluster at {self.address} did not bring up {count} node(s)")
 
     def stop(self) -> None:
         for p in reversed(self.procs):  # the worker node first, then the head
