@@ -26,7 +26,7 @@ import warnings as _warnings
 
 # What this module exported before the shared code moved to peers/common.py: served for one release
 _COMMON = ("PeerFiles", "ReportingKernel", "SelfAllocatingPeer", "check_problem", "fresh_allocations_plan",
-           "install_interpreter_fixes", "interpreting", "launch_grid", "modules_installed", "report_launch",
+           "install_interpreter_fixes", "interpreting", "launch_grid", "report_launch",
            "route_order", "PER_CALL_FIELDS")
 
 

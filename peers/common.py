@@ -1,6 +1,6 @@
 """What every peer adapter shares (peers/PROJECT/core.py): `PeerFiles` (a peer's files loaded once
-per cache root and device) and `modules_installed` (its module names resolved to those files
-while it runs), the interpreter set-up (`interpreter_on_a_cpu`, `install_interpreter_fixes`), the
+per cache root and device, with the adapter kit's loader, its module names resolved to those
+files while it runs), the interpreter set-up (`interpreter_on_a_cpu`, `install_interpreter_fixes`), the
 check of a problem against the built implementation (what each adapter runs is declared: its
 `Supports`, diffmoe.adapters.kit.supports), the recorder's
 view of a launch whose rows a peer keeps expert-sorted (`report_launch`), the shape of an adapter
@@ -10,11 +10,8 @@ permutation of a peer's expert-sorted rows into route order (`route_order`).
 Owns that shared machinery. Must not hold third-party source or judge a peer's results.
 """
 
-import contextlib
 import os
-import sys
 import threading
-import types
 
 import torch
 
@@ -28,22 +25,6 @@ def interpreter_on_a_cpu() -> None:
     package changes no environment). The CLI sets it the same way before it imports an --impl module."""
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
-
-
-@contextlib.contextmanager
-def modules_installed(modules: dict):
-    """`sys.modules` maps each name in `modules` to its module while inside (a peer's files import
-    their siblings, some at call time); every name is put back as it was on the way out."""
-    saved = {name: sys.modules.get(name) for name in modules}
-    sys.modules.update(modules)
-    try:
-        yield
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
 
 
 # Fields a problem may differ in from the config an adapter was built for (as optimized/moe.py).
@@ -110,33 +91,18 @@ class PeerFiles:
                 cls._loaded[key] = cls(root, device)
             return cls._loaded[key]
 
-    def load(self, root, packages, files, before=None, loaded=None) -> None:
-        """Into `self.modules`: an empty package module per name in `packages` (no `__init__` of the
-        peer runs), the modules of `before` (name -> module: stand-ins) and each (name, path under
-        `root`) of `files` executed in order, each seeing the ones before it; `loaded(name,
-        module)`, if given, right after each (before the next one imports it)."""
-        import importlib.util
+    def load(self, root, files, before=None, loaded=None) -> None:
+        """Into `self.modules`, with the adapter kit (diffmoe.adapters.kit.load_modules): the modules of
+        `before` (name -> module: stand-ins) and each (name, path under `root`) of `files` executed in
+        order, each seeing the ones before it, every package above them an empty module (no `__init__`
+        of the peer runs); `loaded(name, module)`, if given, right after each."""
+        from diffmoe.adapters import kit
 
-        for name in packages:
-            module = types.ModuleType(name)
-            module.__path__ = []
-            self.modules[name] = module
-        self.modules.update(before or {})
-        with self.installed():
-            for name, rel in files:
-                spec = importlib.util.spec_from_file_location(name, root / rel)
-                module = importlib.util.module_from_spec(spec)
-                self.modules[name] = module
-                sys.modules[name] = module
-                spec.loader.exec_module(module)
-                if loaded is not None:
-                    loaded(name, module)
+        self.modules = kit.load_modules(kit.PackageSource.folder(root), files, before=before, loaded_hook=loaded)
 
-    @contextlib.contextmanager
     def installed(self):
         """The peer's module names resolve to these modules (its files import some at call time)."""
-        with modules_installed(self.modules):
-            yield self
+        return self.modules.installed()
 
 
 def route_order(sorted_rows: torch.Tensor, sorted_idx: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,6 @@ import functools
 import math
 import os
 import threading
-import types
 from pathlib import Path
 
 import torch
@@ -81,7 +80,6 @@ REAL_MODULES = (
     ("liger_kernel.ops.fused_moe_kernels", "liger_kernel/ops/fused_moe_kernels.py"),
     ("liger_kernel.ops.fused_moe", "liger_kernel/ops/fused_moe.py"),
 )
-PACKAGES = ("liger_kernel", "liger_kernel.ops")
 # Liger's own switch (fused_moe_kernels.py reads it at import, from 0.8.1): every kernel keeps one
 # config, so what runs does not depend on a timing race (the same bits on every run and machine)
 # and each launch's grid is known before it runs (peers.common.launch_grid). Liger documents it as its
@@ -126,12 +124,11 @@ class LigerFiles(PeerFiles):
         return device.type
 
     def __init__(self, root: Path, device: torch.device):
-        self.modules: dict[str, types.ModuleType] = {}
         switch, off = AUTOTUNE_SWITCH
         saved = os.environ.get(switch)
         os.environ[switch] = off
         try:
-            self.load(root, PACKAGES, REAL_MODULES)
+            self.load(root, REAL_MODULES)
         finally:
             if saved is None:
                 os.environ.pop(switch, None)

@@ -80,7 +80,6 @@ REAL_MODULES = (
     (f"{_K}.moe.fused_moe", f"{_R}/moe/fused_moe.py"),
     (f"{_K}.moe.blocked_fp8", f"{_R}/moe/blocked_fp8.py"),
 )
-PACKAGES = ("lmdeploy", "lmdeploy.pytorch", "lmdeploy.pytorch.kernels", _K, f"{_K}.moe")
 # utils.py's WARPS_PER_SM / BLOCKS_PER_SM entries for (9, 0), and the 132 SMs of an H100/H200
 INTERPRETER_DEVICE_PROPS = dict(multi_processor_count=132, compute_capability=(9, 0), warps_per_sm=64, blocks_per_sm=32)
 GEMM_KERNELS = ("fused_moe_blocked_fp8_kernel", "fused_moe_blocked_fp8_compact_kernel")
@@ -115,7 +114,6 @@ class LmdeployFiles(PeerFiles):
         return device.type
 
     def __init__(self, root: Path, device: torch.device):
-        self.modules: dict[str, types.ModuleType] = {}
         utils = types.ModuleType("lmdeploy.utils")
         utils.get_logger = logging.getLogger
 
@@ -123,7 +121,7 @@ class LmdeployFiles(PeerFiles):
             if name.endswith(".utils") and device.type != "cuda":
                 module.get_device_props = lambda device=None: dict(INTERPRETER_DEVICE_PROPS)
 
-        self.load(root, PACKAGES, REAL_MODULES, before={"lmdeploy.utils": utils}, loaded=answer_device_props)
+        self.load(root, REAL_MODULES, before={"lmdeploy.utils": utils}, loaded=answer_device_props)
         self.blocked_fp8 = self.modules[f"{_K}.moe.blocked_fp8"]
         self.quant_fp8 = self.modules[f"{_K}.blocked_gemm_fp8"].quant_fp8
         # instrumentation, not a change: each launcher reaches its kernel through a module

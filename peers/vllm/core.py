@@ -57,11 +57,8 @@ Must not copy vLLM source or change vLLM's numerics: differences are reported, n
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import math
-import sys
-import types
 from pathlib import Path
 
 import torch
@@ -114,17 +111,9 @@ class VllmFiles(PeerFiles):
 
     def __init__(self, root: Path, device: torch.device):
         self.root = root
-        self.modules: dict[str, types.ModuleType] = vllm_standins.standin_modules(device)
-        vllm_standins.link_parents(self.modules)
-        with self.installed():
-            for name, rel in REAL_MODULES:
-                path = root / rel
-                spec = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(spec)
-                self.modules[name] = module
-                sys.modules[name] = module
-                vllm_standins.link_parents({name: module, name.rpartition(".")[0]: self.modules[name.rpartition(".")[0]]})
-                spec.loader.exec_module(module)
+        standins = vllm_standins.standin_modules(device)
+        vllm_standins.link_parents(standins)
+        self.load(root, REAL_MODULES, before=standins)  # the adapter kit's loader, each file under its parent
         self.utils = self.modules[f"{_MOE}.utils"]
         self.fused_moe = self.modules[f"{_MOE}.fused_moe"]
         self.triton_moe = self.modules[f"{_MOE}.experts.triton_moe"]

@@ -51,6 +51,20 @@ def test_a_packages_files_load_by_path_with_their_imports_stubbed(folder, tmp_pa
     assert "toy.moe" not in sys.modules and "toy_engine" not in sys.modules  # nothing left behind
 
 
+def test_a_hook_sees_each_file_right_after_it_loads(folder):
+    """`loaded_hook(name, module)` runs after each file and before the next imports it (lmdeploy's adapter
+    answers a device query there before the kernels that read it load)."""
+    seen = []
+
+    def hook(name, module):
+        seen.append(name)
+        if name == "toy.helpers":
+            module.twice = lambda x: 10 * x  # the next file imports the patched name
+
+    loaded = kit.load_modules(kit.PackageSource.folder(folder), FILES, stubs=stubs(), loaded_hook=hook)
+    assert seen == ["toy.helpers", "toy.moe"] and loaded["toy.moe"].run(3) == 30
+
+
 def test_a_stub_that_is_called_raises_naming_the_symbol(folder):
     loaded = kit.load_modules(kit.PackageSource.folder(folder), FILES, stubs=stubs(cuda=False))
     with loaded.installed(), pytest.raises(NotImplementedError, match=r"toy_engine\.env\.flags\.value is a stub"):

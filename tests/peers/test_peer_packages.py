@@ -152,3 +152,33 @@ def test_a_rule_on_no_field_or_with_both_lists_is_refused():
         Rule("quant", ("bf16",), refused=("fp8-block",))
     with pytest.raises(TypeError, match="rules must be Rule objects"):
         Supports("x", "quant must be bf16")
+
+
+@pytest.mark.parametrize("peer, files", [("vllm", "peers.vllm.core:VllmFiles"), ("liger", "peers.liger.core:LigerFiles"),
+                                         ("lmdeploy", "peers.lmdeploy.core:LmdeployFiles")])
+def test_every_peer_loads_its_files_with_the_adapter_kit(peer, files):
+    """Every peer on the kit: its files executed by diffmoe.adapters.kit.load_modules (SGLang's adapter was
+    written on it; vLLM's, Liger's and lmdeploy's loaders are the kit's since issue 44)."""
+    import importlib
+
+    import torch
+
+    from diffmoe.adapters import kit
+
+    try:
+        peer_wheels.fetch(peer)
+    except peer_wheels.PeerError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            raise
+        pytest.skip(f"no {peer} wheel here and no network: {exc}")
+    module, _, name = files.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    if peer == "vllm":
+        cls = cls.of_release(peer_release_tables()["vllm"].RELEASES["0.33.0"])
+    elif peer == "liger":
+        cls = cls.of_release("liger")
+    loaded = cls.get(torch.device("cpu"))
+    assert isinstance(loaded.modules, kit.LoadedModules) and loaded.modules.stubs is None
+    with loaded.installed():
+        assert all(sys.modules[n] is m for n, m in loaded.modules.items())
+    assert not any(n in sys.modules and sys.modules[n] is m for n, m in loaded.modules.items() if n.startswith(peer))

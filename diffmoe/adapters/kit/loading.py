@@ -24,7 +24,7 @@ import types
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from .stubs import Stubs
 
@@ -97,8 +97,10 @@ class LoadedModules(dict):
 
 
 def load_modules(source: PackageSource, files: Iterable[tuple[str, str]], *, stubs: Stubs | None = None,
-                 before: Mapping[str, types.ModuleType] | None = None) -> LoadedModules:
-    """Execute each (name, path in `source`) of `files` in order, see the module docstring."""
+                 before: Mapping[str, types.ModuleType] | None = None,
+                 loaded_hook: Callable[[str, types.ModuleType], None] | None = None) -> LoadedModules:
+    """Execute each (name, path in `source`) of `files` in order, see the module docstring;
+    `loaded_hook(name, module)`, if given, right after each (before the next one imports it)."""
     files = list(files)
     loaded = LoadedModules(before or {})
     loaded.stubs = stubs
@@ -126,6 +128,8 @@ def load_modules(source: PackageSource, files: Iterable[tuple[str, str]], *, stu
             parent, _, attr = name.rpartition(".")
             if parent in loaded:
                 setattr(loaded[parent], attr, module)
+            if loaded_hook is not None:
+                loaded_hook(name, module)
         for name, module in list(sys.modules.items()):
             if isinstance(module, types.ModuleType) and stubs is not None and stubs.covers(name) and name not in loaded:
                 loaded[name] = module
