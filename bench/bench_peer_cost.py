@@ -9,7 +9,7 @@ fp8-block fused, lmdeploy 0.18 fp8-block unfused, Liger 0.8.5 bf16 unfused, SGLa
 fp8-token unfused (its fp8-block refuses H = I = 128); the shipped
 implementation runs each of them too. The peers' files come from the peer cache (`diffmoe peers
 fetch vllm`, `... lmdeploy`, `... liger`, `... sglang`);
-without them the module fails with the fetch command, as tests/test_peers_*.py do.
+without them the module fails with the fetch command, as tests/peers/test_peers_*.py do.
 
 Timed with `--benchmark-timer time.process_time`, as the oracle-overhead suite, the figures are
 CPU seconds of this process. A peer's benchmark records `x_shipped`, its time over the shipped
@@ -20,7 +20,7 @@ the table with the bound:
     python bench/report_tables.py PEER.json
 
 Owns the peer-cost benchmark. Must not judge the peers: a finding is recorded, not asserted
-(tests/test_peers_*.py hold what each check must say).
+(tests/peers/test_peers_*.py hold what each check must say).
 """
 
 from __future__ import annotations
