@@ -14,7 +14,7 @@ from diffmoe.frontends import cli, flags
 from diffmoe.frontends.commands import fuzz as fuzz_command
 from diffmoe.problem.config import MoEConfig
 from diffmoe.check.report import Report, check_command
-from diffmoe.findings import Finding, Oracles
+from diffmoe.findings import Oracles
 from diffmoe.fuzz.strategies import MINIMAL_FUSED_CONFIG
 from diffmoe.problem.vocabulary import Buffers
 from stand_in_cli import fake_runner  # noqa: F401 - the stand-in runner fixture, shared (tests/support/)
@@ -24,15 +24,6 @@ SMALL = ["--tokens", "1", "--experts", "1", "--topk", "1", "--hidden", "16", "--
 # outlier channels (issue 42), which the fuzz's draws shrink away
 SMALL_CONFIG = MINIMAL_FUSED_CONFIG.replace(expert_scale_spread=MoEConfig().expert_scale_spread,
                                             outlier_channels=MoEConfig().outlier_channels)
-
-
-def alias_finding():
-    return Finding(
-        Oracles.STATIC_ALIASING,
-        "gate_up_output and quanted_down_input share ws2 bytes [0, 16) while both are live at act_quant",
-        stage="act_quant",
-        buffers=[Buffers.GATE_UP_OUTPUT, Buffers.QUANTED_DOWN_INPUT],
-    )
 
 
 def run_cli(capsys, *argv):
