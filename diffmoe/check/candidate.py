@@ -54,13 +54,26 @@ from diffmoe.check.recording import ChainedRecorder, LaunchLog
 from diffmoe.findings import Finding, Oracles
 from diffmoe.check.watchers import InputWatch, LateWatch, RedZoneWatch, StageTracker, UnwrittenReads
 from diffmoe.interpreter import grid_order
-from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces
+from diffmoe.check.guards import GuardedTensor, GuardedWorkspaces, WritesPoisoned
 from diffmoe.problem.config import MoEConfig, quoted
 from diffmoe.problem.inputs import TOKEN_FIELDS, Problem
-from diffmoe.problem.vocabulary import Buffers
+from diffmoe.problem.vocabulary import Buffers, Stages
 
 CandidateProgress = Callable[["str | None", "str | None"], None]
 """progress(phase or None, stage or None): a phase starting, or a launch of a stage starting."""
+
+@contextmanager
+def _sampling(sample, tracker: StageTracker) -> Iterator[Any]:
+    """A program sample's context (diffmoe/interpreter/program_sample.py) around a call, or
+    nothing. The alignment's launches run whole: every later stage reads the index it writes."""
+    if sample is None:
+        yield None
+        return
+    from diffmoe.interpreter.program_sample import sampled_programs  # imports triton
+
+    with sampled_programs(sample, whole=lambda: tracker.stage == Stages.ALIGN, label=lambda: tracker.stage) as sampling:
+        yield sampling
+
 
 # The contract's methods an implementation must have (run_stage is optional).
 REQUIRED_METHODS = ("workspace_plan", "workspace_shapes", "run")
@@ -83,6 +96,7 @@ class Run:
     headroom: list = field(default_factory=list)  # launches whose 32-bit pointer offsets came near 2^31 (wrap_watch.Headroom)
     unwritten_reads: list = field(default_factory=list)  # reads of bytes nothing wrote (watchers.UnwrittenReads)
     storages: dict = field(default_factory=dict)  # first address of each named tensor of the call -> its name
+    sampled: list = field(default_factory=list)  # under a program sample, each launch and the programs that ran (SampledLaunch)
 
 
 @dataclass(frozen=True)
@@ -318,24 +332,25 @@ class Candidate:
     def execute(self, impl, guarded: GuardedWorkspaces, output: GuardedTensor | None, schedule: Schedule,
                 poison: int | None, problem: Problem | None = None, what: str | None = None,
                 attribute_input_writes: bool = False, poison_workspaces: int | None = None,
-                address_oracles: Sequence[str] = (), schedule_selected: bool = False) -> Executed:
+                address_oracles: Sequence[str] = (), schedule_selected: bool = False, sample=None) -> Executed:
         """One call. poison: the pattern for the workspaces and the output, or None to keep what
         the previous call left (call-sequence); poison_workspaces: a pattern for the workspaces
         alone (the output keeps its own); address_oracles: the selected oracles that judge the
         interpreter's per-program address record (it is made when they can run; otherwise each
-        is reported skipped with the reason)."""
+        is reported skipped with the reason); sample: a ProgramSample, each interpreter launch then
+        runs only the programs it chooses (diffmoe/interpreter/program_sample.py, issue 42)."""
         what = what or f"the run under schedule {schedule}"
         skipped: dict[str, str] = {}
         addresses = self._address_recorder(guarded, output, address_oracles, skipped) if address_oracles else None
         order = self.program_order(impl, schedule, skipped if schedule_selected else {})
         with addresses if addresses is not None else nullcontext():
             run = self._execute(impl, guarded, output, schedule, poison, problem, what, attribute_input_writes,
-                                poison_workspaces, order, addresses, skipped)
+                                poison_workspaces, order, addresses, skipped, sample)
         run.addresses = addresses
         return Executed(run, self.take_pending(), skipped)
 
     def _execute(self, impl, guarded, output, schedule, poison, problem, what, attribute_input_writes,
-                 poison_workspaces, order, extra_recorder, skipped) -> Run:
+                 poison_workspaces, order, extra_recorder, skipped, sample=None) -> Run:
         self.enter(what)
         # the harness rewrites these now: what an earlier call returned in them is no longer the caller's
         self.late.forget([*guarded.workspaces, *([output.tensor] if output is not None else [])])
@@ -347,7 +362,8 @@ class Candidate:
             guarded.poison(poison_workspaces)
         # the first order's run (attribute_input_writes: the run the contract oracle judges) watches which
         # declared bytes each Triton launch stores (diffmoe/interpreter/store_coverage.py, issue 43)
-        stores = self._store_watch() if attribute_input_writes else None
+        # (not under a program sample: the programs that did not run leave declared bytes unstored by design)
+        stores = self._store_watch() if attribute_input_writes and sample is None else None
         log = LaunchLog(snapshot=True, stores=stores)
         tracker = StageTracker(self.stage)
         watch = RedZoneWatch(guarded, output)
@@ -361,9 +377,11 @@ class Candidate:
             # the call's own allocations poisoned, so a tensor nobody wrote is told from one written;
             # the guard innermost: a race recorder or store watch entered around it records only what it let through
             with numpy_quiet(), exits_intercepted(), allocations_poisoned(), order, stores or nullcontext(), \
-                    self.memory_guarded(named, skipped) as guard:
-                recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None, unwritten,
-                                           guard, extra_recorder)
+                    _sampling(sample, tracker) as sampling, self.memory_guarded(named, skipped) as guard:
+                # a sampled run: each launch's write views poisoned first (guards.WritesPoisoned says why)
+                poisoned = WritesPoisoned(poison if poison is not None else poison_workspaces) if sample is not None else None
+                recorder = ChainedRecorder(tracker, log, watch, self.inputs if attribute_input_writes else None,
+                                           unwritten, guard, extra_recorder, poisoned)
                 result = run(problem or self.problem, guarded.workspaces, output=output.tensor if output else None,
                              schedule=schedule, recorder=recorder)
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
@@ -393,7 +411,7 @@ class Candidate:
         return Run(schedule, watch.findings, out, buffers, log, returned, set(intermediates),
                    out_of_bounds=refused, wraps=guard.wraps if guard else [], headroom=guard.headroom if guard else [],
                    unwritten_reads=unwritten.found,
-                   storages=storages)
+                   storages=storages, sampled=list(sampling.launches) if sampling is not None else [])
 
     def series(self, config: MoEConfig, problems: dict[int, Problem], calls: Sequence[tuple[int, bool]],
                schedule: Schedule, whats: Sequence[str],
@@ -527,13 +545,19 @@ class Candidate:
         return address_recorder.RaceRecorder(named)
 
     # ---- one stage, teacher-forced ------------------------------------------------------
-    def run_stage(self, impl, stage: str, inputs: dict[str, torch.Tensor], what: str) -> tuple[object, list[Finding]]:
+    def run_stage(self, impl, stage: str, inputs: dict[str, torch.Tensor], what: str,
+                  sample=None) -> tuple[object, list[Finding]]:
         """impl.run_stage(stage, inputs, problem): (what it returned, the input watch's findings);
-        a failure raises Crash (the watch's findings in `pending`)."""
+        a failure raises Crash (the watch's findings in `pending`). sample: a ProgramSample, the
+        stage's launches then run its programs, and what the stage allocates is poisoned (NaN: an
+        element no chosen program wrote is told apart, diffmoe/oracles/teacher_forcing.py)."""
         self.inputs.start(False)
         named, guard = {**self.problem.inputs(), **inputs}, None
+        tracker = StageTracker()
+        tracker.stage = stage
         try:
-            with numpy_quiet(), exits_intercepted(), self.memory_guarded(named, {}, stage) as guard:
+            with numpy_quiet(), exits_intercepted(), allocations_poisoned() if sample is not None else nullcontext(), \
+                    _sampling(sample, tracker), self.memory_guarded(named, {}, stage) as guard:
                 outputs = impl.run_stage(stage, inputs, self.problem)
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: see implementation_failed
             if not implementation_failed(exc):

@@ -28,7 +28,7 @@ from diffmoe.check.candidate import (  # noqa: F401 - Crash, crash_finding, impl
     REQUIRED_METHODS, Candidate, Crash, Run, crash_finding, implementation_failed,
 )
 from diffmoe.check.guards import POISON_PATTERNS, GuardedTensor, GuardedWorkspaces
-from diffmoe.problem.inputs import Problem, make_problem, settle_uncomputed_rows, tokens_of
+from diffmoe.problem.inputs import ROUTED_ROW_BUFFERS, Problem, make_problem, settle_uncomputed_rows, tokens_of
 from diffmoe.findings import Finding, Oracles
 
 # The reference (pure PyTorch, Triton-free like the harness) is imported where it runs, not with
@@ -41,7 +41,26 @@ def reference_moe(problem: Problem):
 
     return run(problem)
 
-from diffmoe.problem.vocabulary import materialised_buffers
+from diffmoe.problem.vocabulary import Buffers, materialised_buffers, pipeline_stages
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: the same bits (NaN included), whatever the dtype."""
+    if a.element_size() in (1, 2, 4, 8) and a.dtype != torch.bool:
+        view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return a.contiguous().view(view) == b.contiguous().view(view).to(a.device)
+    return a == b.to(a.device)
+
+
+def written_elements(mine: torch.Tensor, theirs: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """In a sampled check, which elements of a buffer a chosen program wrote: the same bits in two
+    runs of the same programs over different poison (`theirs`), and not NaN unless the reference's
+    element (`expected`) is NaN (a NaN both runs hold is poison: torch's poisoned allocations)."""
+    written = _same_bits(mine, theirs)
+    if mine.is_floating_point():
+        written &= ~torch.isnan(mine.float()) | torch.isnan(expected.float()).to(mine.device)
+    return written
+
 
 ProgressCallback = Callable[[str, "str | None", "list[Finding]"], None]
 """progress(phase, stage or None, findings so far): called at every phase change and launch."""
@@ -70,8 +89,11 @@ class Check:
     def __init__(self, config: MoEConfig, factory: ImplementationFactory, oracles: Sequence[str],
                  schedules: list[Schedule], device: torch.device, name: str,
                  problem: Problem | None = None, progress: ProgressCallback | None = None,
-                 active: Sequence[Judge] = (), candidate: Callable[..., Any] | None = None):
+                 active: Sequence[Judge] = (), candidate: Callable[..., Any] | None = None, sample: Any = None):
         self.config = config
+        self.sample = sample  # a ProgramSample: every run of this check runs its programs (issue 42)
+        self.judged: dict[str, tuple[int, int]] = {}  # sampled: per buffer, (elements judged, elements)
+        self.judged_forced: dict[str, tuple[int, int]] = {}  # the same, for teacher forcing's stage outputs
         self.factory = factory
         self.oracles = list(oracles)
         self.active = list(active)  # the selected oracles' objects, in the order their findings come
@@ -167,7 +189,7 @@ class Check:
         try:
             executed = self.candidate.execute(impl, guarded, output, schedule, poison, problem, what,
                                               attribute_input_writes, poison_workspaces, address_oracles,
-                                              self.selected(Oracles.SCHEDULE))
+                                              self.selected(Oracles.SCHEDULE), self.sample)
         except Crash:
             self.findings += self.candidate.take_pending()
             self.out_of_bounds += self.candidate.take_refused()
@@ -208,9 +230,10 @@ class Check:
 
     def run_stage(self, impl, stage: str, inputs: dict[str, torch.Tensor], what: str) -> tuple[object, list[Finding]]:
         """The implementation's run_stage on `inputs` (Candidate.run_stage): (its outputs, the input
-        watch's findings); a failure raises Crash, whose watch findings join the check's."""
+        watch's findings); a failure raises Crash, whose watch findings join the check's. In a
+        sampled check its launches run the check's sample."""
         try:
-            return self.candidate.run_stage(impl, stage, inputs, what)
+            return self.candidate.run_stage(impl, stage, inputs, what, self.sample)
         except Crash:
             self.findings += self.candidate.take_pending()
             raise
@@ -232,6 +255,92 @@ class Check:
         if problem is not self.problem and getattr(self, "_other", (None,))[0] is not problem:
             self._other = (problem, reference_moe(problem))
         settle_uncomputed_rows(problem, (self.reference if problem is self.problem else self._other[1]).intermediates, buffers)
+
+    def settle_unsampled(self, run: Run, other: Run) -> None:
+        """In place, for a sampled check: the elements of `run`'s buffers that carry no value the
+        chosen programs computed take the value the reference's stage computes from `run`'s own
+        (settled) inputs, stage by stage in pipeline order, so the oracles judge exactly what was
+        computed: the stage on its own inputs holds bit for bit there, and end to end the settled
+        values carry only the computed elements' error. `other` is a second run of the same
+        programs whose workspaces and write views held another poison (guards.WritesPoisoned).
+
+        In the first stage with a sampled launch, an element is computed where both runs agree bit
+        for bit and it is not NaN (torch's poisoned allocations are NaN in both runs; a sampled
+        problem has no NaN row, so no computed element is NaN where the reference is not). The
+        stages before it ran whole on whole inputs and are judged whole, every element, as in a
+        full check. Every stage after it is settled whole: what it computed from an element no
+        program wrote cannot be told by its bits (silu(x) * 2 gave the poison back byte for byte,
+        and vLLM's per-token quant gave both runs the same scales, 2026-12-08); teacher forcing
+        judges those stages on the reference's inputs. With an unannounced sampled launch every
+        buffer is settled where unwritten. What was judged, per buffer, goes to `judged`."""
+        ref = {**self.reference.intermediates, Buffers.OUTPUT: self.reference.output}
+        sampled = self.sampled_stages(run)
+        stages = pipeline_stages(self.config)
+        if sampled is not None:  # the first sampled stage and every stage after it
+            first = next((i for i, s in enumerate(stages) if s.name in sampled), len(stages))
+            stages = stages[first:]
+        settled = {n for s in stages for n in s.writes} if sampled is not None else None
+        downstream = {n for s in stages[1:] for n in s.writes} if sampled is not None else set()
+        unwritten: dict[str, torch.Tensor] = {}
+        for name, mine in run.buffers.items():
+            theirs, expected = other.buffers.get(name), ref.get(name)
+            if not isinstance(mine, torch.Tensor) or not isinstance(theirs, torch.Tensor) or expected is None \
+                    or mine.shape != theirs.shape or mine.shape != expected.shape or mine.dtype != theirs.dtype:
+                continue
+            if name in downstream:
+                settle = torch.ones(mine.shape, dtype=torch.bool, device=mine.device)
+            elif settled is None or name in settled:
+                settle = ~written_elements(mine, theirs, expected)
+            else:
+                settle = torch.zeros(mine.shape, dtype=torch.bool, device=mine.device)
+            counted = self.computed_elements(name, mine)
+            self.judged[name] = (int((counted & ~settle).sum()), int(counted.sum()))
+            if bool(settle.any()):
+                unwritten[name] = settle
+        for stage in stages:
+            names = [n for n in stage.writes if n in unwritten]
+            if not names:
+                continue
+            want = self.reference_stage(stage.name, {n: run.buffers[n] for n in stage.reads if n in run.buffers})
+            for name in names:
+                source = ref[name] if isinstance(want, str) or name not in want else want[name]
+                mask = unwritten.pop(name)
+                run.buffers[name][mask] = source.to(run.buffers[name].device, run.buffers[name].dtype)[mask.to(source.device)]
+        for name, mask in unwritten.items():  # written by no stage of the pipeline: the reference's own value
+            run.buffers[name][mask] = ref[name].to(run.buffers[name].device, run.buffers[name].dtype)[mask.to(ref[name].device)]
+        if isinstance(run.buffers.get(Buffers.OUTPUT), torch.Tensor):
+            run.output = run.buffers[Buffers.OUTPUT]  # one tensor again where the message made two
+
+    def computed_elements(self, name: str, buffer: torch.Tensor) -> torch.Tensor:
+        """The elements of `buffer` a call computes: all but the rows of slots it does not compute
+        (remote under an expert map, unrouted: settled from the reference before any oracle looks)."""
+        slots = self.problem.computed_slots()
+        if name in ROUTED_ROW_BUFFERS and buffer.dim() >= 1 and buffer.shape[0] == slots.numel():
+            return slots.to(buffer.device).reshape(-1, *([1] * (buffer.dim() - 1))).expand(buffer.shape)
+        return torch.ones(buffer.shape, dtype=torch.bool, device=buffer.device)
+
+    def sampled_stages(self, run: Run | None = None) -> set[str] | None:
+        """The stages of which some launch ran a sample of its programs in `run` (default: the first
+        order's), or None when a sampled launch had no stage of the pipeline (an unannounced
+        launch): then any buffer may hold elements no program was chosen to write."""
+        run = run if run is not None else (self.runs[0] if self.runs else None)
+        if run is None:
+            return set()
+        names = {s.name for s in pipeline_stages(self.config)}
+        stages = {launch.stage for launch in run.sampled if launch.programs is not None}
+        return stages if stages <= names else None
+
+    def sample_record(self) -> dict[str, Any] | None:
+        """A sampled check's part of the report (Report.sample), or None."""
+        if self.sample is None:
+            return None
+        launches = self.runs[0].sampled if self.runs else []
+        ran, total = sum(l.ran for l in launches), sum(l.total for l in launches)
+        cut = sum(l.programs is not None for l in launches)
+        return {"seed": self.sample.seed, "seeded": self.sample.seeded,
+                "ran": f"{ran:,} of {total:,} programs ran in {len(launches)} launches ({cut} sampled)",
+                "judged": {name: list(counts) for name, counts in self.judged.items()},
+                **({"forced": {name: list(c) for name, c in self.judged_forced.items()}} if self.judged_forced else {})}
 
     def reference_stage(self, stage: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | str:
         """The reference's stage on the candidate's buffers, or why it cannot run on them."""

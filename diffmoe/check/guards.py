@@ -152,3 +152,38 @@ class GuardedTensor:
 
     def region_names(self, name: str = "output") -> dict[int, str]:
         return {self.tensor.data_ptr(): name}
+
+
+def _byte_extent(view: torch.Tensor) -> tuple[int, int]:
+    """[first byte, past the last byte) a view addresses (its strides' span)."""
+    if view.numel() == 0:
+        return view.data_ptr(), view.data_ptr()
+    span = sum((n - 1) * abs(s) for n, s in zip(view.shape, view.stride()))
+    return view.data_ptr(), view.data_ptr() + (span + 1) * view.element_size()
+
+
+class WritesPoisoned:
+    """A LaunchRecorder for a sampled run (diffmoe/interpreter/program_sample.py): before each Triton
+    launch, every view it declares it writes is filled with the run's poison byte, so an element no
+    chosen program stores holds this run's poison, not what an earlier buffer sharing those workspace
+    bytes left (the same in both runs of a sampled check, and so indistinguishable from a write). A
+    write view that overlaps a view the launch reads is left alone (an in-place launch reads it)."""
+
+    def __init__(self, pattern: int) -> None:
+        self.pattern = _check_byte(pattern, "poison pattern")
+
+    def before_launch(self, launch) -> None:
+        if not launch.triton:
+            return
+        reads = [_byte_extent(v) for v in launch.reads.values() if isinstance(v, torch.Tensor)]
+        for view in launch.writes.values():
+            if not isinstance(view, torch.Tensor) or view.numel() == 0:
+                continue
+            start, end = _byte_extent(view)
+            if any(start < r_end and r_start < end for r_start, r_end in reads):
+                continue
+            poison = torch.tensor([self.pattern] * view.element_size(), dtype=torch.uint8).view(view.dtype)
+            view.copy_(poison.to(view.device).expand(view.shape))
+
+    def after_launch(self, launch) -> None:
+        pass

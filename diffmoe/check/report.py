@@ -47,14 +47,16 @@ def is_factory_spec(implementation: str) -> bool:
 _ROW_FLAGS = ("zero_rows", "nan_rows")
 
 
-def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME) -> str:
+def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATION_NAME,
+                  sample: dict[str, Any] | None = None) -> str:
     """The `diffmoe check` command line that rebuilds exactly this config and implementation.
 
     The default implementation (DEFAULT_IMPLEMENTATION_NAME, or no name) needs no `--impl`; a
     MODULE:FACTORY spec is passed as `--impl SPEC`. Any other name (a factory no module exports:
     a lambda, a closure) cannot be loaded by a command: the line then carries
     `--impl MODULE:FACTORY` and a shell comment saying so, so that pasting it fails with a
-    usage error instead of silently replaying the default implementation."""
+    usage error instead of silently replaying the default implementation. `sample` (a sampled
+    check's Report.sample) adds the flags that choose the same programs."""
     c = config
     parts = [
         "diffmoe check",
@@ -81,6 +83,8 @@ def check_command(config: MoEConfig, implementation: str = DEFAULT_IMPLEMENTATIO
         if name in shown:
             flag = "--" + name.replace("_", "-")
             parts.append(flag if shown[name] is True else f"{flag} {shown[name]}")
+    if sample is not None:
+        parts.append(f"--sample-programs {sample['seeded']} --sample-seed {sample['seed']}")
     if implementation and implementation != DEFAULT_IMPLEMENTATION_NAME:
         if is_factory_spec(implementation):
             parts.append(f"--impl {shlex.quote(implementation)}")
@@ -115,6 +119,9 @@ class Report:
     # the first program order's launches, as the judge recorded them (launch_rows): what `check
     # --launches` lists; empty where the check never ran the candidate
     launches: list[dict[str, Any]] = field(default_factory=list)
+    # a sampled check (issue 42, diffmoe/interpreter/program_sample.py): the sample ("seed", "seeded"),
+    # what ran ("ran": one line) and per judged buffer [elements judged, elements] ("judged"); None: every program ran
+    sample: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -132,7 +139,7 @@ class Report:
     def replay_command(self) -> str:
         """A copy-pasteable command that replays this config with this implementation
         (`--impl SPEC` unless it is the default; see check_command for one no command loads)."""
-        return check_command(self.config, self.implementation)
+        return check_command(self.config, self.implementation, self.sample)
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -155,6 +162,8 @@ class Report:
             d["warnings"] = list(self.warnings)
         if self.launches:
             d["launches"] = [dict(row) for row in self.launches]
+        if self.sample is not None:
+            d["sample"] = dict(self.sample)
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -174,6 +183,7 @@ class Report:
             isolation=d.get("isolation"),
             warnings=[str(w) for w in d.get("warnings") or []],
             launches=[dict(row) for row in d.get("launches") or []],
+            sample=dict(d["sample"]) if d.get("sample") else None,
         )
 
     @classmethod
@@ -194,6 +204,8 @@ class Report:
             lines.insert(0, f"note: {self.isolation}")
         if self.inputs is not None:
             lines.append(f"  inputs:    {self.inputs}")
+        if self.sample is not None:
+            lines.append(f"  sampled:   {sample_line(self.sample)}")
         for name, why in self.skipped.items():
             lines.append(f"  skipped:   {name}: {why}")
         for warning in self.warnings:
@@ -224,6 +236,17 @@ class Report:
             lines.append(f"        reads {', '.join(row['reads']) or 'nothing named'}; writes {', '.join(row['writes']) or 'nothing named'}")
             lines.append(f"        placed: {row['placed']}")
         return "\n".join(lines)
+
+
+def sample_line(sample: dict[str, Any]) -> str:
+    """A sampled check in one line: what ran and, per buffer, how many of its elements were judged."""
+    def counts(key: str) -> str:
+        return ", ".join(f"{name} {n:,} of {total:,}" for name, (n, total) in sample.get(key, {}).items()) or "no element"
+
+    if "ran" not in sample:  # stopped before its first run ended
+        return f"seed {sample.get('seed')}, {sample.get('seeded')} seeded programs a launch; no run finished"
+    forced = f"; teacher-forced: {counts('forced')}" if "forced" in sample else ""
+    return f"{sample['ran']}; judged: {counts('judged')}{forced}"
 
 
 # A launch's texts come from the candidate: one printable line each, cut to this length, before a terminal shows them.

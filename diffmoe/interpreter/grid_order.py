@@ -11,6 +11,12 @@ random order is the same on every run), and the k-th step of the loop runs progr
 numbers blocks, p = x + nx * (y + ny * z) (the race recorder's program number too), so a 2-D or
 3-D grid is permuted over its flattened index and every program still runs exactly once.
 
+The same hooks run a subset of a launch's programs for diffmoe.interpreter.program_sample (a
+production shape's launch of millions of programs judged on a chosen few): it shrinks the loop
+to len(programs) steps (`run_subset_next`), `set_grid_dim` still receives the real grid (what
+`tl.num_programs` reads), and step k runs the subset's k-th program, or under a schedule its
+`schedule.order(len(programs), launch)[k]`-th.
+
 Kernels need nothing (no order table): this is how the schedule oracle reorders a plug-in's
 kernels (diffmoe.check.execution wraps `run` in it unless the implementation sets
 `orders_programs`, diffmoe.contract.ORDERS_PROGRAMS) and the vLLM adapter its own launches.
@@ -32,7 +38,7 @@ what to do. It coexists with the race recorder (which hooks the builder's class 
 with diffmoe.interpreter.fixes (the builder's cast and dot methods), in either nesting order.
 
 Owns the replaced grid-loop calls and their install state. Must not change what a program
-computes: only which program runs at each step of the loop.
+computes: only which program runs at each step of the loop (and, for a sample, how many steps).
 """
 
 from __future__ import annotations
@@ -58,27 +64,39 @@ class ProgramOrder:
         self.schedule = schedule
         self.steering = steering  # False: identity, or compiled launches (the loop is left alone)
         self.launches = 0  # interpreter launches begun inside this context
-        self._grid: tuple[int, int, int] | None = None
         self._order: list[int] = []
+        self._for: object = None  # the launch _order was drawn for
 
-    def _begin(self, grid: tuple[int, int, int]) -> None:
-        self._grid = grid
-        self._order = self.schedule.order(grid[0] * grid[1] * grid[2], self.launches)
+    def _begin(self, launch: "_Launch") -> None:
+        self._order = self.schedule.order(launch.steps, self.launches)
+        self._for = launch
         self.launches += 1
 
-    def program(self, x: int, y: int, z: int, grid: tuple[int, int, int]) -> tuple[int, int, int]:
-        """The program that runs at loop step (x, y, z) of a launch on `grid`."""
-        if self._grid != grid:  # entered between a launch's set_grid_dim and its loop
-            self._begin(grid)
-        nx, ny, nz = grid
-        p = self._order[(x * ny + y) * nz + z]
-        return p % nx, (p // nx) % ny, p // (nx * ny)
+    def step(self, k: int) -> int:
+        """Which of the launch's steps runs at loop step k."""
+        return self._order[k]
+
+
+class _Launch:
+    """The launch the grid loop is running: its real grid, and the programs it runs (None: all,
+    step k running program k; else the subset diffmoe.interpreter.program_sample chose)."""
+
+    def __init__(self, grid: tuple[int, int, int], programs: tuple[int, ...] | None) -> None:
+        self.grid = grid
+        self.programs = programs
+
+    @property
+    def steps(self) -> int:
+        return len(self.programs) if self.programs is not None else self.grid[0] * self.grid[1] * self.grid[2]
 
 
 _lock = threading.RLock()
 _stack: list[ProgramOrder] = []  # active contexts, innermost last
 _saved: dict[str, Any] = {}  # instance attributes the hooks shadowed (absent: the class method)
 _builder: Any = None  # the interpreter_builder the hooks are installed on
+_holds = 0  # program_sample contexts holding the hooks (each launch may run a subset)
+_next_subset: _Launch | None = None  # the subset the launch about to call set_grid_dim runs
+_launch: _Launch | None = None  # the launch whose loop is running
 
 
 def interpreting() -> bool:
@@ -128,17 +146,43 @@ def _original(name: str):
     return saved if saved is not None else getattr(type(_builder), name).__get__(_builder)
 
 
+def run_subset_next(grid: tuple[int, int, int], programs: tuple[int, ...]) -> None:
+    """The next launch's loop (whose grid the caller has shrunk to len(programs) steps) runs
+    `programs`, numbered on the real `grid`, which `tl.num_programs` reports
+    (diffmoe.interpreter.program_sample, while it holds the hooks)."""
+    global _next_subset
+    _next_subset = _Launch(grid, programs)
+
+
 def _set_grid_dim(nx, ny, nz):
-    _original("set_grid_dim")(nx, ny, nz)
+    global _launch, _next_subset
+    launch, _next_subset = _next_subset, None
+    if launch is None or len(launch.programs) != nx * ny * nz:
+        launch = _Launch((int(nx), int(ny), int(nz)), None)
+    _launch = launch
+    _original("set_grid_dim")(*launch.grid)
     active = _stack[-1] if _stack else None
     if active is not None and active.steering:
-        active._begin((int(nx), int(ny), int(nz)))
+        active._begin(launch)
 
 
 def _set_grid_idx(x, y, z):
     active = _stack[-1] if _stack else None
-    if active is not None and active.steering:
-        x, y, z = active.program(int(x), int(y), int(z), tuple(int(n) for n in _builder.grid_dim))
+    steering = active is not None and active.steering
+    launch = _launch
+    if launch is not None and (steering or launch.programs is not None):
+        if launch.programs is not None:
+            step = int(x)  # the loop's grid was shrunk to (len(programs), 1, 1)
+        else:
+            _, ny, nz = launch.grid
+            step = (int(x) * ny + int(y)) * nz + int(z)
+        if steering:
+            if active._for is not launch:  # entered between this launch's set_grid_dim and its loop
+                active._begin(launch)
+            step = active.step(step)
+        p = launch.programs[step] if launch.programs is not None else step
+        nx, ny, _ = launch.grid
+        x, y, z = p % nx, (p // nx) % ny, p // (nx * ny)
     _original("set_grid_idx")(x, y, z)
 
 
@@ -155,7 +199,8 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
-    global _builder
+    global _builder, _launch, _next_subset
+    _launch = _next_subset = None
     for name in REPLACED_BUILDER_METHODS:
         if name in _saved:
             setattr(_builder, name, _saved.pop(name))
@@ -190,9 +235,31 @@ def program_order(schedule: Schedule) -> Iterator[ProgramOrder]:
     finally:
         with _lock:
             _stack.remove(control)
-            if _builder is not None and not any(c.steering for c in _stack):
-                _uninstall()
+            _release_if_unused()
 
 
-__all__ = ["ProgramOrder", "REPLACED_BUILDER_METHODS", "SUPPORTED_TRITON", "control_problem", "installed",
-           "interpreting", "program_order", "status"]
+def _release_if_unused() -> None:
+    if _builder is not None and not _holds and not any(c.steering for c in _stack):
+        _uninstall()
+
+
+@contextmanager
+def holding_the_loop() -> Iterator[None]:
+    """The grid-loop hooks installed for the extent, whatever order contexts are active: what
+    diffmoe.interpreter.program_sample enters to run a subset of each launch's programs. The
+    caller has checked control_problem()."""
+    global _holds
+    with _lock:
+        if _builder is None:
+            _install()
+        _holds += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _holds -= 1
+            _release_if_unused()
+
+
+__all__ = ["ProgramOrder", "REPLACED_BUILDER_METHODS", "SUPPORTED_TRITON", "control_problem", "holding_the_loop",
+           "installed", "interpreting", "program_order", "run_subset_next", "status"]

@@ -238,10 +238,10 @@ class RemoteCandidate:
         return self._request("new_output", num_tokens, hidden, pattern)
 
     def execute(self, impl, guarded, output, schedule, poison, problem=None, what=None, attribute_input_writes=False,
-                poison_workspaces=None, address_oracles=(), schedule_selected=False) -> Executed:
+                poison_workspaces=None, address_oracles=(), schedule_selected=False, sample=None) -> Executed:
         executed = self._request("execute", impl, guarded, output, schedule, poison,
                                  None if problem is None else dumps(problem), what, attribute_input_writes,
-                                 poison_workspaces, list(address_oracles), schedule_selected)
+                                 poison_workspaces, list(address_oracles), schedule_selected, sample)
         executed.findings = self.take_pending() + executed.findings
         return executed
 
@@ -263,8 +263,8 @@ class RemoteCandidate:
             raise Crash(not_data("late_findings", MessageError("late_findings answered other than findings")))
         return found
 
-    def run_stage(self, impl, stage: str, inputs, what: str):
-        answer = self._request("run_stage", impl, stage, inputs, what)
+    def run_stage(self, impl, stage: str, inputs, what: str, sample=None):
+        answer = self._request("run_stage", impl, stage, inputs, what, sample)
         if len(answer) != 2 or not isinstance(answer[0], (dict, Unsendable)) or not isinstance(answer[1], list):
             self._gone = True
             raise Crash(not_data("run_stage", MessageError("run_stage answered other than (outputs, findings)")))

@@ -40,6 +40,7 @@ _CLASSES = (
     ("diffmoe.interpreter.bounds_guard", "OutOfBounds"), ("diffmoe.interpreter.bounds_guard", "Allocation"),
     ("diffmoe.interpreter.wrap_watch", "AddressWrap"), ("diffmoe.interpreter.wrap_watch", "Wrap"),
     ("diffmoe.interpreter.wrap_watch", "Headroom"),
+    ("diffmoe.interpreter.program_sample", "ProgramSample"), ("diffmoe.interpreter.program_sample", "SampledLaunch"),
     ("diffmoe.isolation.messages", "Handle"), ("diffmoe.isolation.messages", "RemoteWorkspaces"),
     ("diffmoe.isolation.messages", "RemoteOutput"), ("diffmoe.isolation.messages", "AddressVerdicts"),
     ("diffmoe.isolation.messages", "Unsendable"),

@@ -181,11 +181,12 @@ class _Service:
         return RemoteOutput(self.keep(out), TensorIdentity.of(out.tensor))
 
     def op_execute(self, impl, guarded, output, schedule, poison, problem, what, attribute, poison_workspaces,
-                   address_oracles, schedule_selected):
+                   address_oracles, schedule_selected, sample=None):
         from diffmoe.check.candidate import TensorIdentity
 
         executed = self.candidate.execute(self.get(impl), self.get(guarded), self.get(output), schedule, poison,
-                                          problem, what, attribute, poison_workspaces, address_oracles, schedule_selected)
+                                          problem, what, attribute, poison_workspaces, address_oracles, schedule_selected,
+                                          sample)
         run = executed.run
         if run.returned is not None:
             run.returned = TensorIdentity.of(run.returned)
@@ -202,10 +203,10 @@ class _Service:
     def op_take_refused(self):
         return self.candidate.take_refused()
 
-    def op_run_stage(self, impl, stage, inputs, what):
+    def op_run_stage(self, impl, stage, inputs, what, sample=None):
         import torch
 
-        outputs, found = self.candidate.run_stage(self.get(impl), stage, inputs, what)
+        outputs, found = self.candidate.run_stage(self.get(impl), stage, inputs, what, sample)
         if isinstance(outputs, dict):
             outputs = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
         else:

@@ -26,9 +26,10 @@ class DifferentialRun(Check):
 
     def __init__(self, config: MoEConfig, factory: ImplementationFactory, oracles: list[str],
                  schedules: list[Schedule], device: torch.device, name: str,
-                 problem: Problem | None = None, progress: ProgressCallback | None = None, candidate=None):
+                 problem: Problem | None = None, progress: ProgressCallback | None = None, candidate=None,
+                 sample=None):
         super().__init__(config, factory, oracles, schedules, device, name, problem, progress,
-                         active=active_oracles(oracles), candidate=candidate)
+                         active=active_oracles(oracles), candidate=candidate, sample=sample)
 
     def run(self) -> None:
         cfg = self.config
@@ -57,6 +58,10 @@ class DifferentialRun(Check):
             instance = impl if index == 0 else self.build(cfg)
             run = self.execute(instance, guarded, output, schedule, POISON_PATTERNS[0],
                                attribute_input_writes=index == 0, record_addresses=index == 0)
+            if self.sample is not None:  # the same programs over another poison: what they wrote is what both agree on
+                other = self.execute(self.build(cfg), guarded, output, schedule, POISON_PATTERNS[1],
+                                     what="the sampled run's second poison")
+                self.settle_unsampled(run, other)
             self.runs.append(run)
             self.findings += self.judge_run(run, first=index == 0)
         for oracle in self.active:

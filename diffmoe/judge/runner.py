@@ -59,6 +59,7 @@ from diffmoe.check.candidate import Crash
 from diffmoe.isolation import boundary, integrity
 from diffmoe.isolation.client import RemoteCandidate, check_isolation, factory_reference, zygote
 from diffmoe.problem.inputs import Problem
+from diffmoe.interpreter.program_sample import ProgramSample
 from diffmoe.check.report import Report, is_factory_spec, launch_rows
 from diffmoe.findings import Finding
 from diffmoe.check.worker import (  # noqa: F401 - part of this module's API since before worker.py existed
@@ -75,7 +76,7 @@ __all__ = [
     "ALL_ORACLES", "DEFAULT_IMPLEMENTATION", "DEFAULT_INTERPRETER_TIME_LIMIT", "DERIVED_OUTPUT_REASON", "MAX_TIME_LIMIT",
     "SMALL_CALL_DIVISOR", "DifferentialRun", "WorkerError", "check_time_limit", "default_device", "default_schedules",
     "default_time_limit", "factory_name", "interpreter_enabled", "load_factory", "resolve_oracles", "resolve_schedules",
-    "run_differential",
+    "run_differential", "sampled_selection",
 ]
 
 # The judge's names this module offers (its API since before the oracles were out of the candidate's
@@ -164,6 +165,31 @@ def _check_problem_argument(problem: object, config: MoEConfig) -> Problem:
     return problem
 
 
+def sampled_selection(sample: object, config: MoEConfig, schedules: Sequence[Schedule | str] | None,
+                      oracles: Collection[str] | None) -> tuple[list[str], list[Schedule]]:
+    """A sampled check's oracles and schedule (run_differential's `sample`), or a TypeError or a
+    ValueError naming what a sampled check cannot take: the CLI asks before it loads anything."""
+    from diffmoe.oracles.registry import resolve_sampled_oracles
+
+    chosen = resolve_sampled_oracles(oracles)
+    parsed = resolve_schedules(schedules or ("identity",), config)
+    _check_sample(sample, config, parsed)
+    return chosen, parsed
+
+
+def _check_sample(sample: object, config: MoEConfig, schedules: list[Schedule]) -> None:
+    if not isinstance(sample, ProgramSample):
+        raise TypeError(f"sample must be None or a diffmoe.interpreter.program_sample.ProgramSample, got {type(sample).__name__}")
+    if not interpreter_enabled():
+        raise ValueError("sample needs the Triton interpreter (TRITON_INTERPRET=1): compiled launches run every program")
+    if len(schedules) != 1:
+        raise ValueError(f"a sampled check runs one schedule, got {len(schedules)} ({', '.join(map(str, schedules))})")
+    rows = {name: getattr(config, name) for name in ("nan_rows", "inf_rows") if getattr(config, name)}
+    if rows:
+        raise ValueError(f"a sampled check needs nan_rows=0 and inf_rows=0 (an element both runs leave NaN is "
+                         f"one no program wrote), got {', '.join(f'{k}={v}' for k, v in rows.items())}")
+
+
 def _inputs_note(problem: Problem | None) -> str | None:
     if problem is None:
         return None
@@ -181,6 +207,7 @@ def run_differential(
     problem: Problem | None = None,
     time_limit: float | None = None,
     isolation: str = "none",
+    sample: ProgramSample | None = None,
 ) -> Report:
     """Run the reference and `implementation` (default: the optimized Triton MoE) on the
     problem of `config` and judge them with the selected oracles.
@@ -213,6 +240,12 @@ def run_differential(
         problems go in and runs come out as bytes, importing the reference or the judging code
         there is refused and is a `contract` finding. The factory must then pickle by reference
         (a module-level class or function) or be named by `implementation_name` as a spec.
+    sample: a ProgramSample (diffmoe/interpreter/program_sample.py; issue 42): each interpreter
+        launch but the alignment's runs only the programs it chooses, and the differential and
+        teacher forcing judge the elements they wrote (Check.settle_unsampled: those equal, and not
+        NaN, in a second run over another poison; docs/models.md, "Sampled checks"). Needs the
+        interpreter, one schedule, no NaN or Inf rows, and the oracles of SAMPLED_ORACLES (None:
+        all of them). The report says what ran and how many elements of each buffer were judged.
     """
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config must be a MoEConfig, got {type(config).__name__}")
@@ -220,8 +253,11 @@ def run_differential(
     limit = check_time_limit(time_limit)
     from diffmoe.oracles.registry import resolve_oracles
 
-    chosen = resolve_oracles(oracles)
-    parsed = resolve_schedules(schedules, config)
+    if sample is None:
+        chosen = resolve_oracles(oracles)
+        parsed = resolve_schedules(schedules, config)
+    else:
+        chosen, parsed = sampled_selection(sample, config, schedules, oracles)
     if problem is not None:
         _check_problem_argument(problem, config)
     if implementation is not None and not callable(implementation):
@@ -250,7 +286,7 @@ def run_differential(
                                  implementation_name if is_factory_spec(implementation_name) else None)
         integrity.prepare()  # the judge's modules imported and its sources hashed before any candidate runs
         zygote(sent[1])  # here, before a worker is forked: every worker forks its candidates from it
-    job = _Job(config, implementation, chosen, parsed, dev, implementation_name, problem, sent)
+    job = _Job(config, implementation, chosen, parsed, dev, implementation_name, problem, sent, sample)
     if limit is None:
         return job.run()
     if worker_start_method(dev) == "fork":
@@ -270,6 +306,7 @@ class _Job:
     implementation_name: str
     problem: Problem | None
     isolated: tuple | None = None  # isolation.client.factory_reference's (how the factory travels, preload)
+    sample: ProgramSample | None = None  # a sampled check's programs (run_differential's `sample`)
 
     def report(self, findings: list[Finding], seconds: float, skipped: dict[str, str] | None = None) -> Report:
         return Report(
@@ -281,6 +318,8 @@ class _Job:
             seconds=seconds,
             inputs=_inputs_note(self.problem),
             skipped=dict(skipped or {}),
+            # a check stopped before its record (a timeout): the sample alone, so the replay line chooses the same programs
+            sample=None if self.sample is None else {"seed": self.sample.seed, "seeded": self.sample.seeded},
         )
 
     def learned(self) -> list:
@@ -305,7 +344,7 @@ class _Job:
         from diffmoe.judge.differential_run import DifferentialRun
 
         state = DifferentialRun(self.config, factory, self.oracles, self.schedules, self.device,
-                                self.implementation_name, self.problem, progress, candidate)
+                                self.implementation_name, self.problem, progress, candidate, self.sample)
         try:
             try:
                 state.run()
@@ -325,6 +364,7 @@ class _Job:
         report.isolation = boundary.notice() if self.isolated is not None else None
         report.warnings = [w for oracle in state.active for w in oracle.warnings(state)]
         report.launches = launch_rows(state.runs[0].log.launches) if state.runs else []
+        report.sample = state.sample_record() or report.sample
         return report
 
 

@@ -81,6 +81,29 @@ def resolve_oracles(oracles: Collection[str] | None) -> list[str]:
     return [o for o in known if o in oracles]
 
 
+# What judges a sampled check (issue 42, diffmoe/interpreter/program_sample.py), where each launch
+# runs a chosen few of its programs: the differential on the elements those programs wrote, and
+# teacher forcing on the elements each stage's chosen programs wrote from the reference's inputs, and
+# every oracle that judges an access, a declaration or the plan (sound over any subset of programs).
+# Not these: the oracles that compare whole runs or run other calls (metamorphic, schedule, poison,
+# call-sequence, batch-invariance), whose unsampled elements would differ by design.
+SAMPLED_ORACLES: tuple[str, ...] = ("differential", "teacher-forcing", "static-aliasing", "runtime-aliasing", "bounds",
+                                    "overflow", "races", "store-extent", "red-zone", "contract")
+
+
+def resolve_sampled_oracles(oracles: Collection[str] | None) -> list[str]:
+    """A sampled check's selection: None is every oracle of SAMPLED_ORACLES; a ValueError naming any
+    other selected oracle (it cannot judge a sampled run)."""
+    chosen = resolve_oracles(oracles)
+    if oracles is None:
+        return [o for o in chosen if o in SAMPLED_ORACLES]
+    refused = [o for o in chosen if o not in SAMPLED_ORACLES]
+    if refused:
+        raise ValueError(f"oracles {refused} cannot judge a sampled check (--sample-programs): each compares whole "
+                         f"runs or makes other calls; a sampled check runs {list(SAMPLED_ORACLES)}")
+    return chosen
+
+
 def active_oracles(selected: Collection[str]) -> list[Oracle]:
     """The selected oracles in the order their findings come within one hook (by rank)."""
     return sorted((oracle(name) for name in resolve_oracles(selected)), key=lambda o: o.rank)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
+from diffmoe.check.execution import written_elements
 from diffmoe.tolerance.compare import Comparison
 from diffmoe.tolerance.gemm_interval import compare_stage
 from diffmoe.findings import Finding, Oracles
@@ -26,6 +29,41 @@ class TeacherForcing(Oracle):
     how = ("the stage is fed the reference's exact inputs (`run_stage`) and judged with the forced rule: quantisation "
            "bitwise, GEMMs ULP-bounded")
     rank = 90
+
+    @staticmethod
+    def _settle_unsampled(check: Check, stage, outputs: dict, what: str, found: list[Finding]) -> bool:
+        """A sampled check: the stage once more on the same inputs; an element both runs agree on and
+        that is not NaN was written by a chosen program (what the stage allocates is NaN until
+        written, Candidate.run_stage), every other takes the reference's value, which is exactly what
+        the stage computes from the reference's inputs. False when the second run failed (its
+        finding in `found`)."""
+        from diffmoe.check.candidate import Crash
+
+        ref = check.reference.intermediates
+        try:
+            again, watched = check.run_stage(check.impl, stage.name, {n: ref[n].clone() for n in stage.reads if n in ref},
+                                             f"{what}, run again (a sampled check)")
+        except Crash as crash:
+            found.append(crash.finding)
+            return False
+        found += watched
+        again = again if isinstance(again, dict) else {}
+        for name in stage.writes:
+            mine, theirs, expected = outputs.get(name), again.get(name), ref.get(name)
+            if not all(isinstance(t, torch.Tensor) for t in (mine, theirs, expected)) or \
+                    not mine.shape == theirs.shape == expected.shape or mine.dtype != theirs.dtype:
+                continue
+            written = written_elements(mine, theirs, expected)
+            if bool(written.all()):
+                # a stage whose launch ran a sample yet left no element unwritten returned memory the
+                # poison never reached (vLLM's run_stage zero-fills its outputs): nothing can be told
+                # written, so nothing is judged
+                written = torch.zeros_like(written)
+            counted = check.computed_elements(name, mine)
+            check.judged_forced[name] = (int((counted & written).sum()), int(counted.sum()))
+            mine = outputs[name] = mine.clone()
+            mine[~written] = expected.to(mine.device, mine.dtype)[~written.to(expected.device)]
+        return True
 
     def finish(self, check: Check) -> list[Finding]:
         """Each stage on the reference's inputs, judged with the forced rules."""
@@ -58,6 +96,9 @@ class TeacherForcing(Oracle):
                 ))
                 continue
             outputs = dict(outputs)
+            sampled = check.sampled_stages() if check.sample is not None else set()
+            if (sampled is None or stage.name in sampled) and not self._settle_unsampled(check, stage, outputs, what, found):
+                continue
             check.settle_uncomputed_rows(outputs)
             for name in stage.writes:
                 if name not in outputs or name not in ref:

@@ -15,7 +15,8 @@ from diffmoe.contract import ConfigRefused, Schedule
 from diffmoe.frontends.config_flags import _add_config_options, config_from_args
 from diffmoe.frontends.exits import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, PROG, UsageError, _sigterm_interrupts
 from diffmoe.frontends.flags import (
-    _add_impl_option, _add_isolation_option, _isolation_kwargs, _oracle_registry, _time_limit, parse_device, parse_oracles,
+    _add_impl_option, _add_isolation_option, _isolation_kwargs, _non_negative_int, _oracle_registry, _time_limit, parse_device,
+    parse_oracles,
     time_limit_kwargs,
 )
 from diffmoe.frontends.implementation import _runner, load_implementation
@@ -53,15 +54,39 @@ def add_parser(sub) -> argparse.ArgumentParser:
     check.add_argument("--launches", action="store_true",
                        help="after the report, every launch of the first program order's run: its stage, the buffers it "
                             "read and wrote, and why it has that stage")
+    check.add_argument("--sample-programs", type=_non_negative_int, metavar="N",
+                       help="run a chosen few of each Triton launch's programs, for production shapes: every corner of "
+                            "the grid, its first and last two, and N more drawn from --sample-seed; the differential "
+                            "judges the elements they wrote (interpreter only; docs/models.md)")
+    check.add_argument("--sample-seed", type=_non_negative_int, metavar="S", help="the seed of --sample-programs' draw (default 0)")
     check.set_defaults(handler=run)
     return check
 
 
+def _sample(args: argparse.Namespace, config, schedules, oracles):
+    """The check's ProgramSample, or None; a UsageError for what a sampled check cannot take."""
+    if args.sample_programs is None:
+        if args.sample_seed is not None:
+            raise UsageError("--sample-seed needs --sample-programs")
+        return None
+    from diffmoe.interpreter.program_sample import ProgramSample
+
+    sample = ProgramSample(seed=args.sample_seed or 0, seeded=args.sample_programs)
+    try:
+        _runner().sampled_selection(sample, config, schedules, oracles)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--sample-programs: {exc}") from None
+    return sample
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if args.sample_programs is not None and args.nan_rows is None:
+        config = config.replace(nan_rows=0)  # a sampled check has no NaN token (runner.sampled_selection says why)
     schedules = parse_schedules(args.schedule)
     oracles = parse_oracles(args.oracles)
     device = parse_device(args.device)  # every argument checked before the implementation loads (issue 48)
+    sample = _sample(args, config, schedules, oracles)
     factory, name = load_implementation(args.impl, args.isolation)
     runner = _runner()
     limit = time_limit_kwargs(runner, args.time_limit, device)
@@ -74,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         with _sigterm_interrupts(), implementation_output_to_stderr():
             report = runner.run_differential(
                 config, factory, schedules=schedules, oracles=oracles, device=device, implementation_name=name, **limit,
-                **_isolation_kwargs(args),
+                **_isolation_kwargs(args), **({"sample": sample} if sample is not None else {}),
             )
     except ConfigRefused as exc:  # the implementation's `supports` said no: a usage error, one line
         raise UsageError(f"{exc} (its `supports`; choose a config it runs)") from None
