@@ -154,3 +154,14 @@ def test_on_the_command_line(capsys):
         assert cli.main([*args, *extra]) == 2
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_check_stopped_before_its_record_still_replays_its_sample():
+    """A timeout's report is made without the worker's record: the sample alone, so its replay line
+    chooses the same programs (a production-shape check that timed out replayed unsampled, 2026-12-08)."""
+    from diffmoe.judge.runner import _Job
+
+    job = _Job(CONFIG, None, list(SAMPLED_ORACLES), [], torch.device("cpu"), "optimized", None, sample=EVERY_LAUNCH)
+    report = job.report([], 1.0)
+    assert report.replay_command().endswith("--sample-programs 2 --sample-seed 0")
+    assert "no run finished" in report.render()
