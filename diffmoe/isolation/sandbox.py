@@ -447,6 +447,7 @@ def forked_zygote(authkey: bytes, preload: list[str], announce_fd: int, parent: 
 
 def _zygote(authkey: bytes, preload: list[str], announce, parent: int) -> None:
     """Listen, preload, warm, announce the address, fork a child per check until stopped."""
+    from multiprocessing import AuthenticationError
     from multiprocessing.connection import Listener
 
     _die_with_parent(parent)
@@ -486,7 +487,12 @@ def _zygote(authkey: bytes, preload: list[str], announce, parent: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     signal.signal(signal.SIGTERM, _stop_children)
     while True:
-        conn = listener.accept()
+        try:
+            conn = listener.accept()
+        except (ConnectionError, EOFError, AuthenticationError):
+            # a judge that left before the handshake ended (one stopped by a signal as it connected:
+            # this traceback reached a stopped fuzz's stderr and the zygote died, 2026-12-08): no candidate
+            continue
         pid = os.fork()
         if pid == 0:
             listener.close()

@@ -266,3 +266,24 @@ def test_the_candidates_declarations_read_the_judges_environment_now(tmp_path, m
     monkeypatch.delenv(CACHE_ENV)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert _spec_only(f"{path}:factory").supports(TINY) == f"second {tmp_path / 'home/.cache/diffmoe/peers'}"
+
+
+def test_a_judge_that_leaves_during_the_handshake_leaves_the_zygote_serving():
+    """A judge stopped by a signal while it connected reset the connection inside the zygote's
+    accept: the zygote died with a traceback on the fuzz's stderr (a side-by-side suite, 2026-12-08).
+    Now it goes on listening, and the next check is served by the same zygote."""
+    import socket
+    import time
+
+    from diffmoe.isolation.zygote import _alive, zygote
+
+    z = zygote(())
+    for _ in range(3):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(z.address)
+            # closed before answering the challenge: the zygote reads end of file or a reset
+    time.sleep(1.0)
+    assert _alive(z) and zygote(()) is z
+    report = run_differential(TINY, isolation="process", oracles=("differential",), schedules=("identity",))
+    assert report.passed, report.render()
+    assert zygote(()) is z
