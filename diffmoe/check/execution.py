@@ -334,9 +334,10 @@ class Check:
         """A sampled check's part of the report (Report.sample), or None."""
         if self.sample is None:
             return None
+        from diffmoe.interpreter.program_sample import launch_counts
+
         launches = self.runs[0].sampled if self.runs else []
-        ran, total = sum(l.ran for l in launches), sum(l.total for l in launches)
-        cut = sum(l.programs is not None for l in launches)
+        ran, total, cut = launch_counts(launches)
         return {"seed": self.sample.seed, "seeded": self.sample.seeded,
                 "ran": f"{ran:,} of {total:,} programs ran in {len(launches)} launches ({cut} sampled)",
                 "judged": {name: list(counts) for name, counts in self.judged.items()},

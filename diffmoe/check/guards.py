@@ -22,6 +22,7 @@ import math
 import torch
 
 from diffmoe.findings import ByteRange, Finding, Oracles
+from diffmoe.interpreter.address_analysis import _view_extent
 from diffmoe.problem.vocabulary import WORKSPACE_NAMES
 
 POISON_PATTERNS = (0xFF, 0xA5)
@@ -154,14 +155,6 @@ class GuardedTensor:
         return {self.tensor.data_ptr(): name}
 
 
-def _byte_extent(view: torch.Tensor) -> tuple[int, int]:
-    """[first byte, past the last byte) a view addresses (its strides' span)."""
-    if view.numel() == 0:
-        return view.data_ptr(), view.data_ptr()
-    span = sum((n - 1) * abs(s) for n, s in zip(view.shape, view.stride()))
-    return view.data_ptr(), view.data_ptr() + (span + 1) * view.element_size()
-
-
 class WritesPoisoned:
     """A LaunchRecorder for a sampled run (diffmoe/interpreter/program_sample.py): before each Triton
     launch, every view it declares it writes is filled with the run's poison byte, so an element no
@@ -175,12 +168,13 @@ class WritesPoisoned:
     def before_launch(self, launch) -> None:
         if not launch.triton:
             return
-        reads = [_byte_extent(v) for v in launch.reads.values() if isinstance(v, torch.Tensor)]
+        reads = [extent for v in launch.reads.values() if (extent := _view_extent(v)) is not None]
         for view in launch.writes.values():
-            if not isinstance(view, torch.Tensor) or view.numel() == 0:
+            extent = _view_extent(view)
+            if extent is None:  # not a tensor, or empty
                 continue
-            start, end = _byte_extent(view)
-            if any(start < r_end and r_start < end for r_start, r_end in reads):
+            start, end = extent[0], extent[0] + extent[1]
+            if any(start < r_start + r_length and r_start < end for r_start, r_length in reads):
                 continue
             poison = torch.tensor([self.pattern] * view.element_size(), dtype=torch.uint8).view(view.dtype)
             view.copy_(poison.to(view.device).expand(view.shape))

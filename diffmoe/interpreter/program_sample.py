@@ -84,10 +84,6 @@ class ProgramSample:
             chosen.add(p)
         return tuple(sorted(chosen)) if len(chosen) < total else None
 
-    def replay_flags(self) -> str:
-        """How a command line names this sample."""
-        return f"--sample-programs {self.seeded} --sample-seed {self.seed}"
-
 
 @dataclass(frozen=True)
 class SampledLaunch:
@@ -118,11 +114,15 @@ class SampledRun:
 
     def summary(self) -> str:
         """One line: how much of the launches ran."""
-        ran = sum(l.ran for l in self.launches)
-        total = sum(l.total for l in self.launches)
-        sampled = sum(l.programs is not None for l in self.launches)
+        ran, total, sampled = launch_counts(self.launches)
         return (f"{ran} of {total} programs ran over {len(self.launches)} launches "
                 f"({sampled} sampled, seed {self.sample.seed})")
+
+
+def launch_counts(launches: list[SampledLaunch]) -> tuple[int, int, int]:
+    """(programs that ran, programs of the grids, launches sampled) over `launches`."""
+    return (sum(l.ran for l in launches), sum(l.total for l in launches),
+            sum(l.programs is not None for l in launches))
 
 
 class _ShrunkGrid:
@@ -218,4 +218,5 @@ def sampled_programs(sample: ProgramSample, whole: Callable[[], bool] | None = N
                     _uninstall()
 
 
-__all__ = ["ENDS", "FULL_BELOW", "SEEDED", "ProgramSample", "SampledLaunch", "SampledRun", "sampled_programs"]
+__all__ = ["ENDS", "FULL_BELOW", "SEEDED", "ProgramSample", "SampledLaunch", "SampledRun", "launch_counts",
+           "sampled_programs"]

@@ -77,6 +77,8 @@ class TeacherForcing(Oracle):
         found: list[Finding] = []
         failed: list[tuple[str, Comparison]] = []
         ref = check.reference.intermediates
+        # a sampled check: the stages whose launches ran a sample (None: an unannounced one did)
+        sampled = check.sampled_stages() if check.sample is not None else set()
         check.enter("teacher forcing")
         for stage in pipeline_stages(check.config):
             check.report_progress(stage.name)
@@ -96,7 +98,6 @@ class TeacherForcing(Oracle):
                 ))
                 continue
             outputs = dict(outputs)
-            sampled = check.sampled_stages() if check.sample is not None else set()
             if (sampled is None or stage.name in sampled) and not self._settle_unsampled(check, stage, outputs, what, found):
                 continue
             check.settle_uncomputed_rows(outputs)
